@@ -1,0 +1,1 @@
+"""convnets: NVIDIA's ResNet-family image classifiers with verified pretrained weights."""

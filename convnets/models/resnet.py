@@ -1,0 +1,316 @@
+"""The ResNet v1.5 family as NVIDIA trains it: ResNet-50, ResNeXt101-32x4d, SE-ResNeXt101-32x4d.
+
+One network definition driven by an :class:`ArchSpec`; the three published models differ only in
+their spec (:data:`MODEL_SPECS`). Parameter names follow the NGC 20.06 checkpoints (``conv1``,
+``bn1``, ``layer1`` .. ``layer4``, ``fc``; SE weights under ``.squeeze.squeeze`` and
+``.squeeze.expand``), which is also torchvision's and timm's naming, so those state dicts load as is.
+
+References:
+    ResNet: https://arxiv.org/abs/1512.03385 (v1.5: the stride sits on the 3x3 conv)
+    ResNeXt: https://arxiv.org/abs/1611.05431
+    SE: https://arxiv.org/abs/1709.01507 (NVIDIA's variant, see :class:`SqueezeExcitation`)
+    Upstream: https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ArchSpec", "Bottleneck", "MODEL_SPECS", "ResNet", "SqueezeExcitation"]
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _as_int_tuple(name: str, value: object) -> tuple:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(f"invalid architecture: {name} must be a list of integers, got {value!r}")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Everything that distinguishes one member of the family from another.
+
+    Args:
+        layers: bottleneck blocks per stage.
+        widths: channels of each stage's 1x1 reduce and grouped 3x3 convolutions.
+        expansion: output channels of a block are ``width * expansion``.
+        cardinality: groups of the 3x3 convolution (1 = plain ResNet).
+        se_squeeze: hidden width of the squeeze-and-excitation gate, the same in every stage
+            (NVIDIA uses 16); ``None`` builds blocks without SE.
+        stem_width: output channels of the 7x7 stem convolution.
+    """
+
+    layers: tuple[int, ...]
+    widths: tuple[int, ...]
+    expansion: int
+    cardinality: int = 1
+    se_squeeze: int | None = None
+    stem_width: int = 64
+
+    def __post_init__(self) -> None:
+        # Lists from JSON or keyword arguments become tuples so that specs stay hashable.
+        object.__setattr__(self, "layers", _as_int_tuple("layers", self.layers))
+        object.__setattr__(self, "widths", _as_int_tuple("widths", self.widths))
+        problems = []
+        if not self.layers or len(self.layers) != len(self.widths):
+            problems.append(f"layers {list(self.layers)} and widths {list(self.widths)} must be "
+                            "non-empty and of the same length (one entry per stage)")
+        for field_name in ("layers", "widths"):
+            if not all(_is_positive_int(v) for v in getattr(self, field_name)):
+                problems.append(f"{field_name} must hold positive integers, got {list(getattr(self, field_name))}")
+        for field_name in ("expansion", "cardinality", "stem_width"):
+            if not _is_positive_int(getattr(self, field_name)):
+                problems.append(f"{field_name} must be a positive integer, got {getattr(self, field_name)!r}")
+        if self.se_squeeze is not None and not _is_positive_int(self.se_squeeze):
+            problems.append(f"se_squeeze must be a positive integer or None, got {self.se_squeeze!r}")
+        if _is_positive_int(self.cardinality) and all(_is_positive_int(w) for w in self.widths):
+            bad = [w for w in self.widths if w % self.cardinality]
+            if bad:
+                problems.append(f"widths {bad} are not divisible by cardinality {self.cardinality}")
+        if problems:
+            raise ValueError("invalid architecture: " + "; ".join(problems))
+
+    @property
+    def num_features(self) -> int:
+        """Channels of the last stage, i.e. the input width of the classifier."""
+        return self.widths[-1] * self.expansion
+
+    def replace(self, **overrides: Any) -> ArchSpec:
+        """A copy with some fields changed, e.g. ``spec.replace(layers=[1, 1, 1, 1])``."""
+        unknown = sorted(set(overrides) - set(ARCH_FIELDS))
+        if unknown:
+            raise TypeError(f"unknown architecture field(s) {unknown}; the fields are {list(ARCH_FIELDS)}")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict that ``ArchSpec(**d)`` turns back into this spec."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+
+ARCH_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ArchSpec))
+
+_RESNEXT101_32X4D = ArchSpec(layers=(3, 4, 23, 3), widths=(128, 256, 512, 1024), expansion=2, cardinality=32)
+
+#: The published architectures. Parameter counts: 25,557,032 / 44,177,704 / 45,251,128.
+MODEL_SPECS: dict[str, ArchSpec] = {
+    "resnet50": ArchSpec(layers=(3, 4, 6, 3), widths=(64, 128, 256, 512), expansion=4),
+    "resnext101_32x4d": _RESNEXT101_32X4D,
+    "se_resnext101_32x4d": _RESNEXT101_32X4D.replace(se_squeeze=16),
+}
+
+
+class SqueezeExcitation(nn.Module):
+    """NVIDIA's squeeze-and-excitation gate: ``sigmoid(expand(relu(squeeze(mean_hw(x)))))``.
+
+    Unlike the SE paper (and timm), the hidden width is a fixed number of channels, not C/16, and
+    the two projections are ``nn.Linear`` layers (2-D weights, as in the NGC 20.06 checkpoints).
+    Returns the gate shaped ``[N, C, 1, 1]``; the block applies it.
+    """
+
+    def __init__(self, channels: int, squeeze: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Linear(channels, squeeze)
+        self.expand = nn.Linear(squeeze, channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = x.mean(dim=(2, 3))
+        s = torch.relu(self.squeeze(s))
+        s = torch.sigmoid(self.expand(s))
+        return s[:, :, None, None]
+
+
+class Bottleneck(nn.Module):
+    """1x1 reduce -> grouped 3x3 (carries the stride) -> 1x1 expand, optional SE, residual add.
+
+    With SE the output is ``relu(residual + out * gate)``; upstream computes it with
+    ``torch.addcmul`` (``fused_se=True``), which is also what we do by default.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        width: int,
+        expansion: int,
+        stride: int = 1,
+        cardinality: int = 1,
+        se_squeeze: int | None = None,
+        fused_se: bool = True,
+    ) -> None:
+        super().__init__()
+        out_channels = width * expansion
+        self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, groups=cardinality, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or in_channels != out_channels:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(out_channels),
+            )
+        self.squeeze = SqueezeExcitation(out_channels, se_squeeze) if se_squeeze else None
+        self.fused_se = fused_se
+
+    def forward(self, x: Tensor) -> Tensor:
+        residual = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        if self.squeeze is None:
+            out = out + residual
+        elif self.fused_se:
+            out = torch.addcmul(residual, out, self.squeeze(out))
+        else:
+            out = residual + out * self.squeeze(out)
+        return self.relu(out)
+
+
+class ResNet(nn.Module):
+    """A ResNet v1.5 / ResNeXt / SE-ResNeXt classifier built from an :class:`ArchSpec`.
+
+    Args:
+        spec: the architecture.
+        num_classes: outputs of the final linear layer (0: no classifier, ``forward`` returns
+            pooled features).
+        last_bn_0_init: start every block's last BatchNorm at gamma 0 (upstream option).
+        conv_init: ``"fan_in"`` or ``"fan_out"`` mode of the Kaiming-normal convolution init.
+        fused_se: compute the SE residual with ``torch.addcmul`` (same result, upstream option).
+    """
+
+    def __init__(
+        self,
+        spec: ArchSpec,
+        num_classes: int = 1000,
+        *,
+        last_bn_0_init: bool = False,
+        conv_init: str = "fan_in",
+        fused_se: bool = True,
+    ) -> None:
+        super().__init__()
+        if conv_init not in ("fan_in", "fan_out"):
+            raise ValueError(f"conv_init must be 'fan_in' or 'fan_out', got {conv_init!r}")
+        if not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be a non-negative integer, got {num_classes!r}")
+        self.spec = spec
+        self.num_features = spec.num_features
+        self.conv1 = nn.Conv2d(3, spec.stem_width, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(spec.stem_width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        in_channels = spec.stem_width
+        self.stage_names: tuple[str, ...] = tuple(f"layer{i + 1}" for i in range(len(spec.layers)))
+        for i, (name, blocks, width) in enumerate(zip(self.stage_names, spec.layers, spec.widths)):
+            stage = []
+            for b in range(blocks):
+                stride = 2 if i > 0 and b == 0 else 1
+                stage.append(Bottleneck(in_channels, width, spec.expansion, stride, spec.cardinality,
+                                        spec.se_squeeze, fused_se))
+                in_channels = width * spec.expansion
+            self.add_module(name, nn.Sequential(*stage))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.num_classes = num_classes
+        self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
+        self._init_weights(conv_init, last_bn_0_init)
+
+    def _init_weights(self, conv_init: str, last_bn_0_init: bool) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode=conv_init, nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        if last_bn_0_init:
+            # Each block then starts as the identity, which helps large-batch training.
+            for m in self.modules():
+                if isinstance(m, Bottleneck):
+                    nn.init.zeros_(m.bn3.weight)
+
+    def stages(self) -> list[nn.Sequential]:
+        """The residual stages ``layer1`` .. ``layerN`` in order."""
+        return [getattr(self, name) for name in self.stage_names]
+
+    def stem(self, x: Tensor) -> Tensor:
+        """7x7/2 convolution, BatchNorm, ReLU and 3x3/2 max pooling."""
+        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """The unpooled feature map of the last stage, ``[N, num_features, H/32, W/32]`` (timm API)."""
+        x = self.stem(x)
+        for stage in self.stages():
+            x = stage(x)
+        return x
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Global average pooling then the classifier; ``pre_logits=True`` stops before it (timm API)."""
+        x = torch.flatten(self.avgpool(x), 1)
+        return x if pre_logits else self.fc(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def classifier(self, x: Tensor) -> Tensor:
+        """Pool and classify a last-stage feature map (upstream's name for :meth:`forward_head`)."""
+        return self.forward_head(x)
+
+    def extract_features(self, x: Tensor, layers: Iterable[str] | None = None) -> dict[str, Tensor]:
+        """Upstream's transfer-learning helper: outputs of chosen stages and/or the classifier.
+
+        Args:
+            x: an input batch ``[N, 3, H, W]``.
+            layers: names among ``"layer1"`` .. ``"layer4"`` and ``"classifier"`` (logits);
+                ``None`` returns all of them. Only the stages needed are run.
+
+        Returns:
+            A dict from each requested name to its tensor.
+        """
+        valid = (*self.stage_names, "classifier")
+        wanted = list(valid) if layers is None else list(layers)
+        unknown = [name for name in wanted if name not in valid]
+        if unknown:
+            raise ValueError(f"unknown layer name(s) {unknown}; choose from {list(valid)}")
+        last = len(self.stage_names) if "classifier" in wanted else max(
+            (self.stage_names.index(n) + 1 for n in wanted), default=0)
+        out: dict[str, Tensor] = {}
+        if last == 0:
+            return out
+        x = self.stem(x)
+        for name, stage in zip(self.stage_names[:last], self.stages()):
+            x = stage(x)
+            if name in wanted:
+                out[name] = x
+        if "classifier" in wanted:
+            out["classifier"] = self.forward_head(x)
+        return out
+
+    def get_classifier(self) -> nn.Module:
+        """The final linear layer (timm API)."""
+        return self.fc
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Replace the head with a freshly initialised one of ``num_classes`` outputs (0: none).
+
+        The new layer is created on the device and dtype of the backbone.
+        """
+        if not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be a non-negative integer, got {num_classes!r}")
+        ref = self.conv1.weight
+        self.num_classes = num_classes
+        self.fc = (nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
+                   if num_classes else nn.Identity())
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameter elements (trainable ones only if asked)."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,57 @@
+"""Packaging for convnets: the ``convnets`` and ``processing_utils`` packages, one console script.
+
+The torch / torchvision pair is not pinned here (a library should not pin); ``constraints.txt``
+names the pair that CI and the README install.
+"""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name="convnets",
+    version="0.1.0",
+    description=(
+        "NVIDIA's ResNeXt101-32x4d, SE-ResNeXt101-32x4d and ResNet-50 with verified NGC weights, "
+        "torch.hub compatible, plus preprocessing, fine-tuning and deployment tools"
+    ),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    python_requires=">=3.10",
+    packages=find_packages(include=["convnets", "convnets.*", "processing_utils", "processing_utils.*"]),
+    # weights_manifest.json inside the package is a symlink to the repository's one source of truth;
+    # setuptools copies the file it points to into the wheel.
+    package_data={
+        "convnets": ["weights_manifest.json"],
+        "processing_utils": ["imagenet_classes.tsv"],
+    },
+    install_requires=[
+        "torch>=2.3",
+        "torchvision>=0.18",
+        "numpy>=1.24",
+        "pillow>=10.0",
+        "requests>=2.28",
+        "validators>=0.22",
+        "filelock>=3.12",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "export": ["onnx>=1.15", "onnxruntime>=1.17"],
+        "dali": ["nvidia-dali-cuda130>=1.40"],
+        "test": [
+            "pytest>=8",
+            "timm>=1.0",
+            "scikit-image>=0.22",
+            "scikit-learn>=1.3",
+            "onnx>=1.15",
+            "onnxruntime>=1.17",
+        ],
+    },
+    entry_points={"console_scripts": ["convnets=convnets.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
