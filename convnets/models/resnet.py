@@ -221,6 +221,8 @@ class ResNet(nn.Module):
             self.add_module(name, nn.Sequential(*stage))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.num_classes = num_classes
+        #: Names of the classifier's outputs when a checkpoint provides them (see load_model).
+        self.class_names: list[str] | None = None
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         self._init_weights(conv_init, last_bn_0_init)
 

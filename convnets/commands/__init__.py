@@ -1,0 +1,1 @@
+"""Subcommands of the ``convnets`` command line (thin: arguments in, feature functions called)."""

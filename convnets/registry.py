@@ -1,0 +1,226 @@
+"""Model names, builders and the one private function that does all building and loading.
+
+Every way of getting a model (these builders, :func:`get_model`, the torch.hub entry points, the
+command line) goes through :func:`_build`: architecture spec from :data:`MODEL_SPECS`, weights from
+a file or the verified cache (:mod:`convnets.weights`), then device and memory format.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from convnets.errors import CheckpointError, UnknownModelError
+from convnets.models.resnet import ARCH_FIELDS, MODEL_SPECS, ArchSpec, ResNet
+from convnets.weights.download import fetch_weights
+from convnets.weights.layouts import infer_spec
+from convnets.weights.load import build_model, check_fits, read_state_dict
+from convnets.weights.manifest import load_manifest
+
+__all__ = ["fetch_pretrained", "get_model", "list_models", "load_model", "resnet50", "resnext101_32x4d", "se_resnext101_32x4d"]
+
+# Upstream's model keywords. ``trt`` switched upstream's SE block to 1x1 convolutions so that
+# TensorRT could import it; our SE block exports to ONNX / TensorRT as it is, so it is accepted and
+# has nothing to change.
+_MODEL_KWARGS = ("last_bn_0_init", "conv_init", "fused_se")
+_IGNORED_KWARGS = ("trt",)
+
+
+def list_models() -> list[str]:
+    """Names of the registered architectures, e.g. ``['resnet50', 'resnext101_32x4d', ...]``."""
+    return sorted(MODEL_SPECS)
+
+
+def _canonical_name(name: str) -> str:
+    # Upstream's training scripts spell them "se-resnext101-32x4d".
+    key = str(name).strip().lower().replace("-", "_")
+    if key not in MODEL_SPECS:
+        raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
+    return key
+
+
+def _build(
+    name: str,
+    pretrained: bool = False,
+    *,
+    pretrained_from_file: str | os.PathLike[str] | None = None,
+    num_classes: int | None = None,
+    progress: bool = True,
+    memory_format: torch.memory_format | None = None,
+    device: torch.device | str | None = None,
+    state_dict_key_map_fn: Callable[[str], str] | None = None,
+    use_ema: bool = False,
+    **kwargs: Any,
+) -> ResNet:
+    overrides = {k: kwargs.pop(k) for k in ARCH_FIELDS if k in kwargs}
+    model_kwargs = {k: kwargs.pop(k) for k in _MODEL_KWARGS if k in kwargs}
+    for k in _IGNORED_KWARGS:
+        kwargs.pop(k, None)
+    if kwargs:
+        raise TypeError(f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; architecture "
+                        f"fields are {list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}")
+    published = MODEL_SPECS[name]
+    spec = published.replace(**overrides)
+
+    if pretrained_from_file is not None:
+        source = Path(pretrained_from_file)
+    elif pretrained:
+        if spec != published:
+            raise ValueError(f"the pretrained {name} weights fit only the published architecture; drop the "
+                             f"overrides {sorted(overrides)} or pass pretrained_from_file")
+        source = fetch_pretrained(name, progress=progress, key_map_fn=state_dict_key_map_fn)
+    else:
+        with torch.device(device or "cpu"):
+            model = ResNet(spec, 1000 if num_classes is None else num_classes, **model_kwargs)
+        return _place(model, device, memory_format)
+
+    state_dict, metadata, layout = read_state_dict(source, key_map_fn=state_dict_key_map_fn, use_ema=use_ema)
+    model = build_model(spec, state_dict, num_classes=num_classes, model_kwargs=model_kwargs,
+                        model_name=name, source=str(source), layout=layout)
+    model.class_names = _class_names(metadata, model.num_classes)
+    return _place(model, device, memory_format)
+
+
+def fetch_pretrained(name: str, *, progress: bool = True,
+                     key_map_fn: Callable[[str], str] | None = None) -> Path:
+    """Download (or find in the cache) and verify the pretrained checkpoint of model ``name``.
+
+    Returns:
+        The path of the verified cached file.
+
+    Raises:
+        UnknownModelError: no such model. WeightsUnavailableError: see :func:`fetch_weights`.
+    """
+    name = _canonical_name(name)
+    validate = functools.partial(_validate, name=name, spec=MODEL_SPECS[name], key_map_fn=key_map_fn)
+    return fetch_weights(load_manifest()[name], progress=progress, validate=validate)
+
+
+def _validate(path: Path, *, name: str, spec: ArchSpec, key_map_fn: Callable[[str], str] | None) -> None:
+    """Check that a downloaded file holds ``spec``'s tensors before it enters the cache."""
+    state_dict, _, layout = read_state_dict(path, key_map_fn=key_map_fn)
+    classes = state_dict["fc.weight"].shape[0] if "fc.weight" in state_dict else 0
+    with torch.device("meta"):
+        model = ResNet(spec, classes)
+    check_fits(model, state_dict, model_name=name, source=path.name, layout=layout)
+
+
+def _place(model: ResNet, device: torch.device | str | None, memory_format: torch.memory_format | None) -> ResNet:
+    if device is not None:
+        model = model.to(device)
+    if memory_format is not None:
+        model = model.to(memory_format=memory_format)
+    return model
+
+
+def _class_names(metadata: Mapping[str, Any], num_classes: int) -> list[str] | None:
+    names = metadata.get("class_names")
+    if isinstance(names, (list, tuple)) and len(names) == num_classes and all(isinstance(n, str) for n in names):
+        return list(names)
+    return None
+
+
+_BUILDER_DOC = """
+    Args:
+        pretrained: load NVIDIA's ImageNet weights (downloaded once, verified, cached under
+            ``torch.hub.get_dir()/checkpoints``; ``CONVNETS_WEIGHTS_MIRROR`` replaces the host).
+        pretrained_from_file: load the weights from this checkpoint instead (no download, whatever
+            ``pretrained`` says). Any known layout: NGC 20.06, upstream ``layers.N``, training
+            checkpoints, timm's ``resnext101_32x4d``.
+        num_classes: classifier outputs. ``None`` keeps the checkpoint's head (1000 without
+            weights); another number keeps the pretrained backbone and starts a fresh head.
+        progress: show a download progress bar.
+        memory_format: e.g. ``torch.channels_last``.
+        device: where the model's tensors go.
+        state_dict_key_map_fn: upstream's hook, applied to each checkpoint key before conversion.
+        use_ema: load ``state_dict_ema`` from a training checkpoint.
+        **kwargs: architecture overrides (``layers``, ``widths``, ``expansion``, ``cardinality``,
+            ``se_squeeze``, ``stem_width``) and upstream's model options (``last_bn_0_init``,
+            ``conv_init``, ``fused_se``, ``trt``). Anything else raises ``TypeError``.
+
+    Returns:
+        The model; in eval mode when weights were loaded, in train mode otherwise.
+
+    Raises:
+        WeightsUnavailableError: the weights could not be downloaded and are not cached.
+        CheckpointError: the checkpoint is unreadable or does not fit the architecture.
+"""
+
+
+def _documented(summary: str) -> Callable[[Callable[..., ResNet]], Callable[..., ResNet]]:
+    def attach(fn: Callable[..., ResNet]) -> Callable[..., ResNet]:
+        fn.__doc__ = summary + "\n" + _BUILDER_DOC
+        return fn
+    return attach
+
+
+@_documented("""ResNet-50 v1.5 (25,557,032 parameters), NVIDIA's training recipe.
+
+    Paper: https://arxiv.org/abs/1512.03385 ; v1.5 moves the stride to the 3x3 convolution.""")
+def resnet50(pretrained: bool = False, **kwargs: Any) -> ResNet:
+    return _build("resnet50", pretrained, **kwargs)
+
+
+@_documented("""ResNeXt101-32x4d (44,177,704 parameters): ResNet-101 with 32-group 3x3 convolutions.
+
+    Paper: https://arxiv.org/abs/1611.05431 . NGC weights: 80.19% ImageNet top-1 (AMP, 250 epochs).""")
+def resnext101_32x4d(pretrained: bool = False, **kwargs: Any) -> ResNet:
+    return _build("resnext101_32x4d", pretrained, **kwargs)
+
+
+@_documented("""SE-ResNeXt101-32x4d (45,251,128 parameters): ResNeXt101-32x4d with NVIDIA's SE blocks.
+
+    Papers: https://arxiv.org/abs/1611.05431 , https://arxiv.org/abs/1709.01507 . The SE squeeze is
+    a fixed 16 channels (not C/16 as in timm). NGC weights: 80.90% ImageNet top-1 (AMP, 250 epochs).""")
+def se_resnext101_32x4d(pretrained: bool = False, **kwargs: Any) -> ResNet:
+    return _build("se_resnext101_32x4d", pretrained, **kwargs)
+
+
+def get_model(name: str, pretrained: bool = False, **kwargs: Any) -> ResNet:
+    """Build a registered model by name (see :func:`list_models`).
+
+    Args:
+        name: e.g. ``"se_resnext101_32x4d"`` (upstream's ``"se-resnext101-32x4d"`` also works).
+        pretrained, **kwargs: as for :func:`se_resnext101_32x4d`.
+
+    Raises:
+        UnknownModelError: ``name`` is not registered; the message lists the valid names.
+    """
+    return _build(_canonical_name(name), pretrained, **kwargs)
+
+
+def load_model(path: str | os.PathLike[str], *, device: torch.device | str | None = None,
+               memory_format: torch.memory_format | None = None, use_ema: bool = False) -> ResNet:
+    """Rebuild a model from a checkpoint alone: architecture, head and class names.
+
+    Works with this package's training checkpoints (which record ``arch_spec`` and
+    ``class_names``) and, by reading the architecture off the tensor shapes, with any other
+    checkpoint layout that the builders accept.
+
+    Args:
+        path: the checkpoint.
+        device: where the model's tensors go.
+        memory_format: e.g. ``torch.channels_last``.
+        use_ema: load ``state_dict_ema`` from a training checkpoint.
+
+    Returns:
+        The model in eval mode; ``model.class_names`` holds the class names if the file has them.
+    """
+    state_dict, metadata, layout = read_state_dict(path, use_ema=use_ema)
+    spec_dict = metadata.get("arch_spec")
+    if isinstance(spec_dict, Mapping):
+        try:
+            spec = ArchSpec(**spec_dict)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{path} has an invalid 'arch_spec' entry: {e}") from e
+    else:
+        spec, _ = infer_spec(state_dict, source=str(path))
+    name = next((n for n, s in MODEL_SPECS.items() if s == spec), "custom ResNet")
+    model = build_model(spec, state_dict, model_name=name, source=str(path), layout=layout)
+    model.class_names = _class_names(metadata, model.num_classes)
+    return _place(model, device, memory_format)

@@ -1,0 +1,227 @@
+"""Download, verify and cache pretrained checkpoints.
+
+Files go to ``torch.hub.get_dir()/checkpoints`` (so ``TORCH_HOME`` is honoured, and a file that
+upstream's torch.hub already cached there is reused). A download is written to a temporary file
+beside its destination and renamed only once it is complete, matches its digest and has been
+checked to be the expected model, so a broken or wrong download never lands in the cache.
+
+Where the manifest has no sha256 (none is known for the NGC files), the digest of the first
+complete download is recorded in ``<file>.sha256`` beside it and the cached copy is verified
+against it on every later load; a file that no longer matches is downloaded again. A file lock
+lets concurrent processes (DDP ranks, notebooks) share the cache: one downloads, the others wait.
+
+``CONVNETS_WEIGHTS_MIRROR`` replaces the NGC host for air-gapped use: a base URL
+(``http(s)://`` or ``file://``) or a local directory holding the same file names.
+
+We stream with ``requests`` rather than ``torch.hub.download_url_to_file`` because the latter has
+no timeout (a dead server hangs forever) and does not check that the whole body arrived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
+
+import filelock
+import requests
+import torch
+from tqdm.auto import tqdm
+
+from convnets.errors import ConvnetsError, WeightsUnavailableError
+from convnets.weights.manifest import WeightsEntry
+
+__all__ = ["MIRROR_ENV", "cache_dir", "fetch_weights", "resolve_source", "sha256_file"]
+
+log = logging.getLogger(__name__)
+
+MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0  # longest silence tolerated mid-download
+LOCK_TIMEOUT_S = 3600.0  # how long a process waits for another one's download
+_CHUNK = 1 << 20
+
+
+def cache_dir() -> Path:
+    """Where checkpoints are cached: ``torch.hub.get_dir()/checkpoints``."""
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def resolve_source(entry: WeightsEntry) -> str:
+    """The URL or local path to fetch ``entry`` from: the mirror when one is set, else NGC."""
+    mirror = os.environ.get(MIRROR_ENV, "").strip()
+    if not mirror:
+        return entry.url
+    if "://" in mirror:
+        return f"{mirror.rstrip('/')}/{quote(entry.file_name)}"
+    return str(Path(mirror).expanduser() / entry.file_name)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _record_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _read_record(path: Path) -> str | None:
+    try:
+        return _record_path(path).read_text(encoding="ascii").split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _write_record(path: Path, digest: str) -> None:
+    record = _record_path(path)
+    tmp = record.with_name(f"{record.name}.{uuid.uuid4().hex}.partial")
+    tmp.write_text(f"{digest}  {path.name}\n", encoding="ascii")  # sha256sum's format
+    os.replace(tmp, record)
+
+
+class _FetchError(ConvnetsError):
+    """A reason a source could not be fetched; becomes a WeightsUnavailableError with advice."""
+
+
+@contextlib.contextmanager
+def _open_source(source: str) -> Iterator[tuple[Iterator[bytes], int | None]]:
+    """Yield ``(chunks, total size or None)`` for an http(s) URL, a file:// URL or a path."""
+    scheme = urlsplit(source).scheme
+    if scheme in ("http", "https"):
+        try:
+            with requests.get(source, stream=True, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
+                              headers={"User-Agent": "convnets"}) as r:
+                if r.status_code != 200:
+                    raise _FetchError(f"the server answered HTTP {r.status_code} {r.reason}")
+                length = r.headers.get("Content-Length")
+                # A compressed transfer is decoded, so its byte count differs from Content-Length.
+                total = int(length) if length and length.isdigit() and "Content-Encoding" not in r.headers else None
+                yield r.iter_content(_CHUNK), total
+        except requests.Timeout as e:
+            raise _FetchError(f"timed out ({e.__class__.__name__})") from e
+        except requests.ConnectionError as e:
+            # requests nests urllib3's errors; the innermost reason is the readable part.
+            reason = getattr(e.args[0], "reason", e) if e.args else e
+            raise _FetchError(f"cannot reach {urlsplit(source).netloc} ({reason})") from e
+        except requests.RequestException as e:
+            raise _FetchError(f"network error: {e}") from e
+        return
+    if scheme == "file":
+        path = Path(unquote(urlsplit(source).path))
+    elif scheme == "" or len(scheme) == 1:  # a plain path (a Windows drive letter looks like a scheme)
+        path = Path(source)
+    else:
+        raise _FetchError(f"unsupported URL scheme {scheme!r}; use http(s)://, file:// or a directory")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise _FetchError(f"cannot open it: {e.strerror or e}") from e
+    with f:
+        yield iter(lambda: f.read(_CHUNK), b""), os.fstat(f.fileno()).st_size
+
+
+def _download(source: str, dst: Path, entry: WeightsEntry, progress: bool,
+              validate: Callable[[Path], None] | None) -> None:
+    tmp = dst.with_name(f"{dst.name}.{uuid.uuid4().hex}.partial")
+    try:
+        digest = hashlib.sha256()
+        received = 0
+        with _open_source(source) as (chunks, total):
+            with open(tmp, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                            desc=entry.file_name, disable=not progress) as bar:
+                for chunk in chunks:
+                    f.write(chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+                f.flush()
+                os.fsync(f.fileno())
+        expected_size = total if total is not None else entry.size_bytes
+        if expected_size is not None and received != expected_size:
+            raise _FetchError(f"the transfer stopped after {received} of {expected_size} bytes")
+        if entry.sha256 and digest.hexdigest() != entry.sha256:
+            raise _FetchError(f"its sha256 is {digest.hexdigest()}, the manifest expects {entry.sha256}: "
+                              "it is not the published file")
+        if validate is not None:
+            try:
+                validate(tmp)
+            except ConvnetsError as e:
+                raise _FetchError(f"it is not a usable {entry.model} checkpoint: {e}") from e
+        os.replace(tmp, dst)
+        _write_record(dst, digest.hexdigest())
+        log.info("cached %s (sha256 %s)", dst, digest.hexdigest())
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _cached_copy_ok(dst: Path, entry: WeightsEntry, validate: Callable[[Path], None] | None) -> bool:
+    digest = sha256_file(dst)
+    expected = entry.sha256 or _read_record(dst)
+    if expected is None:
+        # Placed by hand or by upstream's torch.hub (same directory and name): adopt it if it is
+        # a usable checkpoint, and detect any later change from now on.
+        try:
+            if validate is not None:
+                validate(dst)
+        except ConvnetsError as e:
+            log.warning("ignoring cached %s, which is not a usable checkpoint: %s", dst, e)
+            return False
+        _write_record(dst, digest)
+        return True
+    if digest != expected:
+        log.warning("cached %s has sha256 %s but %s was recorded; downloading it again", dst, digest, expected)
+        return False
+    return True
+
+
+def fetch_weights(entry: WeightsEntry, *, progress: bool = True,
+                  validate: Callable[[Path], None] | None = None) -> Path:
+    """Return the path of a verified local copy of ``entry``'s checkpoint, downloading it if needed.
+
+    Args:
+        entry: the manifest entry.
+        progress: show a progress bar on stderr while downloading.
+        validate: called with a candidate file before it is accepted into the cache; raises a
+            :class:`~convnets.errors.ConvnetsError` if the file is not the expected model.
+
+    Returns:
+        The cached file.
+
+    Raises:
+        WeightsUnavailableError: no verified copy could be obtained; the message names the file,
+            the source and the reason, and explains the offline options.
+    """
+    dst = cache_dir() / entry.file_name
+    source = resolve_source(entry)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(str(dst) + ".lock", timeout=LOCK_TIMEOUT_S):
+            if dst.is_file() and _cached_copy_ok(dst, entry, validate):
+                return dst
+            log.info("downloading %s from %s", entry.file_name, source)
+            _download(source, dst, entry, progress, validate)
+            return dst
+    except _FetchError as e:
+        via = f" (from {MIRROR_ENV})" if os.environ.get(MIRROR_ENV, "").strip() else ""
+        raise WeightsUnavailableError(
+            f"could not get {entry.file_name}, the pretrained weights of {entry.model}, from "
+            f"{source}{via}: {e}. Nothing was cached. To work offline, pass "
+            f"pretrained_from_file=PATH (any checkpoint layout), or set {MIRROR_ENV} to a directory "
+            f"or URL that holds {entry.file_name}.") from e
+    except filelock.Timeout as e:
+        raise WeightsUnavailableError(
+            f"waited {LOCK_TIMEOUT_S:.0f} s for another process to finish downloading {dst}; if none is "
+            f"running, delete {e.lock_file}") from e
+    except OSError as e:
+        raise WeightsUnavailableError(f"cannot write the weights cache {dst.parent}: {e}. Set TORCH_HOME "
+                                      "to a writable directory") from e
