@@ -32,7 +32,10 @@ log = logging.getLogger(__name__)
 
 # Upstream training checkpoints store metrics such as best_prec1 as numpy scalars; these
 # reconstructors only rebuild numbers and dtypes, so allowing them keeps weights_only safe.
-_SAFE_NUMPY = [np.core.multiarray.scalar, np.dtype, *{type(np.dtype(t)) for t in "?bBhHiIlLqQefdgFD"}]
+# Pickles name the scalar reconstructor by the module path of the numpy that wrote them.
+_np_scalar = (np._core if hasattr(np, "_core") else np.core).multiarray.scalar
+_SAFE_NUMPY = [(_np_scalar, "numpy.core.multiarray.scalar"), (_np_scalar, "numpy._core.multiarray.scalar"),
+               np.dtype, *{type(np.dtype(t)) for t in "?bBhHiIlLqQefdgFD"}]
 
 _SHOWN = 4  # keys listed per kind of mismatch
 

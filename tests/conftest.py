@@ -1,0 +1,149 @@
+"""Shared fixtures: tiny architectures, generated checkpoints, an isolated cache, a loopback server."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/reference.py
+
+#: Small variants of each registered model: same block structure, a fraction of the size.
+TINY: dict[str, dict] = {
+    "resnet50": dict(layers=[1, 1, 1, 1], widths=[8, 16, 32, 64]),
+    "resnext101_32x4d": dict(layers=[1, 2, 1, 1], widths=[16, 32, 64, 128], cardinality=4),
+    "se_resnext101_32x4d": dict(layers=[1, 2, 1, 1], widths=[16, 32, 64, 128], cardinality=4),
+}
+
+
+def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Give every BatchNorm non-trivial statistics and affine terms, so that tests exercise them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own empty TORCH_HOME and no weights mirror."""
+    home = tmp_path_factory.mktemp("torch_home")
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    monkeypatch.delenv("CONVNETS_WEIGHTS_MIRROR", raising=False)
+    return home / "hub" / "checkpoints"
+
+
+@dataclass
+class Route:
+    """What the loopback server answers for one path."""
+
+    body: bytes = b""
+    status: int = 200
+    content_type: str = "application/octet-stream"
+    declared_length: int | None = None  # Content-Length to announce (a larger one truncates)
+    delay_s: float = 0.0
+
+
+@dataclass
+class LoopbackServer:
+    """A real HTTP server on 127.0.0.1 whose routes the test sets; counts the requests per path."""
+
+    base_url: str
+    routes: dict[str, Route] = field(default_factory=dict)
+    hits: Counter = field(default_factory=Counter)
+
+
+@pytest.fixture
+def http_server() -> Iterator[LoopbackServer]:
+    state = LoopbackServer(base_url="")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            state.hits[self.path] += 1
+            route = state.routes.get(self.path, Route(b"not found", status=404, content_type="text/plain"))
+            time.sleep(route.delay_s)
+            self.send_response(route.status)
+            self.send_header("Content-Type", route.content_type)
+            self.send_header("Content-Length", str(route.declared_length or len(route.body)))
+            self.end_headers()
+            try:
+                self.wfile.write(route.body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.base_url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """A loopback URL on which nothing listens (connections are refused at once)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def full_se_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A full-size SE-ResNeXt101-32x4d checkpoint in NGC 20.06 layout (``module.`` prefix, 2-D SE).
+
+    Returns the file (named as on NGC) and its state dict without the prefix.
+    """
+    from convnets.models.resnet import MODEL_SPECS, Bottleneck, ResNet
+
+    torch.manual_seed(0)
+    model = randomize_bn(ResNet(MODEL_SPECS["se_resnext101_32x4d"]))
+    with torch.no_grad():
+        # Small last-BN gammas, as in trained networks: with random ones the activations of 33
+        # residual blocks grow to ~1e5 and float32 rounding alone changes the logits visibly.
+        for block in model.modules():
+            if isinstance(block, Bottleneck):
+                block.bn3.weight.mul_(0.2)
+    state = model.state_dict()
+    folder = tmp_path_factory.mktemp("ngc")
+    path = folder / "nvidia_se-resnext101-32x4d_200821.pth.tar"
+    torch.save({f"module.{k}": v for k, v in state.items()}, path)
+    return path, state
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 300) -> "subprocess.CompletedProcess[str]":
+    """Run ``python -m convnets ARGS`` in a real subprocess and return the completed process."""
+    import subprocess
+
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "convnets", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd or REPO, timeout=timeout)
+
+
+Factory = Callable[..., torch.nn.Module]
