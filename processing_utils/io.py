@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import re
+import socket
 import struct
 import time
 from pathlib import Path
@@ -104,13 +105,17 @@ def is_url(source: object) -> bool:
 def _set_read_timeout(response: requests.Response, seconds: float) -> None:
     """Bound the next socket read so that one stalled read cannot overrun the total deadline.
 
-    ``requests`` only has a per-read timeout; urllib3 2 exposes the connection, whose socket
-    timeout applies to the next read. With urllib3 1.x this is a no-op and the deadline is checked
-    between reads only.
+    ``requests`` only has a per-read timeout, set once on the socket; shortening it before each
+    read makes the deadline exact. Best effort: urllib3 2 exposes the socket on the connection,
+    except for close-delimited bodies, where only http.client's response still holds it. Where
+    neither is found the deadline is checked between reads, so a stalled read may overrun it
+    by up to ``timeout``.
     """
-    connection = getattr(response.raw, "connection", None)
-    sock = getattr(connection, "sock", None)
-    if sock is not None:
+    sock = getattr(getattr(response.raw, "connection", None), "sock", None)
+    if sock is None:
+        buffered = getattr(getattr(response.raw, "_fp", None), "fp", None)
+        sock = getattr(getattr(buffered, "raw", None), "_sock", None)
+    if isinstance(sock, socket.socket):
         sock.settimeout(max(seconds, 0.001))
 
 
@@ -202,6 +207,10 @@ def download(url: str, *, timeout: float = DEFAULT_TIMEOUT,
         raise ImageDownloadError(
             f"Cannot load image {label}: no answer within timeout={timeout:g} s. Retry, or pass a "
             f"larger timeout.") from exc
+    except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.ProtocolError) as exc:
+        raise ImageDownloadError(
+            f"Cannot load image {label}: the connection was closed or broken before the whole "
+            f"image arrived ({exc}). Retry the download.") from exc
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         raise ImageDownloadError(
             f"Cannot load image {label}: the download failed ({type(exc).__name__}: {exc}). "
@@ -218,9 +227,9 @@ def _decode(fp: BinaryIO, label: str, max_pixels: int | None) -> Image.Image:
         limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
         if limit is not None and image.width * image.height > limit:
             raise ImageDecodeError(
-                f"Cannot load image {label}: {image.width}x{image.height} pixels is more than the "
-                f"limit of {limit} (a possible decompression bomb). Pass a larger max_pixels if "
-                f"the image is trusted.")
+                f"Cannot load image {label}: {image.width}x{image.height} = "
+                f"{image.width * image.height} pixels is more than the limit of {limit} (a possible "
+                f"decompression bomb). Pass a larger max_pixels if the image is trusted.")
         image.load()
     except ImageLoadError:
         raise

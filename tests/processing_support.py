@@ -130,6 +130,14 @@ class _Handler(BaseHTTPRequestHandler):
                         break
                     self.wfile.write(bytes([byte]))
                     self.wfile.flush()
+            elif route == "/stall.png":  # 16 bytes over 0.8 s, then silence
+                self._headers(200, "image/png", len(image))
+                for byte in image[:16]:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    if not self._wait(0.05):
+                        break
+                self._wait(MAX_STREAM_SECONDS)
             elif route == "/endless.png":  # zeros as fast as the client reads them
                 self._headers(200, "image/png", None)
                 zeros = bytes(64 * 1024)
