@@ -119,6 +119,13 @@ def _set_read_timeout(response: requests.Response, seconds: float) -> None:
         sock.settimeout(max(seconds, 0.001))
 
 
+def _timed_out(label: str, timeout: float) -> ImageDownloadError:
+    return ImageDownloadError(
+        f"Cannot load image {label}: the download did not finish within timeout={timeout:g} s "
+        f"(the limit for connecting and receiving the whole image). Retry, or pass a larger "
+        f"timeout.")
+
+
 def _read_body(response: requests.Response, label: str, deadline: float, timeout: float,
                max_bytes: int) -> bytes:
     declared = response.headers.get("Content-Length")
@@ -134,9 +141,7 @@ def _read_body(response: requests.Response, label: str, deadline: float, timeout
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ImageDownloadError(
-                f"Cannot load image {label}: the download did not finish within timeout={timeout:g} "
-                f"s ({received} bytes received). Retry, or pass a larger timeout.")
+            raise _timed_out(label, timeout)
         _set_read_timeout(response, remaining)
         chunk = read(_CHUNK_BYTES, decode_content=True)
         if not chunk:
@@ -204,9 +209,7 @@ def download(url: str, *, timeout: float = DEFAULT_TIMEOUT,
             f"Cannot load image {label}: the server answered HTTP {status}. Check the URL."
         ) from exc
     except (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError) as exc:
-        raise ImageDownloadError(
-            f"Cannot load image {label}: no answer within timeout={timeout:g} s. Retry, or pass a "
-            f"larger timeout.") from exc
+        raise _timed_out(label, timeout) from exc
     except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.ProtocolError) as exc:
         raise ImageDownloadError(
             f"Cannot load image {label}: the connection was closed or broken before the whole "
