@@ -43,7 +43,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: What :func:`open_image` accepts: a local path, an ``http(s)://`` URL, encoded bytes or a PIL image.
-ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, Image.Image]
+ImageInput = Union[str, os.PathLike[str], bytes, bytearray, Image.Image]
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -184,7 +184,9 @@ def download(url: str, *, timeout: float = DEFAULT_TIMEOUT,
         raise ImageDownloadError(
             f"Cannot load image {label}: unsupported URL scheme {scheme!r}; only http and https "
             f"URLs are downloaded.{hint}")
-    if not validators.url(url, simple_host=True):
+    # simple_host accepts intranet names such as http://my-nas/; strict_query=False accepts
+    # queries like "?raw" or "?a=1&b" that CDNs use.
+    if not validators.url(url, simple_host=True, strict_query=False):
         raise ImageDownloadError(f"Cannot load image {label}: not a valid http(s) URL.")
     start = time.monotonic()
     deadline = start + timeout

@@ -52,7 +52,8 @@ def test_every_single_input_kind(cat_path: Path, http_server: str) -> None:
     data = cat_path.read_bytes()
     expected = _expected(data)
     for source in (str(cat_path), cat_path, data, bytearray(data), Image.open(cat_path),
-                   f"{http_server}/image.png", f"{http_server}/image.bin"):
+                   f"{http_server}/image.png", f"{http_server}/image.bin",
+                   f"{http_server}/image.png?raw&size=large"):
         result = prepare_input_from_uri(source)
         assert result.shape == (1, 3, 224, 224), type(source)
         torch.testing.assert_close(result, expected, rtol=0, atol=TOL)
