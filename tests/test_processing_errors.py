@@ -5,6 +5,7 @@ Network cases run against a real HTTP server on 127.0.0.1 (``processing_support.
 
 from __future__ import annotations
 
+import io
 import socket
 import time
 from pathlib import Path
@@ -114,6 +115,16 @@ def test_pillow_globals_unchanged() -> None:
 def test_bytes_that_are_not_an_image() -> None:
     _raises(b"<html>nope</html>", ImageDecodeError, "17 bytes", "not a recognised image")
     _raises(b"", ImageDecodeError, "0 bytes", "empty")
+
+
+def test_truncated_pil_image_input() -> None:
+    data = _jpeg()
+    lazy = Image.open(io.BytesIO(data[: len(data) // 2]))  # opened, not yet decoded
+    _raises(lazy, ImageDecodeError, "PIL image", "truncated")
+
+
+def test_mode_without_rgb_conversion() -> None:
+    _raises(Image.new("La", (32, 32)), ImageDecodeError, "mode La", "cannot convert mode 'La'")
 
 
 def test_unsupported_input_type() -> None:
