@@ -85,7 +85,13 @@ def preprocess_image(image: Image.Image, *, image_size: int = 224,
 
     Returns:
         A float32 tensor ``[3, image_size, image_size]`` normalised with the ImageNet mean and std.
+
+    Raises:
+        ValueError: ``image`` is not in RGB mode.
     """
+    if image.mode != "RGB":
+        raise ValueError(f"preprocess_image needs an RGB image, got mode {image.mode!r}; convert "
+                         f"it with to_rgb() first.")
     image = F.resize(image, [resize_size], interpolation=InterpolationMode.BILINEAR, antialias=True)
     image = F.center_crop(image, [image_size, image_size])
     # ToTensor + Normalize in numpy, with the same float32 operations in the same order (so the

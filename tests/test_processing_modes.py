@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from processing_support import encode, photo, reference
 
-from processing_utils import prepare_input_from_uri
+from processing_utils import preprocess_image, prepare_input_from_uri
 
 TOL = 1e-4
 
@@ -144,3 +144,8 @@ def test_pil_input_is_not_modified() -> None:
     assert (img.mode, img.size) == before[:2]
     assert np.array_equal(np.asarray(img), before[2])
     assert img.getexif()[0x0112] == 6
+
+
+def test_preprocess_image_refuses_non_rgb() -> None:
+    with pytest.raises(ValueError, match="mode 'L'"):
+        preprocess_image(_open("camera.png"))
