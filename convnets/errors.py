@@ -31,9 +31,8 @@ class WeightsUnavailableError(ConvnetsError, OSError):
 class ImageLoadError(ConvnetsError, ValueError):
     """An input image cannot be loaded or decoded; base of every bad-image-input error.
 
-    Raised as is for inputs that are neither missing, nor a failed download, nor undecodable, e.g. a
-    path that is a directory or an ``http(s)`` string that is not a valid URL. The message names the
-    input (abbreviated when long) and the reason.
+    Raised as is for a path that exists but cannot be read as a file (a directory, no permission).
+    The message names the input (abbreviated when long) and the reason.
     """
 
 
@@ -44,9 +43,10 @@ class ImageNotFoundError(ImageLoadError, FileNotFoundError):
 class ImageDownloadError(ImageLoadError, OSError):
     """A URL could not be fetched as an image (also an ``OSError``).
 
-    Reasons: unsupported scheme (only ``http``/``https``), connection failure, HTTP 4xx/5xx status,
-    the total ``timeout`` elapsed, the body exceeded ``max_bytes``, the server sent a non-image
-    content type (e.g. an HTML page) or closed the connection before the whole body arrived.
+    Reasons: unsupported scheme (only ``http``/``https``), invalid URL, connection failure, HTTP
+    4xx/5xx status, the total ``timeout`` elapsed, the body exceeded ``max_bytes``, the server sent
+    a non-image content type (e.g. an HTML page) or closed the connection before the whole body
+    arrived.
     """
 
 
