@@ -26,3 +26,33 @@ class CheckpointError(ConvnetsError, ValueError):
 
 class WeightsUnavailableError(ConvnetsError, OSError):
     """Pretrained weights could not be found in the cache, the mirror or downloaded."""
+
+
+class ImageLoadError(ConvnetsError, ValueError):
+    """An input image cannot be loaded or decoded; base of every bad-image-input error.
+
+    Raised as is for a path that exists but cannot be read as a file (a directory, no permission).
+    The message names the input (abbreviated when long) and the reason.
+    """
+
+
+class ImageNotFoundError(ImageLoadError, FileNotFoundError):
+    """A local image path does not exist (also a ``FileNotFoundError``)."""
+
+
+class ImageDownloadError(ImageLoadError, OSError):
+    """A URL could not be fetched as an image (also an ``OSError``).
+
+    Reasons: unsupported scheme (only ``http``/``https``), invalid URL, connection failure, HTTP
+    4xx/5xx status, the total ``timeout`` elapsed, the body exceeded ``max_bytes``, the server sent
+    a non-image content type (e.g. an HTML page) or closed the connection before the whole body
+    arrived.
+    """
+
+
+class ImageDecodeError(ImageLoadError):
+    """Bytes that were read cannot be decoded as an image.
+
+    Reasons: empty or non-image data (text, HTML), a corrupt or truncated file, a pixel count above
+    the decompression-bomb limit, or an image mode that cannot be converted to RGB.
+    """

@@ -1,0 +1,320 @@
+"""Open an image from a local path, an http(s) URL, raw bytes or a PIL image, safely.
+
+Every failure a user can cause (missing file, HTTP error, slow or endless server, HTML page,
+truncated or non-image data, decompression bomb) raises one :class:`ImageLoadError` subclass whose
+message names the input and the reason. Decoding never changes Pillow's global settings
+(``LOAD_TRUNCATED_IMAGES``, ``MAX_IMAGE_PIXELS``, warning filters), so it is safe from many threads.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import BinaryIO, Union
+
+import requests
+import urllib3
+import validators
+from PIL import Image, UnidentifiedImageError
+
+from convnets.errors import (
+    ImageDecodeError,
+    ImageDownloadError,
+    ImageLoadError,
+    ImageNotFoundError,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_TIMEOUT",
+    "ImageInput",
+    "describe_input",
+    "download",
+    "is_url",
+    "open_image",
+]
+
+logger = logging.getLogger(__name__)
+
+#: What :func:`open_image` accepts: a local path, an ``http(s)://`` URL, encoded bytes or a PIL image.
+ImageInput = Union[str, os.PathLike[str], bytes, bytearray, Image.Image]
+
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_MAX_BYTES = 64 * 2**20
+
+USER_AGENT = f"convnets-processing-utils (python-requests/{requests.__version__})"
+_CHUNK_BYTES = 64 * 1024
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+# Content types that are certainly not an image: an error or login page served with status 200.
+_NON_IMAGE_TYPES = ("text/", "application/json", "application/xml", "application/xhtml+xml",
+                    "application/javascript")
+# What Pillow raises on corrupt data varies by plugin; these are the ones it documents or uses.
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error,
+                  Image.DecompressionBombError)
+
+
+def _abbreviate(text: str, limit: int = 160) -> str:
+    """Shorten ``text`` to about ``limit`` characters, keeping both ends (a URL's host and file)."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return f"{text[:head]}...{text[-(limit - head - 3):]}"
+
+
+def describe_input(source: object) -> str:
+    """A short, human-readable name of an input for error messages and logs.
+
+    Args:
+        source: anything that was passed as an image input.
+
+    Returns:
+        The quoted (and, when long, abbreviated) path or URL, or a summary of bytes or PIL inputs.
+    """
+    if isinstance(source, (bytes, bytearray)):
+        return f"<{len(source)} bytes of image data>"
+    if isinstance(source, Image.Image):
+        return f"<PIL image, mode {source.mode}, {source.width}x{source.height}>"
+    if isinstance(source, (str, os.PathLike)):
+        return repr(_abbreviate(os.fspath(source)))
+    return _abbreviate(repr(source))
+
+
+def _scheme(source: str) -> str | None:
+    match = _SCHEME.match(source)
+    return match.group(1).lower() if match else None
+
+
+def is_url(source: object) -> bool:
+    """Whether ``source`` is a string with a URL scheme (``scheme://...``), i.e. not a local path.
+
+    Args:
+        source: a candidate image input.
+
+    Returns:
+        True for any ``scheme://`` string; :func:`open_image` downloads only ``http``/``https``.
+    """
+    return isinstance(source, str) and _scheme(source) is not None
+
+
+def _set_read_timeout(response: requests.Response, seconds: float) -> None:
+    """Bound the next socket read so that one stalled read cannot overrun the total deadline.
+
+    ``requests`` only has a per-read timeout, set once on the socket; shortening it before each
+    read makes the deadline exact. Best effort: urllib3 2 exposes the socket on the connection,
+    except for close-delimited bodies, where only http.client's response still holds it. Where
+    neither is found the deadline is checked between reads, so a stalled read may overrun it
+    by up to ``timeout``.
+    """
+    sock = getattr(getattr(response.raw, "connection", None), "sock", None)
+    if sock is None:
+        buffered = getattr(getattr(response.raw, "_fp", None), "fp", None)
+        sock = getattr(getattr(buffered, "raw", None), "_sock", None)
+    if isinstance(sock, socket.socket):
+        sock.settimeout(max(seconds, 0.001))
+
+
+def _timed_out(label: str, timeout: float) -> ImageDownloadError:
+    return ImageDownloadError(
+        f"Cannot load image {label}: the download did not finish within timeout={timeout:g} s "
+        f"(the limit for connecting and receiving the whole image). Retry, or pass a larger "
+        f"timeout.")
+
+
+def _read_body(response: requests.Response, label: str, deadline: float, timeout: float,
+               max_bytes: int) -> bytes:
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise ImageDownloadError(
+            f"Cannot load image {label}: the server announces {int(declared)} bytes, more than "
+            f"max_bytes={max_bytes}. Pass a larger max_bytes if the image is really that big.")
+    # read1 returns after a single network read, so a server that drips bytes slowly is still
+    # stopped at the deadline; read() would block until a whole chunk had arrived.
+    read = getattr(response.raw, "read1", response.raw.read)
+    chunks: list[bytes] = []
+    received = 0
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _timed_out(label, timeout)
+        _set_read_timeout(response, remaining)
+        chunk = read(_CHUNK_BYTES, decode_content=True)
+        if not chunk:
+            break
+        received += len(chunk)
+        if received > max_bytes:
+            raise ImageDownloadError(
+                f"Cannot load image {label}: the response is larger than max_bytes={max_bytes}; "
+                f"stopped reading. Pass a larger max_bytes if the image is really that big.")
+        chunks.append(chunk)
+    encoded = response.headers.get("Content-Encoding", "identity").lower() != "identity"
+    if declared is not None and declared.isdigit() and not encoded and received < int(declared):
+        raise ImageDownloadError(
+            f"Cannot load image {label}: the connection closed after {received} of {declared} "
+            f"bytes. Retry the download.")
+    return b"".join(chunks)
+
+
+def download(url: str, *, timeout: float = DEFAULT_TIMEOUT,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Download an image's bytes over http(s) with a total deadline and a size cap.
+
+    Args:
+        url: an ``http://`` or ``https://`` URL.
+        timeout: seconds for the whole download (connect, headers and body).
+        max_bytes: largest accepted body, in bytes (after content decoding).
+
+    Returns:
+        The response body.
+
+    Raises:
+        ImageDownloadError: unsupported scheme, invalid URL, connection error, HTTP 4xx/5xx,
+            non-image content type, timeout, body over ``max_bytes`` or cut short.
+    """
+    label = describe_input(url)
+    scheme = _scheme(url)
+    if scheme not in ("http", "https"):
+        hint = " Pass the local path instead." if scheme == "file" else (
+            " Download it yourself and pass the path or the bytes.")
+        raise ImageDownloadError(
+            f"Cannot load image {label}: unsupported URL scheme {scheme!r}; only http and https "
+            f"URLs are downloaded.{hint}")
+    # simple_host accepts intranet names such as http://my-nas/; strict_query=False accepts
+    # queries like "?raw" or "?a=1&b" that CDNs use.
+    if not validators.url(url, simple_host=True, strict_query=False):
+        raise ImageDownloadError(f"Cannot load image {label}: not a valid http(s) URL.")
+    start = time.monotonic()
+    deadline = start + timeout
+    try:
+        # A urllib3 Timeout with `total` bounds connect + response headers together; the body
+        # is bounded by the deadline in _read_body.
+        with requests.get(url, stream=True, timeout=urllib3.Timeout(total=timeout),
+                          headers={"User-Agent": USER_AGENT, "Accept": "image/*,*/*;q=0.8"}) as resp:
+            resp.raise_for_status()
+            content_type = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if content_type.startswith(_NON_IMAGE_TYPES):
+                raise ImageDownloadError(
+                    f"Cannot load image {label}: the server sent {content_type!r} content, not an "
+                    f"image (an error or web page?). Use the direct address of the image file.")
+            body = _read_body(resp, label, deadline, timeout, max_bytes)
+    except ImageLoadError:
+        raise
+    except requests.HTTPError as exc:
+        response = exc.response
+        status = f"{response.status_code} {response.reason}" if response is not None else str(exc)
+        raise ImageDownloadError(
+            f"Cannot load image {label}: the server answered HTTP {status}. Check the URL."
+        ) from exc
+    except (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError) as exc:
+        raise _timed_out(label, timeout) from exc
+    except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.ProtocolError) as exc:
+        raise ImageDownloadError(
+            f"Cannot load image {label}: the connection was closed or broken before the whole "
+            f"image arrived ({exc}). Retry the download.") from exc
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise ImageDownloadError(
+            f"Cannot load image {label}: the download failed ({type(exc).__name__}: {exc}). "
+            f"Check the URL and your network connection.") from exc
+    logger.debug("downloaded %s: %d bytes in %.2f s", label, len(body), time.monotonic() - start)
+    return body
+
+
+def _decode(fp: BinaryIO, label: str, max_pixels: int | None) -> Image.Image:
+    """Decode the first frame of an encoded image, checking its size before decoding pixels."""
+    try:
+        image = Image.open(fp)
+        # Image.open reads only the header, so the pixel count is known before any decoding.
+        limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+        if limit is not None and image.width * image.height > limit:
+            raise ImageDecodeError(
+                f"Cannot load image {label}: {image.width}x{image.height} = "
+                f"{image.width * image.height} pixels is more than the limit of {limit} (a possible "
+                f"decompression bomb). Pass a larger max_pixels if the image is trusted.")
+        image.load()
+    except ImageLoadError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageDecodeError(
+            f"Cannot load image {label}: too many pixels, a possible decompression bomb ({exc})."
+        ) from exc
+    except UnidentifiedImageError as exc:
+        raise ImageDecodeError(
+            f"Cannot load image {label}: not a recognised image format (a text, HTML or other "
+            f"non-image file?).") from exc
+    except _DECODE_ERRORS as exc:
+        raise ImageDecodeError(
+            f"Cannot load image {label}: the data is corrupt or truncated ({exc}).") from exc
+    return image
+
+
+def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None) -> Image.Image:
+    try:
+        with open(path, "rb") as fp:
+            if os.fstat(fp.fileno()).st_size == 0:
+                raise ImageDecodeError(f"Cannot load image {label}: the file is empty (0 bytes).")
+            return _decode(fp, label, max_pixels)
+    except FileNotFoundError as exc:
+        raise ImageNotFoundError(
+            f"Cannot load image {label}: no such file (working directory: {os.getcwd()!r}). Check "
+            f"the path, or pass an http(s) URL.") from exc
+    except IsADirectoryError as exc:
+        raise ImageLoadError(
+            f"Cannot load image {label}: it is a directory, not an image file. Pass the image "
+            f"files it contains.") from exc
+    except ImageLoadError:
+        raise
+    except OSError as exc:  # permission denied, I/O error: reading the file itself failed
+        raise ImageLoadError(f"Cannot load image {label}: cannot read the file ({exc}).") from exc
+
+
+def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
+               max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int | None = None) -> Image.Image:
+    """Open and fully decode one image, in its original mode and orientation.
+
+    Args:
+        source: a local path (``str`` or ``os.PathLike``), an ``http(s)://`` URL, encoded image
+            bytes (``bytes``/``bytearray``) or a ``PIL.Image.Image`` (returned as is, loaded).
+        timeout: total seconds allowed for a download.
+        max_bytes: largest accepted download, in bytes.
+        max_pixels: largest accepted width x height of encoded inputs; ``None`` uses
+            ``PIL.Image.MAX_IMAGE_PIXELS``.
+
+    Returns:
+        The decoded (first frame of the) image.
+
+    Raises:
+        TypeError: ``source`` is none of the accepted types.
+        ImageNotFoundError: a path that does not exist.
+        ImageDownloadError: a URL that cannot be fetched (see :func:`download`).
+        ImageDecodeError: data that is empty, not an image, corrupt, truncated or too large.
+        ImageLoadError: any other unusable input (a directory, an unreadable file).
+    """
+    label = describe_input(source)
+    if isinstance(source, Image.Image):
+        try:
+            source.load()
+        except _DECODE_ERRORS as exc:
+            raise ImageDecodeError(
+                f"Cannot load image {label}: the data is corrupt or truncated ({exc}).") from exc
+        return source
+    if isinstance(source, (bytes, bytearray)):
+        if not source:
+            raise ImageDecodeError(f"Cannot load image {label}: the data is empty.")
+        return _decode(io.BytesIO(source), label, max_pixels)
+    if isinstance(source, str) and is_url(source):
+        data = download(source, timeout=timeout, max_bytes=max_bytes)
+        if not data:
+            raise ImageDownloadError(f"Cannot load image {label}: the server sent an empty body.")
+        return _decode(io.BytesIO(data), label, max_pixels)
+    if isinstance(source, (str, os.PathLike)):
+        if os.fspath(source) == "":
+            raise ImageNotFoundError("Cannot load image '': the path is empty.")
+        return _open_path(Path(source), label, max_pixels)
+    raise TypeError(
+        f"Cannot load image {label}: expected a path, an http(s) URL, bytes or a PIL image, got "
+        f"{type(source).__name__}.")

@@ -1,0 +1,104 @@
+"""Turn a decoded PIL image into the normalised tensor that the ImageNet classifiers expect.
+
+:func:`to_rgb` fixes what real-world files bring (EXIF orientation, grayscale, palette, alpha,
+CMYK, 16-bit); :func:`preprocess_image` is the upstream evaluation transform
+``Resize(256) -> CenterCrop(224) -> ToTensor -> Normalize(mean, std)``: torchvision's functional
+resize and crop, then the same float32 arithmetic as ``ToTensor`` + ``Normalize``, so that its
+numbers equal the upstream ``transforms.Compose`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+import torchvision.transforms.functional as F
+from PIL import ExifTags, Image, ImageOps
+from torchvision.transforms import InterpolationMode
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "preprocess_image", "to_rgb"]
+
+logger = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
+_STD = np.array(IMAGENET_STD, dtype=np.float32)
+
+# 16-bit integer modes. Pillow's convert() clips these at 255 (almost everything turns white), so
+# they are scaled to 8 bits instead. Mode "I" (32-bit) is what some decoders give 16-bit grayscale
+# files, so it is treated as 16-bit data too (values outside 0..65535 are clipped).
+_WIDE_INT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N", "I;16S"})
+
+
+def _exif_orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(ExifTags.Base.Orientation, 1))
+    except Exception as exc:  # malformed EXIF must not make an otherwise good photo unusable
+        logger.warning("ignoring unreadable EXIF data of an image: %s", exc)
+        return 1
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Apply the EXIF orientation and convert any image mode to 8-bit RGB.
+
+    Alpha is dropped, not composited (``Image.convert('RGB')`` semantics); palette images with
+    transparency go through RGBA so that Pillow does not warn; 16-bit modes are scaled by 1/257
+    (rounded), so 65535 becomes 255 rather than everything above 255 saturating. The input image
+    is never modified.
+
+    Args:
+        image: a decoded PIL image of any mode.
+
+    Returns:
+        An RGB image (``image`` itself when it is already upright RGB).
+
+    Raises:
+        ValueError: a mode that Pillow cannot convert to RGB.
+    """
+    orientation = _exif_orientation(image)
+    if orientation in range(2, 9):
+        # Checked first because exif_transpose copies the whole image even when upright.
+        logger.debug("applying EXIF orientation %d", orientation)
+        image = ImageOps.exif_transpose(image)
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in _WIDE_INT_MODES:
+        wide = np.clip(np.asarray(image).astype(np.int64), 0, 65535)
+        # (v + 128) // 257 == round(v / 257) for integers: v / 257 is never exactly x.5.
+        return Image.fromarray(((wide + 128) // 257).astype(np.uint8)).convert("RGB")
+    if mode in ("P", "PA") and "transparency" in image.info:
+        image = image.convert("RGBA")
+    return image.convert("RGB")
+
+
+def preprocess_image(image: Image.Image, *, image_size: int = 224,
+                     resize_size: int = 256) -> torch.Tensor:
+    """Resize the shorter side, center-crop and normalise an RGB image, as upstream does.
+
+    Args:
+        image: an RGB PIL image (see :func:`to_rgb`).
+        image_size: side of the square center crop.
+        resize_size: length of the shorter side after the bilinear, antialiased resize.
+
+    Returns:
+        A float32 tensor ``[3, image_size, image_size]`` normalised with the ImageNet mean and std.
+
+    Raises:
+        ValueError: ``image`` is not in RGB mode.
+    """
+    if image.mode != "RGB":
+        raise ValueError(f"preprocess_image needs an RGB image, got mode {image.mode!r}; convert "
+                         f"it with to_rgb() first.")
+    image = F.resize(image, [resize_size], interpolation=InterpolationMode.BILINEAR, antialias=True)
+    image = F.center_crop(image, [image_size, image_size])
+    # ToTensor + Normalize in numpy, with the same float32 operations in the same order (so the
+    # result is bit-identical): torch would run each small op as an OpenMP parallel region, which
+    # costs milliseconds per image when the cores are busy, e.g. with the other loader threads.
+    pixels = np.asarray(image, dtype=np.float32)
+    pixels /= np.float32(255)
+    pixels -= _MEAN
+    pixels /= _STD
+    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
