@@ -33,6 +33,7 @@ setup(
         "numpy>=1.24",
         "pillow>=10.0",
         "requests>=2.28",
+        "urllib3>=2",  # processing_utils bounds each socket read to keep a total download deadline
         "validators>=0.22",
         "filelock>=3.12",
         "tqdm>=4.60",
