@@ -19,6 +19,7 @@ from convnets.errors import ConvnetsError
 
 #: subcommand -> module that implements it
 COMMANDS: dict[str, str] = {
+    "predict": "convnets.commands.predict",
     "weights": "convnets.commands.weights",
 }
 

@@ -167,3 +167,17 @@ def test_offline_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     finally:
         classes_module._table.cache_clear()
     assert os.listdir(tmp_path) == []
+
+
+def test_class_order_agrees_with_torchvision() -> None:
+    """An independent source that CI always has: torchvision's ImageNet category names.
+
+    torchvision uses one synonym per class, disambiguating two ('crane bird', 'maillot tank suit').
+    """
+    import torchvision
+
+    categories = torchvision.models.ResNet50_Weights.IMAGENET1K_V1.meta["categories"]
+    disambiguated = {134: "crane", 639: "maillot, tank suit"}
+    for index, (category, names) in enumerate(zip(categories, get_imgnet_classes(), strict=True)):
+        synonyms = [s.strip().lower() for s in names.split(",")]
+        assert category.lower() in synonyms or names == disambiguated.get(index), (index, category, names)

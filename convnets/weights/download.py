@@ -216,8 +216,8 @@ def fetch_weights(entry: WeightsEntry, *, progress: bool = True,
         raise WeightsUnavailableError(
             f"could not get {entry.file_name}, the pretrained weights of {entry.model}, from "
             f"{source}{via}: {e}. Nothing was cached. To work offline, pass "
-            f"pretrained_from_file=PATH (any checkpoint layout), or set {MIRROR_ENV} to a directory "
-            f"or URL that holds {entry.file_name}.") from e
+            f"pretrained_from_file=PATH (--weights FILE on the command line; any checkpoint layout), "
+            f"or set {MIRROR_ENV} to a directory or URL that holds {entry.file_name}.") from e
     except filelock.Timeout as e:
         raise WeightsUnavailableError(
             f"waited {LOCK_TIMEOUT_S:.0f} s for another process to finish downloading {dst}; if none is "

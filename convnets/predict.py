@@ -1,0 +1,140 @@
+"""Classify images with a model: batching, preprocessing, top-k with class names.
+
+Used by ``convnets predict``; also usable from Python::
+
+    model = convnets.se_resnext101_32x4d(pretrained=True)
+    for result in convnets.predict.predict(model, ["cat.jpg", "photos/"], topk=3):
+        print(result.input, result.top[0].label if result.ok else result.error)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import processing_utils
+from convnets.errors import ImageLoadError
+from convnets.models.resnet import ResNet
+
+__all__ = ["IMAGE_SUFFIXES", "Prediction", "TopClass", "class_labels", "expand_inputs", "predict"]
+
+#: File endings that a directory input is searched for (case-insensitive).
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+
+
+@dataclass(frozen=True)
+class TopClass:
+    """One of the most probable classes of an image."""
+
+    index: int
+    label: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The result for one input: its top classes, or why it could not be read."""
+
+    input: str
+    top: list[TopClass] = field(default_factory=list)
+    error: ImageLoadError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the input was read and classified."""
+        return self.error is None
+
+
+def expand_inputs(inputs: Sequence[str]) -> list[tuple[str, ImageLoadError | None]]:
+    """Replace each directory by the images directly inside it (sorted by name).
+
+    Args:
+        inputs: file paths, directories and URLs, as given on the command line.
+
+    Returns:
+        ``(input, None)`` for each file or URL in order; a directory without images gives
+        ``(directory, error)``, so that it is reported like any other unreadable input.
+    """
+    out: list[tuple[str, ImageLoadError | None]] = []
+    for item in inputs:
+        if processing_utils.io.is_url(item) or not os.path.isdir(item):
+            out.append((item, None))
+            continue
+        images = sorted(str(p) for p in Path(item).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not images:
+            out.append((item, ImageLoadError(f"Cannot load images from {item!r}: the directory has no files "
+                                             f"ending in {', '.join(sorted(IMAGE_SUFFIXES))}.")))
+        out.extend((image, None) for image in images)
+    return out
+
+
+def class_labels(model: ResNet) -> list[str]:
+    """Names of the model's outputs: the checkpoint's, ImageNet's for 1000 classes, else indices."""
+    if model.class_names is not None:
+        return list(model.class_names)
+    if model.num_classes == processing_utils.NUM_CLASSES:
+        return [str(name) for name in processing_utils.get_imgnet_classes()]
+    return [f"class {i}" for i in range(model.num_classes)]
+
+
+def predict(
+    model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
+    inputs: Sequence[str],
+    *,
+    labels: Sequence[str] | None = None,
+    topk: int = 5,
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    image_size: int = 224,
+    resize_size: int = 256,
+    on_batch: Callable[[int], None] | None = None,
+) -> Iterator[Prediction]:
+    """Classify images, a batch at a time, yielding one :class:`Prediction` per input in order.
+
+    Args:
+        model: a classifier in eval mode (or any callable from a normalised batch to logits, such
+            as the result of ``convnets.optimize_for_inference``).
+        inputs: paths, directories (their images) and http(s) URLs.
+        labels: class names; default :func:`class_labels` of ``model``.
+        topk: how many classes per image.
+        batch_size: images per forward pass.
+        device: where the batch goes.
+        image_size, resize_size: preprocessing sizes (center crop, shorter side).
+        on_batch: called with the number of inputs handled after each batch (progress bars).
+
+    Yields:
+        A prediction per file or URL; unreadable inputs carry their error instead of classes.
+    """
+    if not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk must be a positive integer, got {topk!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if labels is None:
+        if not isinstance(model, ResNet):
+            raise ValueError("pass labels= when the model is not a convnets ResNet")
+        labels = class_labels(model)
+    topk = min(topk, len(labels))
+    items = expand_inputs(inputs)
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        readable = [i for i, (_, error) in enumerate(chunk) if error is None]
+        batch = processing_utils.prepare_batch([chunk[i][0] for i in readable], on_error="collect",
+                                               device=device, image_size=image_size, resize_size=resize_size)
+        errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
+        errors.update({readable[pos]: error for pos, error in batch.errors})
+        tops: dict[int, list[TopClass]] = {}
+        if batch.indices:
+            with torch.inference_mode():
+                probabilities = torch.softmax(model(batch.tensor).float(), dim=1).cpu()
+            values, indices = probabilities.topk(topk, dim=1)
+            for row, pos in enumerate(batch.indices):
+                tops[readable[pos]] = [TopClass(int(c), labels[int(c)], float(p))
+                                          for p, c in zip(values[row], indices[row])]
+        for i, (name, _) in enumerate(chunk):
+            yield Prediction(name, tops.get(i, []), errors.get(i))
+        if on_batch is not None:
+            on_batch(len(chunk))
