@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn
 from reference import reference_forward
+from test_checkpoints import LAYOUTS
 
 import convnets
 from convnets.errors import WeightsUnavailableError
@@ -160,6 +161,25 @@ print(fetch_weights(entry, progress=False, validate=functools.partial(_validate,
     assert http_server.hits["/w/tiny.pth.tar"] == 1
     assert (isolated_cache / "tiny.pth.tar").read_bytes() == data
     assert _leftovers(isolated_cache) == ["tiny.pth.tar", "tiny.pth.tar.sha256"]
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_layout_through_the_mirror(layout: str, tiny, http_server: LoopbackServer,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mirror may hold any layout: the download is validated, cached and loads like the original."""
+    entry, _, validate = tiny
+    torch.manual_seed(5)
+    state = randomize_bn(convnets.get_model(SE, **TINY[SE]), 5).state_dict()
+    buffer = io.BytesIO()
+    torch.save(LAYOUTS[layout](state), buffer)
+    http_server.routes["/mirror/tiny.pth.tar"] = Route(buffer.getvalue())
+    monkeypatch.setenv("CONVNETS_WEIGHTS_MIRROR", f"{http_server.base_url}/mirror")
+    path = download.fetch_weights(entry, progress=False, validate=validate)
+    assert http_server.hits["/mirror/tiny.pth.tar"] == 1 and http_server.hits["/w/tiny.pth.tar"] == 0
+    model = convnets.se_resnext101_32x4d(pretrained_from_file=path, **TINY[SE])
+    tolerance = dict(rtol=2e-2, atol=2e-2) if layout == "fp16 tensors" else dict(rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(model(X), reference_forward(state, X), **tolerance)
 
 
 # End to end through the public API, with a full-size checkpoint as NGC publishes it.
