@@ -20,6 +20,7 @@ from convnets.errors import ConvnetsError
 #: subcommand -> module that implements it
 COMMANDS: dict[str, str] = {
     "weights": "convnets.commands.weights",
+    "train": "convnets.commands.train",
 }
 
 EXIT_ERROR = 1

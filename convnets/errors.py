@@ -26,3 +26,11 @@ class CheckpointError(ConvnetsError, ValueError):
 
 class WeightsUnavailableError(ConvnetsError, OSError):
     """Pretrained weights could not be found in the cache, the mirror or downloaded."""
+
+
+class DataError(ConvnetsError, ValueError):
+    """A training or validation data set is missing, empty, inconsistent or cannot be read."""
+
+
+class TrainingDivergedError(ConvnetsError, RuntimeError):
+    """Training stopped because the loss or the gradients stayed non-finite for too many steps."""
