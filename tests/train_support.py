@@ -13,10 +13,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
+import torch
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +54,7 @@ def tiny_args(data: Path, output: Path, epochs: int, *extra: str) -> list[str]:
             "--lr", "0.1", "--warmup-epochs", "1", "--workers", "0", "--no-progress", *extra]
 
 
-def cli_env(threads: int = 2) -> dict[str, str]:
+def cli_env(threads: int = 1) -> dict[str, str]:
     """The environment of a CLI subprocess: this checkout importable, a fixed number of threads."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -65,7 +68,7 @@ def train_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "convnets.train", *args]
 
 
-def run_train(*args: str, timeout: float = 300, threads: int = 2) -> subprocess.CompletedProcess[str]:
+def run_train(*args: str, timeout: float = 300, threads: int = 1) -> subprocess.CompletedProcess[str]:
     """Run ``python -m convnets.train ARGS`` to completion and capture its output."""
     return subprocess.run(train_cmd(*args), cwd=REPO, env=cli_env(threads), capture_output=True, text=True,
                           timeout=timeout)
@@ -74,3 +77,12 @@ def run_train(*args: str, timeout: float = 300, threads: int = 2) -> subprocess.
 def read_metrics(output: Path) -> list[dict[str, Any]]:
     """The records of ``output/metrics.jsonl``."""
     return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """In-process training on one thread: two threads on two shared cores stall each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
