@@ -47,11 +47,11 @@ def make_digits(root: Path, n_train: int = N_TRAIN, n_val: int = N_VAL, size: in
     return root
 
 
-def tiny_args(data: Path, output: Path, epochs: int, *extra: str) -> list[str]:
+def tiny_args(data: Path, output: Path, epochs: int, *extra: str, lr: str | None = "0.1") -> list[str]:
     """``convnets train`` options for the tiny architecture on the digits, single-threaded loading."""
     return ["--data", str(data), "--output", str(output), "--arch", "resnet50", "--arch-kwargs",
             json.dumps(TINY_ARCH), "--image-size", "32", "--batch-size", "32", "--epochs", str(epochs),
-            "--lr", "0.1", "--warmup-epochs", "1", "--workers", "0", "--no-progress", *extra]
+            *(["--lr", lr] if lr else []), "--warmup-epochs", "1", "--workers", "0", "--no-progress", *extra]
 
 
 def cli_env(threads: int = 1) -> dict[str, str]:

@@ -169,6 +169,20 @@ class Trainer:
             self.ema.update_parameters(self.model)
         return applied
 
+    def sync_buffers(self) -> None:
+        """Give every rank rank 0's BatchNorm statistics (model and EMA).
+
+        DDP broadcasts them before each training forward, but each rank's last forward leaves its
+        own; without this the ranks would validate slightly different models, none of them the
+        one that rank 0 saves.
+        """
+        if not isinstance(self.net, DistributedDataParallel):
+            return
+        modules = [self.model] + ([self.ema.module] if self.ema is not None else [])
+        for module in modules:
+            for b in module.buffers():
+                torch.distributed.broadcast(b, src=0)
+
     def state_dict(self) -> dict[str, Any]:
         """Weights and optimizer / schedule / scaler / EMA state, ``weights_only``-loadable."""
         state: dict[str, Any] = {
@@ -435,6 +449,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
         epoch_start = time.perf_counter()
         record: dict[str, Any] = {"epoch": epoch + 1}
         record.update(_train_epoch(trainer, data, epoch, steps_per_epoch, cfg, ctx))
+        trainer.sync_buffers()
         val = evaluate(model, data.val(), precision, ctx, criterion)
         record.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"], val_images=val["images"])
         record["unreadable_images"] += val["unreadable"]
