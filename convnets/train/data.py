@@ -236,10 +236,9 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
         raise DataError(f"--data DIR is required with --data-backend {backend}")
     if not root.is_dir():
         raise DataError(f"data directory {root} does not exist")
+    train_classes, train_samples = scan_split(root, "train") if train else ([], [])
     val_classes, val_samples = scan_split(root, "val")
-    train_samples: list[tuple[str, int]] = []
     if train:
-        train_classes, train_samples = scan_split(root, "train")
         _check_classes(root, train_classes, val_classes)
     steps = _check_batches(len(train_samples), batch_size, ctx, f"{root}/train") if train else 0
     if backend == "pytorch":

@@ -142,14 +142,18 @@ class Trainer:
         else:
             self.skipped_steps += 1
             self.nonfinite_in_a_row += 1
-            log.log(logging.INFO if self.scaler else logging.WARNING,
+            # fp16 loss scaling skips a step now and then by design; anything else is worth a
+            # warning, once per streak (the error below gives the count).
+            first = self.nonfinite_in_a_row == 1 and self.scaler is None
+            log.log(logging.WARNING if first else logging.DEBUG,
                     "skipped optimizer step %d: non-finite loss or gradients (loss %s)",
                     self.scheduler.last_epoch, loss_value)
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
+                hint = ", or train in fp32 (--no-amp)" if self.precision.amp_dtype is not None else ""
                 raise TrainingDivergedError(
                     f"training diverged: {self.nonfinite_in_a_row} optimizer steps in a row had a non-finite "
                     f"loss or gradients (last loss {loss_value}, step {self.scheduler.last_epoch}); lower "
-                    "--lr, check the data, or use fp32 (--no-amp)")
+                    f"--lr or check the data{hint}")
         return StepResult(loss_value, not applied)
 
     def _update(self) -> bool:
