@@ -165,3 +165,27 @@ def test_synthetic_backend_needs_no_data(tmp_path: Path) -> None:
                               image_size=32, batch_size=8, epochs=1, progress=False))
     assert summary.metrics["img_per_s"] > 0 and summary.metrics["train_images"] == 64 * 8
     assert len(torch.load(summary.checkpoint, weights_only=True)["class_names"]) == 1000
+
+
+def test_pretrained_weights_come_through_the_verified_cache_with_a_new_head(digits: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A local mirror stands in for NGC: a full ResNet-50 under the manifest's file name.
+    mirror, cache = tmp_path / "mirror", tmp_path / "torch_home"
+    mirror.mkdir()
+    torch.manual_seed(1)
+    ngc = convnets.get_model("resnet50").state_dict()
+    torch.save(ngc, mirror / "nvidia_resnet50_200821.pth.tar")
+    monkeypatch.setenv("CONVNETS_WEIGHTS_MIRROR", str(mirror))
+    monkeypatch.setenv("TORCH_HOME", str(cache))
+    small = tmp_path / "small"
+    for split, n in (("train", 32), ("val", 8)):
+        for c in CLASSES:
+            (small / split / c).mkdir(parents=True)
+            for f in sorted((digits / split / c).iterdir())[: n // 4]:
+                shutil.copy(f, small / split / c)
+    summary = fit(TrainConfig(data=small, output=tmp_path / "out", arch="resnet50", pretrained=True, image_size=32,
+                              batch_size=16, epochs=1, lr=1e-9, workers=0, progress=False))
+    assert (cache / "hub" / "checkpoints" / "nvidia_resnet50_200821.pth.tar").is_file()
+    tuned = torch.load(summary.checkpoint, weights_only=True)["state_dict"]
+    assert tuned["fc.weight"].shape == (4, 2048)
+    torch.testing.assert_close(tuned["layer4.2.conv3.weight"], ngc["layer4.2.conv3.weight"])

@@ -338,8 +338,10 @@ def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *,
             return get_model(cfg.arch, **kwargs)
         if cfg.pretrained_from_file is not None:
             return get_model(cfg.arch, pretrained_from_file=cfg.pretrained_from_file, **kwargs)
-        if ctx.is_main:
-            fetch_pretrained(cfg.arch)  # download and verify once; the other ranks read the cache
+        if ctx.local_rank == 0:
+            # One process per machine downloads and verifies; the others then read its cache (with
+            # a cache shared between machines, its file lock makes that one download per job).
+            fetch_pretrained(cfg.arch)
         dist.barrier(ctx)
         return get_model(cfg.arch, pretrained=True, **kwargs)
     except TypeError as e:  # an unknown --arch-kwargs key
