@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from train_support import one_thread
 
 import convnets
 from convnets.errors import TrainingDivergedError
@@ -16,6 +17,7 @@ from convnets.train import TrainConfig, Trainer
 from convnets.train.recipe import Precision, make_optimizer, mixup, resolve_precision
 
 CPU_FP32 = Precision(torch.device("cpu"), None, torch.contiguous_format)
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
 
 def small_net() -> nn.Module:

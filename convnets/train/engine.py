@@ -37,8 +37,8 @@ from convnets.train.checkpoint import (BEST, CHECKPOINT, FORMAT, atomic_copy, at
 from convnets.train.config import TrainConfig
 from convnets.train.data import Batch, DataSource, make_data, to_device
 from convnets.train.dist import DistContext
-from convnets.train.recipe import (Precision, default_warmup_epochs, make_ema, make_optimizer, make_scheduler,
-                                   mixup, resolve_precision, scaled_lr)
+from convnets.train.recipe import (LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY, Precision, default_warmup_epochs,
+                                   make_ema, make_optimizer, make_scheduler, mixup, resolve_precision, scaled_lr)
 
 __all__ = ["METRICS", "StepResult", "TrainSummary", "Trainer", "benchmark_training", "evaluate", "fit"]
 
@@ -70,8 +70,8 @@ class Trainer:
     """
 
     def __init__(self, model: nn.Module, precision: Precision, *, lr: float, total_steps: int,
-                 warmup_steps: int = 0, momentum: float = 0.875, weight_decay: float = 1 / 16384,
-                 label_smoothing: float = 0.1, mixup_alpha: float = 0.0, ema_decay: float | None = None,
+                 warmup_steps: int = 0, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY,
+                 label_smoothing: float = LABEL_SMOOTHING, mixup_alpha: float = 0.0, ema_decay: float | None = None,
                  ddp: bool = False, max_nonfinite_steps: int = 10) -> None:
         self.model = model
         self.precision = precision
@@ -165,7 +165,7 @@ class Trainer:
             applied = self.scaler.get_scale() >= scale  # the scaler backs off when it skipped
         else:
             # After DDP's all-reduce every rank holds the same gradients, so all decide alike.
-            applied = bool(torch.isfinite(torch.nn.utils.get_total_norm([p.grad for p in params])))
+            applied = _finite_norm([p.grad for p in params])
             if applied:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -226,6 +226,12 @@ class Trainer:
                 self.ema.n_averaged.fill_(int(state.get("ema_updates", 1)))
             else:
                 log.warning("%s has no EMA weights; the EMA starts from the current weights", source)
+
+
+def _finite_norm(grads: list[Tensor]) -> bool:
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        return bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)))
+    return bool(torch.isfinite(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
 
 
 @torch.inference_mode()
@@ -467,14 +473,15 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
         if record["val_top1"] > best_top1:
             best_top1, best_epoch = record["val_top1"], epoch + 1
         if ctx.is_main:
-            state = trainer.state_dict() | {
+            atomic_save(trainer.state_dict() | {
                 "format": FORMAT, "epoch": epoch + 1, "best_top1": best_top1, "best_epoch": best_epoch,
                 "history": history, "rng": get_rng_state(), "config": cfg.to_dict(), "arch": cfg.arch,
                 "arch_spec": model.spec.to_dict(), "class_names": list(data.classes),
-                "world_size": ctx.world_size}
-            atomic_save(state, out / CHECKPOINT)
+                "world_size": ctx.world_size}, out / CHECKPOINT)
             if best_epoch == epoch + 1:
                 atomic_copy(out / CHECKPOINT, out / BEST)
+            # After the checkpoint: a crash in between loses this line, and --resume rewrites
+            # metrics.jsonl from the checkpoint's history anyway.
             _append_metrics(out / METRICS, record)
 
     last = history[-1] if history else {}

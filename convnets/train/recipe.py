@@ -10,7 +10,6 @@ mixed precision with dynamic loss scaling (initial scale 128) and channels-last 
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +34,6 @@ __all__ = [
     "resolve_precision",
     "scaled_lr",
 ]
-
-log = logging.getLogger(__name__)
 
 BASE_LR_PER_256 = 0.256
 MOMENTUM = 0.875
