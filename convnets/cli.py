@@ -21,6 +21,7 @@ from convnets.errors import ConvnetsError
 COMMANDS: dict[str, str] = {
     "predict": "convnets.commands.predict",
     "weights": "convnets.commands.weights",
+    "train": "convnets.commands.train",
 }
 
 EXIT_ERROR = 1

@@ -56,3 +56,11 @@ class ImageDecodeError(ImageLoadError):
     Reasons: empty or non-image data (text, HTML), a corrupt or truncated file, a pixel count above
     the decompression-bomb limit, or an image mode that cannot be converted to RGB.
     """
+
+
+class DataError(ConvnetsError, ValueError):
+    """A training or validation data set is missing, empty, inconsistent or cannot be read."""
+
+
+class TrainingDivergedError(ConvnetsError, RuntimeError):
+    """Training stopped because the loss or the gradients stayed non-finite for too many steps."""

@@ -1,0 +1,32 @@
+"""Fine-tuning of the ResNet family with NVIDIA's recipe: ``convnets train`` / ``python -m convnets.train``.
+
+From Python::
+
+    from convnets.train import TrainConfig, fit
+    summary = fit(TrainConfig(data="data/", output="runs/1", arch="se_resnext101_32x4d",
+                              pretrained=True, epochs=10, batch_size=64))
+    print(summary.line())
+
+``convnets.load_model("runs/1/model_best.pth.tar")`` rebuilds the fine-tuned model, class names
+included. :func:`benchmark_training` times the loop's optimizer step on synthetic data.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from convnets.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from convnets.train.engine import Trainer, TrainSummary, benchmark_training, evaluate, fit
+
+__all__ = ["TrainConfig", "TrainSummary", "Trainer", "benchmark_training", "evaluate", "fit"]
+
+
+def __getattr__(name: str) -> Any:
+    # The engine pulls in torchvision, DDP and tqdm; import it on first use so that building the
+    # `convnets` command line (which reads TrainConfig's defaults) stays fast.
+    if name in __all__:
+        return getattr(importlib.import_module("convnets.train.engine"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,298 @@
+"""Data backends: ``pytorch`` (ImageFolder + DataLoader), ``dali-cpu`` / ``dali-gpu`` and ``synthetic``.
+
+Every backend yields batches ``(images, targets, unreadable)``: images either uint8 (normalised
+later on the device, which moves 4x fewer bytes) or already-normalised float, class indices, and
+the number of image files that could not be read for this batch.
+
+Exact resume: the training order is a permutation seeded by ``(seed, epoch)`` and each sample's
+augmentation is seeded by ``(seed, epoch, index)``, so what an epoch sees does not depend on what
+ran before it in the same process, on the number of loader workers, or on a restart.
+
+Unreadable images (truncated files, non-images) are skipped with a warning and counted: in
+training a sample is replaced by the next readable file of the data set, which keeps every
+batch full (DDP ranks must run the same number of equally sized steps); in validation it is
+dropped, so that accuracy is measured on real images only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torchvision import datasets
+from torchvision.transforms import v2
+
+from convnets.errors import DataError
+from convnets.train.config import BACKENDS
+from convnets.train.dist import DistContext
+
+__all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "make_data",
+           "sample_seed", "scan_split", "train_transform", "val_transform"]
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MAX_SUBSTITUTES = 10  # readable neighbours tried for an unreadable training image
+SYNTHETIC_CLASSES = 1000
+SYNTHETIC_TRAIN_BATCHES = 64
+SYNTHETIC_VAL_BATCHES = 8
+DALI_PACKAGE = "nvidia-dali-cuda130"
+
+Batch = tuple[Tensor, Tensor, int]
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The augmentation seed of sample ``index`` in ``epoch``: a function of these three only."""
+    return int(np.random.SeedSequence((seed, epoch, index)).generate_state(1, np.uint64)[0] >> 1)
+
+
+def train_transform(size: int) -> v2.Compose:
+    """RandomResizedCrop(scale 0.08-1, ratio 3/4-4/3) and a horizontal flip, as uint8 CHW."""
+    return v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                                                              antialias=True),
+                       v2.RandomHorizontalFlip()])
+
+
+def val_transform(size: int) -> v2.Compose:
+    """Resize the shorter side to ``size * 256 / 224`` then center-crop ``size``, as uint8 CHW."""
+    return v2.Compose([v2.PILToTensor(), v2.Resize(round(size * 256 / 224), antialias=True),
+                       v2.CenterCrop(size)])
+
+
+def scan_split(root: Path, split: str) -> tuple[list[str], list[tuple[str, int]]]:
+    """Classes and ``(path, class index)`` samples of ``root/split`` in ImageFolder order.
+
+    Raises:
+        DataError: the directory is missing, has no class folders or no image files.
+    """
+    path = root / split
+    if not path.is_dir():
+        raise DataError(f"{path} is not a directory; --data must hold train/<class>/* and val/<class>/*")
+    try:
+        classes, class_to_idx = datasets.folder.find_classes(str(path))
+        samples = datasets.folder.make_dataset(str(path), class_to_idx, extensions=datasets.folder.IMG_EXTENSIONS)
+    except FileNotFoundError as e:
+        raise DataError(f"{path} has no usable images: {e}") from e
+    return classes, samples
+
+
+_warned: set[str] = set()
+
+
+def _warn_unreadable(path: str, error: Exception) -> None:
+    if path not in _warned:  # once per file and process, not once per epoch
+        _warned.add(path)
+        log.warning("skipping unreadable image %s: %s", path, error)
+
+
+class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
+    """ImageFolder samples that survive unreadable files; training items are ``(index, seed)``.
+
+    Args:
+        samples: ``(path, class index)`` pairs from :func:`scan_split`.
+        transform: PIL image -> uint8 tensor.
+        substitute: replace an unreadable image with the next readable one (training) instead of
+            returning ``None`` (validation).
+    """
+
+    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable[[Image.Image], Tensor],
+                 substitute: bool) -> None:
+        self.samples = list(samples)
+        self.transform = transform
+        self.substitute = substitute
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _load(self, index: int) -> Image.Image | None:
+        path = self.samples[index][0]
+        try:
+            with Image.open(path) as im:
+                return ImageOps.exif_transpose(im).convert("RGB")
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            _warn_unreadable(path, e)
+            return None
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor | None, int, int]:
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        unreadable = 0
+        for attempt in range(MAX_SUBSTITUTES if self.substitute else 1):
+            i = (index + attempt) % len(self.samples)
+            image = self._load(i)
+            if image is not None:
+                break
+            unreadable += 1
+        else:
+            return None, self.samples[index][1], unreadable
+        if seed is None:
+            return self.transform(image), self.samples[i][1], unreadable
+        # The transforms draw from torch's global generator: seed it for this sample only.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(image), self.samples[i][1], unreadable
+
+
+def collate(batch: Sequence[tuple[Tensor | None, int, int]]) -> Batch:
+    """Stack the readable samples; the third element counts unreadable files."""
+    kept = [(x, y) for x, y, _ in batch if x is not None]
+    unreadable = sum(u for _, _, u in batch)
+    if not kept:
+        return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.long), unreadable
+    return torch.stack([x for x, _ in kept]), torch.tensor([y for _, y in kept]), unreadable
+
+
+class SeededSampler(Sampler[tuple[int, int]]):
+    """``DistributedSampler`` order (permutation seeded by seed + epoch, one shard per rank) that
+    also hands each index its augmentation seed."""
+
+    def __init__(self, dataset: Dataset[Any], ctx: DistContext, seed: int) -> None:
+        self.inner = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                        shuffle=True, seed=seed)
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation and the augmentation seeds of ``epoch``."""
+        self.epoch = epoch
+        self.inner.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for index in self.inner:
+            yield index, sample_seed(self.seed, self.epoch, index)
+
+
+@dataclass
+class DataSource:
+    """What the training loop needs from a backend.
+
+    Attributes:
+        classes: class names, index = label.
+        steps_per_epoch: training batches per process and epoch (equal on every rank).
+        train_epoch: ``epoch -> batches`` of this process's shard.
+        val: ``() -> batches`` of this process's part of the validation set (no duplicates).
+        num_train, num_val: images in the whole training / validation set.
+    """
+
+    classes: list[str]
+    steps_per_epoch: int
+    train_epoch: Callable[[int], Iterable[Batch]]
+    val: Callable[[], Iterable[Batch]]
+    num_train: int
+    num_val: int
+
+
+def _check_classes(root: Path, train_classes: list[str], val_classes: list[str]) -> None:
+    if train_classes != val_classes:
+        only_train = sorted(set(train_classes) - set(val_classes))
+        only_val = sorted(set(val_classes) - set(train_classes))
+        raise DataError(f"the classes of {root}/train and {root}/val differ: only in train: "
+                        f"{only_train[:5] or 'none'}, only in val: {only_val[:5] or 'none'}; both "
+                        "need the same class folders (an empty one counts as missing)")
+
+
+def _check_batches(num: int, batch_size: int, ctx: DistContext, what: str) -> int:
+    # DistributedSampler gives each rank ceil(num / world) images (padding by repetition).
+    steps = math.ceil(num / ctx.world_size) // batch_size
+    if steps == 0:
+        raise DataError(f"{what} has {num} images, fewer than one batch of {batch_size} per process "
+                        f"for {ctx.world_size} process(es); lower --batch-size")
+    return steps
+
+
+def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: int, workers: int,
+              seed: int, ctx: DistContext, train: bool = True) -> DataSource:
+    """Build the data source of ``backend`` for this process.
+
+    Args:
+        backend: one of :data:`BACKENDS`.
+        root: directory with ``train/`` and ``val/`` (unused by ``synthetic``).
+        batch_size: images per process and step.
+        image_size: training crop and validation crop size.
+        workers: loader processes (pytorch) or decoding threads (DALI).
+        seed: base seed of order and augmentation.
+        ctx: this process's place in the job.
+        train: also set up the training split (``False`` for ``--evaluate``).
+
+    Raises:
+        DataError: missing or empty directories, differing classes, DALI not installed.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown data backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "synthetic":
+        return _synthetic(batch_size, image_size, seed, ctx)
+    if root is None:
+        raise DataError(f"--data DIR is required with --data-backend {backend}")
+    if not root.is_dir():
+        raise DataError(f"data directory {root} does not exist")
+    train_classes, train_samples = scan_split(root, "train") if train else ([], [])
+    val_classes, val_samples = scan_split(root, "val")
+    if train:
+        _check_classes(root, train_classes, val_classes)
+    steps = _check_batches(len(train_samples), batch_size, ctx, f"{root}/train") if train else 0
+    if backend == "pytorch":
+        return _pytorch(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
+                        image_size=image_size, workers=workers, seed=seed, ctx=ctx)
+    from convnets.train import dali  # optional dependency, imported only when asked for
+
+    return dali.make_dali_data(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
+                               image_size=image_size, threads=max(1, workers), seed=seed, ctx=ctx,
+                               on_gpu=backend == "dali-gpu")
+
+
+def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_samples: list[tuple[str, int]],
+             steps: int, *, batch_size: int, image_size: int, workers: int, seed: int,
+             ctx: DistContext) -> DataSource:
+    loader_kwargs: dict[str, Any] = dict(batch_size=batch_size, num_workers=workers, collate_fn=collate,
+                                         pin_memory=ctx.device.type == "cuda", persistent_workers=workers > 0)
+    train_set = ImageFolderDataset(train_samples, train_transform(image_size), substitute=True)
+    sampler = SeededSampler(train_set, ctx, seed)
+    train_loader = DataLoader(train_set, sampler=sampler, drop_last=True, **loader_kwargs)
+    val_set = ImageFolderDataset(val_samples, val_transform(image_size), substitute=False)
+    # Every rank takes every world_size-th image, without DistributedSampler's padding, so that
+    # the summed metrics cover each validation image exactly once.
+    val_loader = DataLoader(val_set, sampler=list(range(ctx.rank, len(val_set), ctx.world_size)),
+                            **loader_kwargs)
+
+    def train_epoch(epoch: int) -> Iterable[Batch]:
+        sampler.set_epoch(epoch)
+        return train_loader
+
+    return DataSource(classes, steps, train_epoch, lambda: val_loader, len(train_samples), len(val_samples))
+
+
+def _synthetic(batch_size: int, image_size: int, seed: int, ctx: DistContext) -> DataSource:
+    """One fixed random batch on the device, repeated: measures the step alone, not the input."""
+    g = torch.Generator().manual_seed(seed + ctx.rank)
+    images = torch.randint(0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, generator=g)
+    targets = torch.randint(0, SYNTHETIC_CLASSES, (batch_size,), generator=g)
+    batch = (images.to(ctx.device), targets.to(ctx.device), 0)
+
+    def repeat(n: int) -> list[Batch]:
+        return [batch] * n
+
+    classes = [f"class_{i:04d}" for i in range(SYNTHETIC_CLASSES)]
+    return DataSource(classes, SYNTHETIC_TRAIN_BATCHES, lambda epoch: repeat(SYNTHETIC_TRAIN_BATCHES),
+                      lambda: repeat(SYNTHETIC_VAL_BATCHES), SYNTHETIC_TRAIN_BATCHES * batch_size * ctx.world_size,
+                      SYNTHETIC_VAL_BATCHES * batch_size * ctx.world_size)
+
+
+def to_device(images: Tensor, device: torch.device, memory_format: torch.memory_format) -> Tensor:
+    """Move a batch to ``device`` and normalise it there if it is still uint8."""
+    images = images.to(device, non_blocking=True)
+    if images.dtype == torch.uint8:
+        mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
+        std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+        images = (images.float() - mean) / std
+    return images.contiguous(memory_format=memory_format)

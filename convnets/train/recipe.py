@@ -1,0 +1,231 @@
+"""NVIDIA's ConvNets training recipe as small, separately testable pieces.
+
+Source of the recipe: https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets
+(README "Default configuration" and "Optimizer"): SGD with momentum 0.875, learning rate 0.256 per
+256 images of global batch, cosine schedule with linear warmup, weight decay 1/16384 on
+convolution and linear weights only, label smoothing 0.1, optional MixUp, optional EMA of weights,
+mixed precision with dynamic loss scaling (initial scale 128) and channels-last layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "BASE_LR_PER_256",
+    "MOMENTUM",
+    "WEIGHT_DECAY",
+    "Precision",
+    "cpu_has_bf16",
+    "default_warmup_epochs",
+    "lr_at",
+    "make_ema",
+    "make_optimizer",
+    "make_scheduler",
+    "mixup",
+    "param_groups",
+    "resolve_precision",
+    "scaled_lr",
+]
+
+BASE_LR_PER_256 = 0.256
+MOMENTUM = 0.875
+WEIGHT_DECAY = 1.0 / 16384  # 6.103515625e-05
+LABEL_SMOOTHING = 0.1
+GRAD_SCALER_INIT = 128.0  # upstream's initial dynamic loss scale
+WARMUP_MIN_BATCH = 512  # upstream warms up only from this global batch on
+WARMUP_EPOCHS_LARGE_BATCH = 8.0
+
+
+def scaled_lr(global_batch: int) -> float:
+    """Linear scaling rule: 0.256 per 256 images of the *optimizer* batch.
+
+    Args:
+        global_batch: images per optimizer step over all processes, i.e. per-process batch x
+            processes x gradient-accumulation steps.
+    """
+    return BASE_LR_PER_256 * global_batch / 256
+
+
+def default_warmup_epochs(global_batch: int, epochs: int) -> float:
+    """Upstream warms up for a few epochs only for global batches of 512 and more.
+
+    Returns 0 below 512 images; otherwise 8 epochs (upstream's warmup for its 90- and 250-epoch
+    runs), but at most a tenth of the run so that short fine-tuning runs are not all warmup.
+    """
+    if global_batch < WARMUP_MIN_BATCH:
+        return 0.0
+    return min(WARMUP_EPOCHS_LARGE_BATCH, epochs / 10)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
+    """Two SGD parameter groups: conv / linear weights decay, everything else does not.
+
+    Upstream excludes BN parameters by name and so still decays the downsample BN
+    (``downsample.1``), the SE biases and ``fc.bias``; classifying by module type avoids that.
+
+    Raises:
+        TypeError: the model has trainable parameters in a layer type this recipe does not know.
+    """
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for module_name, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if isinstance(module, (nn.Conv2d, nn.Linear)) and name == "weight":
+                decay.append(p)
+            elif isinstance(module, (nn.Conv2d, nn.Linear, nn.modules.batchnorm._NormBase)):
+                no_decay.append(p)  # biases, BN gamma and beta
+            else:
+                raise TypeError(f"no weight-decay rule for parameter {module_name}.{name} of a "
+                                f"{type(module).__name__}")
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, lr: float, *, momentum: float = MOMENTUM,
+                   weight_decay: float = WEIGHT_DECAY) -> torch.optim.SGD:
+    """SGD with momentum and weight decay on conv / linear weights only (see :func:`param_groups`)."""
+    return torch.optim.SGD(param_groups(model, weight_decay), lr=lr, momentum=momentum)
+
+
+def lr_at(step: int, *, base_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warmup, then half a cosine.
+
+    Warmup reaches ``base_lr`` at the end of step ``warmup_steps - 1``; the cosine then falls from
+    ``base_lr`` towards 0 over the remaining steps.
+    """
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return 0.5 * base_lr * (1.0 + math.cos(math.pi * progress))
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int,
+                   total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` that follows :func:`lr_at`; call ``.step()`` once per optimizer step.
+
+    The lambda is a ``functools.partial`` with no state of its own, so a resumed run follows the
+    schedule of its current configuration (e.g. more epochs) from the restored step count.
+    """
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, functools.partial(lr_at, base_lr=1.0, warmup_steps=warmup_steps, total_steps=total_steps))
+
+
+def mixup(images: Tensor, targets: Tensor, alpha: float,
+          rng: np.random.Generator) -> tuple[Tensor, Tensor, Tensor, float]:
+    """MixUp (https://arxiv.org/abs/1710.09412): blend each image with another of the batch.
+
+    Args:
+        images: a normalised batch ``[N, C, H, W]``.
+        targets: class indices ``[N]``.
+        alpha: Beta(alpha, alpha) parameter of the mixing weight (upstream: 0.2).
+        rng: source of the mixing weight and of the pairing, seeded per epoch for exact resume.
+
+    Returns:
+        ``(mixed, targets_a, targets_b, lam)``; the loss is
+        ``lam * loss(out, targets_a) + (1 - lam) * loss(out, targets_b)``.
+    """
+    lam = float(rng.beta(alpha, alpha))
+    perm = torch.from_numpy(rng.permutation(images.shape[0])).to(images.device)
+    mixed = images.mul(lam).add_(images[perm], alpha=1.0 - lam)
+    return mixed, targets, targets[perm], lam
+
+
+def make_ema(model: nn.Module, decay: float) -> torch.optim.swa_utils.AveragedModel:
+    """An exponential moving average of the weights *and* BN statistics, as upstream keeps.
+
+    ``ema.update_parameters(model)`` after each optimizer step; the first call copies the model.
+    """
+    return torch.optim.swa_utils.AveragedModel(
+        model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has native bf16 arithmetic (x86 ``amx_bf16`` / ``avx512_bf16``, Arm ``bf16``).
+
+    oneDNN emulates bf16 on other CPUs, which is slower than fp32, so CPU autocast is only worth
+    it where this is true.
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:  # not Linux: we cannot tell, and fp32 is the safe choice
+        return False
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[-1].split())
+    return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the forward pass runs: autocast dtype (None = fp32), loss scaling and memory layout."""
+
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    memory_format: torch.memory_format
+
+    @property
+    def use_scaler(self) -> bool:
+        """Dynamic loss scaling is needed for fp16 only (bf16 has fp32's exponent range)."""
+        return self.amp_dtype == torch.float16
+
+    def autocast(self) -> torch.autocast:
+        """The autocast context of a forward pass (disabled in fp32)."""
+        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                              enabled=self.amp_dtype is not None)
+
+    def make_scaler(self) -> torch.amp.GradScaler | None:
+        """Upstream's dynamic loss scaler (initial scale 128) for fp16, else None."""
+        if not self.use_scaler:
+            return None
+        return torch.amp.GradScaler(self.device.type, init_scale=GRAD_SCALER_INIT)
+
+    def describe(self) -> str:
+        """E.g. ``'cuda fp16 autocast, channels_last'``."""
+        dtype = {torch.float16: "fp16 autocast", torch.bfloat16: "bf16 autocast", None: "fp32"}[self.amp_dtype]
+        layout = "channels_last" if self.memory_format == torch.channels_last else "contiguous (NCHW)"
+        return f"{self.device.type} {dtype}, {layout}"
+
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_precision(device: torch.device, amp: bool | None = None, amp_dtype: str | None = None,
+                      memory_format: str | None = None) -> Precision:
+    """Choose autocast and layout; ``None`` means "where it helps".
+
+    Rules: on CUDA, AMP is on by default with fp16 and a GradScaler (bf16 on request, without a
+    scaler). On CPU, AMP (always bf16: CPU autocast has no fp16 training path) is on by default
+    only when :func:`cpu_has_bf16`. The layout defaults to NHWC (``channels_last``) under AMP,
+    where tensor cores and oneDNN's bf16 kernels want it, and to NCHW in fp32.
+
+    Raises:
+        ValueError: an unknown dtype / layout, or fp16 requested on a CPU.
+    """
+    if amp_dtype is not None and amp_dtype not in _DTYPES:
+        raise ValueError(f"amp dtype must be one of {sorted(_DTYPES)}, got {amp_dtype!r}")
+    if memory_format not in (None, "nhwc", "nchw"):
+        raise ValueError(f"memory format must be 'nhwc' or 'nchw', got {memory_format!r}")
+    if amp is None:
+        amp = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) or amp_dtype is not None
+    dtype: torch.dtype | None = None
+    if amp:
+        name = amp_dtype or ("fp16" if device.type == "cuda" else "bf16")
+        if device.type == "cpu" and name == "fp16":
+            raise ValueError("fp16 autocast is for GPUs; use --amp-dtype bf16 on a CPU (or --no-amp)")
+        dtype = _DTYPES[name]
+    if memory_format is None:
+        memory_format = "nhwc" if dtype is not None else "nchw"
+    layout = torch.channels_last if memory_format == "nhwc" else torch.contiguous_format
+    return Precision(device, dtype, layout)
+

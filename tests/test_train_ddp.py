@@ -1,0 +1,58 @@
+"""Two processes under ``torchrun`` on CPU (gloo): one set of files from rank 0, metrics of the
+whole data set, and errors reported by every rank."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from train_support import REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics, tiny_args
+
+from convnets.train import TrainConfig, fit
+
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "convnets.train", *args]
+    # One thread per process: two processes share the two cores.
+    return subprocess.run(cmd, cwd=REPO, env=cli_env(threads=1), capture_output=True, text=True, timeout=300)
+
+
+def test_two_process_run_writes_once_and_averages_over_ranks(tmp_path: Path) -> None:
+    data = make_digits(tmp_path / "data", n_train=192, n_val=81)  # 81: the ranks get 41 and 40
+    out = tmp_path / "out"
+    proc = torchrun(*tiny_args(data, out, 2, "--batch-size", "16", "--no-amp", "--ema", "0.9", lr=None))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("trained 2 epochs") == 1  # the summary comes from rank 0 only
+    records = read_metrics(out)
+    assert [r["epoch"] for r in records] == [1, 2]  # one line per epoch: only rank 0 writes
+    assert all(r["train_images"] == 192 and r["val_images"] == 81 for r in records)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pth.tar", "metrics.jsonl", "model_best.pth.tar"]
+    ckpt = torch.load(out / "checkpoint.pth.tar", weights_only=True)
+    assert ckpt["world_size"] == 2
+    assert ckpt["scheduler"]["base_lrs"] == [0.256 * 32 / 256] * 2  # global batch 2 x 16
+    assert ckpt["step"] == 2 * 192 // 32
+
+    # Rank-summed validation equals one process evaluating the same weights on all 81 images.
+    single = fit(TrainConfig(data=data, evaluate=True, resume=out / "checkpoint.pth.tar", image_size=32,
+                             batch_size=16, workers=0, amp=False, progress=False))
+    assert single.metrics["images"] == 81
+    for prefix in ("val", "ema_val"):
+        assert single.metrics[f"{prefix}_top1"] == pytest.approx(records[-1][f"{prefix}_top1"], abs=1e-9)
+        assert single.metrics[f"{prefix}_top5"] == pytest.approx(records[-1][f"{prefix}_top5"], abs=1e-9)
+        assert single.metrics[f"{prefix}_loss"] == pytest.approx(records[-1][f"{prefix}_loss"], rel=1e-5)
+
+
+def test_every_rank_reports_an_error_and_the_job_fails(tmp_path: Path) -> None:
+    proc = torchrun("--data", str(tmp_path / "missing"), "--output", str(tmp_path / "out"),
+                    "--arch-kwargs", str(TINY_ARCH).replace("'", '"'))
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        assert f"convnets train: error: rank {rank}/2: data directory {tmp_path / 'missing'} does not exist" \
+            in proc.stderr
+    assert not (tmp_path / "out" / "checkpoint.pth.tar").exists()

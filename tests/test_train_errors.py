@@ -1,0 +1,113 @@
+"""Every way a user can get ``convnets train`` wrong ends in one clear line and a non-zero exit
+status, never a traceback. Each case is a real CLI subprocess (two run at a time)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from train_support import TINY_ARCH, make_digits, run_train, tiny_args
+
+import convnets
+
+Case = Callable[[Path, Path], list[str]]  # (digits, scratch dir) -> CLI arguments
+
+
+def _data_without_images(d: Path, tmp: Path) -> list[str]:
+    for split in ("train", "val"):
+        (tmp / "empty" / split / "cat").mkdir(parents=True)
+    return tiny_args(tmp / "empty", tmp / "out", 1)
+
+
+def _mismatched_classes(d: Path, tmp: Path) -> list[str]:
+    shutil.copytree(d, tmp / "data")
+    shutil.rmtree(tmp / "data" / "val" / "digit3")
+    shutil.copytree(tmp / "data" / "val" / "digit2", tmp / "data" / "val" / "digit9")
+    return tiny_args(tmp / "data", tmp / "out", 1)
+
+
+def _training_checkpoint(path: Path, **arch: object) -> Path:
+    """A minimal checkpoint in the format of ``convnets train`` for another architecture."""
+    model = convnets.get_model("resnet50", num_classes=4, **arch)
+    torch.save({"state_dict": model.state_dict(), "optimizer": {}, "scheduler": {}, "epoch": 1, "arch": "resnet50",
+                "arch_spec": model.spec.to_dict(), "class_names": [f"digit{i}" for i in range(4)]}, path)
+    return path
+
+
+OTHER_ARCH = dict(TINY_ARCH, widths=[8, 16, 32, 64])
+
+CASES: dict[str, tuple[Case, str]] = {
+    "missing data directory": (
+        lambda d, t: tiny_args(t / "nowhere", t / "out", 1), "data directory {t}/nowhere does not exist"),
+    "data directory without train/": (
+        lambda d, t: tiny_args(d / "val", t / "out", 1), "{d}/val/train is not a directory; --data must hold"),
+    "data directory without images": (_data_without_images, "{t}/empty/train has no usable images"),
+    "train and val classes differ": (
+        _mismatched_classes, "only in train: ['digit3'], only in val: ['digit9']"),
+    "fewer images than a batch": (
+        lambda d, t: tiny_args(d, t / "out", 1, "--batch-size", "1000"), "fewer than one batch of 1000"),
+    "misspelt architecture": (
+        lambda d, t: tiny_args(d, t / "out", 1, "--arch", "resnet05"),
+        "unknown model 'resnet05'; choose one of: resnet50, resnext101_32x4d, se_resnext101_32x4d"),
+    "unknown architecture field": (
+        lambda d, t: tiny_args(d, t / "out", 1, "--arch-kwargs", '{"depth": 18}'), "--arch-kwargs: "),
+    "resume from another architecture": (
+        lambda d, t: tiny_args(d, t / "out", 1, "--resume", str(_training_checkpoint(t / "other.pth", **OTHER_ARCH))),
+        "was trained as resnet50"),
+    "fine-tune from another architecture's weights": (
+        lambda d, t: tiny_args(d, t / "out", 1, "--pretrained-from-file",
+                               str(_training_checkpoint(t / "other.pth", **OTHER_ARCH))), "does not fit resnet50"),
+    "resume from a plain state dict": (
+        lambda d, t: (torch.save(convnets.get_model("resnet50", **TINY_ARCH).state_dict(), t / "sd.pth"),
+                      tiny_args(d, t / "out", 1, "--resume", str(t / "sd.pth")))[1],
+        "is not a convnets training checkpoint"),
+    "resume from a missing file": (
+        lambda d, t: tiny_args(d, t / "out", 1, "--resume", str(t / "gone.pth.tar")), "does not exist"),
+    "output of another run": (
+        lambda d, t: ((t / "out").mkdir(), (t / "out" / "checkpoint.pth.tar").write_bytes(b"x"),
+                      tiny_args(d, t / "out", 1))[2], "already holds checkpoint.pth.tar"),
+    "evaluate without weights": (
+        lambda d, t: ["--data", str(d), "--evaluate"], "evaluate needs weights"),
+    "diverging loss": (
+        lambda d, t: tiny_args(d, t / "out", 1, "--lr", "1e30", "--no-amp", "--batch-size", "4"),
+        "training diverged: 10 optimizer steps in a row"),
+}
+if not torch.cuda.is_available():
+    CASES["cuda without a GPU"] = (lambda d, t: tiny_args(d, t / "out", 1, "--device", "cuda"), "no CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], str]]:
+    digits = make_digits(tmp_path_factory.mktemp("digits"), n_train=64, n_val=16)
+    jobs = {}
+    for name, (case, message) in CASES.items():
+        scratch = tmp_path_factory.mktemp("case")
+        jobs[name] = (case(digits, scratch), message.format(d=digits, t=scratch))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run_train, *args, timeout=180) for name, (args, _) in jobs.items()}
+        return {name: (f.result(), jobs[name][1]) for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_error_is_one_clear_line(case: str, outcomes: dict[str, tuple[subprocess.CompletedProcess[str], str]]) -> None:
+    proc, message = outcomes[case]
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("convnets train: error: ") and message in lines[-1], lines[-1]
+    # A diverging run may first warn once that it skipped a step; nothing else comes before.
+    assert len(lines) == 1 or (case == "diverging loss" and len(lines) == 2 and "skipped optimizer step" in lines[0])
+    assert proc.stdout == ""
+
+
+def test_bad_arch_kwargs_json_is_a_usage_error(tmp_path: Path) -> None:
+    proc = run_train("--data", str(tmp_path), "--output", str(tmp_path), "--arch-kwargs", "{layers: [1]}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--arch-kwargs is not valid JSON" in proc.stderr.strip().splitlines()[-1]
+    assert json.dumps(TINY_ARCH)  # the valid spelling used elsewhere in these tests

@@ -1,0 +1,191 @@
+"""The training loop end to end on real images: it learns, and what it writes is right and usable."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torchvision import datasets, transforms
+from train_support import N_TRAIN, N_VAL, TINY_ARCH, make_digits, one_thread, read_metrics, run_train, tiny_args
+
+import convnets
+from convnets.train import TrainConfig, fit
+
+EPOCHS = 12
+STEPS_PER_EPOCH = N_TRAIN // 32
+CLASSES = ["digit0", "digit1", "digit2", "digit3"]
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_digits(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="module")
+def trained(digits: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One real CLI run shared by the tests below: 12 epochs with EMA, default precision."""
+    out = tmp_path_factory.mktemp("run") / "out"
+    proc = run_train(*tiny_args(digits, out, EPOCHS, "--ema", "0.9"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return out, proc.stdout
+
+
+def test_cli_training_learns_digits(trained: tuple[Path, str], digits: Path) -> None:
+    out, stdout = trained
+    val_counts = [len(list((digits / "val" / c).iterdir())) for c in CLASSES]
+    assert max(val_counts) / sum(val_counts) < 0.3  # a constant prediction scores under 30%
+    records = read_metrics(out)
+    assert [r["epoch"] for r in records] == list(range(1, EPOCHS + 1))
+    assert records[-1]["val_top1"] >= 90.0
+    assert records[0]["val_top1"] < 60.0
+    assert records[-1]["train_loss"] < records[0]["train_loss"] - 0.3
+    assert records[-1]["ema_val_top1"] >= 85.0
+    assert stdout.strip().splitlines()[-1].startswith(f"trained {EPOCHS} epochs")
+
+
+def test_metrics_record_every_epoch(trained: tuple[Path, str]) -> None:
+    out, _ = trained
+    base, warmup, total = 0.1, STEPS_PER_EPOCH, EPOCHS * STEPS_PER_EPOCH
+    for r in read_metrics(out):
+        assert {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "lr", "img_per_s", "epoch_seconds",
+                "ema_val_loss", "ema_val_top1", "ema_val_top5", "unreadable_images"} <= set(r)
+        assert r["train_images"] == STEPS_PER_EPOCH * 32 and r["val_images"] == N_VAL
+        assert r["val_top5"] == 100.0  # 4 classes
+        assert 0 <= r["val_top1"] <= 100 and r["img_per_s"] > 0 and r["epoch_seconds"] > 0
+        # The lr of the epoch's last optimizer step, from the closed form (warmup 1 epoch, cosine).
+        s = r["epoch"] * STEPS_PER_EPOCH - 1
+        want = base * (s + 1) / warmup if s < warmup else \
+            base / 2 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup)))
+        assert r["lr"] == pytest.approx(want, rel=1e-9)
+
+
+def reference_top1(model: torch.nn.Module, val_dir: Path) -> float:
+    """Accuracy by a plain torchvision pipeline in fp32, independent of the training package."""
+    tf = transforms.Compose([transforms.Resize(round(32 * 256 / 224)), transforms.CenterCrop(32),
+                             transforms.ToTensor(), transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    data = datasets.ImageFolder(str(val_dir), transform=tf)
+    loader = torch.utils.data.DataLoader(data, batch_size=64)
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+    return 100 * correct / len(data)
+
+
+def test_checkpoint_is_self_describing(trained: tuple[Path, str], digits: Path) -> None:
+    out, _ = trained
+    ckpt = torch.load(out / "checkpoint.pth.tar", weights_only=True)
+    assert {"state_dict", "state_dict_ema", "optimizer", "scheduler", "scaler", "epoch", "rng", "config", "arch",
+            "arch_spec", "class_names", "best_top1", "history"} <= set(ckpt)
+    assert ckpt["epoch"] == EPOCHS and ckpt["arch"] == "resnet50" and ckpt["scaler"] is None
+    assert ckpt["class_names"] == CLASSES
+    assert convnets.ArchSpec(**ckpt["arch_spec"]) == convnets.get_model("resnet50", **TINY_ARCH).spec
+    assert ckpt["config"]["arch_kwargs"] == TINY_ARCH and ckpt["config"]["ema"] == 0.9
+    assert ckpt["scheduler"]["last_epoch"] == EPOCHS * STEPS_PER_EPOCH
+    assert not any(k.startswith("module.") for k in ckpt["state_dict"])
+    assert {g["weight_decay"] for g in ckpt["optimizer"]["param_groups"]} == {0.0, 1 / 16384}
+
+    model = convnets.load_model(out / "checkpoint.pth.tar")
+    assert model.class_names == CLASSES and model.num_classes == 4
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, ckpt["state_dict"][k], msg=k)
+    # The metrics' accuracy (bf16 autocast where the CPU has it) agrees with an fp32 reference.
+    assert abs(reference_top1(model, digits / "val") - ckpt["history"][-1]["val_top1"]) <= 1.0
+    ema = convnets.load_model(out / "checkpoint.pth.tar", use_ema=True)
+    assert not torch.equal(ema.fc.weight, model.fc.weight)
+
+    best = torch.load(out / "model_best.pth.tar", weights_only=True)
+    top1s = [r["val_top1"] for r in read_metrics(out)]
+    assert best["epoch"] == top1s.index(max(top1s)) + 1 and best["best_top1"] == max(top1s)
+
+
+def test_evaluate_reports_the_checkpoint_accuracy(trained: tuple[Path, str], digits: Path) -> None:
+    out, _ = trained
+    last = read_metrics(out)[-1]
+    proc = run_train("--evaluate", "--resume", str(out / "checkpoint.pth.tar"), "--data", str(digits),
+                     "--image-size", "32", "--batch-size", "50", "--workers", "0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert f"evaluated {N_VAL} images" in line
+    assert f"top-1 {last['val_top1']:.2f}%" in line and f"EMA top-1 {last['ema_val_top1']:.2f}%" in line
+
+
+def test_fine_tuning_from_a_file_keeps_the_backbone_and_replaces_the_head(
+        trained: tuple[Path, str], digits: Path, tmp_path: Path) -> None:
+    three = tmp_path / "three"
+    for split in ("train", "val"):
+        for c in CLASSES[:3]:
+            shutil.copytree(digits / split / c, three / split / c)
+    source = torch.load(trained[0] / "checkpoint.pth.tar", weights_only=True)["state_dict"]
+    summary = fit(TrainConfig(data=three, output=tmp_path / "out", arch="resnet50", arch_kwargs=TINY_ARCH,
+                              pretrained_from_file=trained[0] / "checkpoint.pth.tar", image_size=32, batch_size=32,
+                              epochs=1, lr=1e-9, workers=0, progress=False))
+    tuned = torch.load(summary.checkpoint, weights_only=True)
+    assert tuned["class_names"] == CLASSES[:3] and tuned["state_dict"]["fc.weight"].shape == (3, 128)
+    torch.testing.assert_close(tuned["state_dict"]["layer3.0.conv2.weight"], source["layer3.0.conv2.weight"])
+
+
+def test_unreadable_images_are_skipped_and_counted(digits: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(digits, data)
+    train_files = sorted((data / "train" / "digit1").iterdir())
+    for bad in (train_files[3], train_files[10], sorted((data / "val" / "digit2").iterdir())[0]):
+        bad.write_bytes(b"this is not an image")
+    (data / "train" / "digit3" / "truncated.png").write_bytes(
+        (digits / "train" / "digit3").iterdir().__next__().read_bytes()[:40])
+    out = tmp_path / "out"
+    proc = run_train(*tiny_args(data, out, 1, "--batch-size", "49"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("skipping unreadable image") == 4
+    record = read_metrics(out)[0]
+    # 481 training files in 9 batches of 49 = 441 draws: all 3 bad ones if drawn, 1 in validation.
+    assert 1 <= record["unreadable_images"] <= 4
+    assert record["val_images"] == N_VAL - 1 and record["train_images"] == 9 * 49
+    assert f"{record['unreadable_images']} unreadable images skipped" in proc.stdout
+    assert Image.open(sorted((data / "val" / "digit0").iterdir())[0]).size == (32, 32)
+
+
+def test_gradient_accumulation_scales_the_default_lr(digits: Path, tmp_path: Path) -> None:
+    summary = fit(TrainConfig(data=digits, output=tmp_path, arch="resnet50", arch_kwargs=TINY_ARCH, image_size=32,
+                              batch_size=16, grad_accum=2, epochs=1, workers=0, progress=False))
+    ckpt = torch.load(summary.checkpoint, weights_only=True)
+    assert ckpt["step"] == N_TRAIN // 32  # 30 micro-batches of 16 -> 15 optimizer steps
+    assert ckpt["scheduler"]["base_lrs"] == [0.256 * 32 / 256] * 2  # optimizer batch 16 x 2 = 32
+    assert summary.metrics["train_images"] == N_TRAIN
+
+
+def test_synthetic_backend_needs_no_data(tmp_path: Path) -> None:
+    summary = fit(TrainConfig(data_backend="synthetic", output=tmp_path, arch="resnet50", arch_kwargs=TINY_ARCH,
+                              image_size=32, batch_size=8, epochs=1, progress=False))
+    assert summary.metrics["img_per_s"] > 0 and summary.metrics["train_images"] == 64 * 8
+    assert len(torch.load(summary.checkpoint, weights_only=True)["class_names"]) == 1000
+
+
+def test_pretrained_weights_come_through_the_verified_cache_with_a_new_head(digits: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A local mirror stands in for NGC: a full ResNet-50 under the manifest's file name.
+    mirror, cache = tmp_path / "mirror", tmp_path / "torch_home"
+    mirror.mkdir()
+    torch.manual_seed(1)
+    ngc = convnets.get_model("resnet50").state_dict()
+    torch.save(ngc, mirror / "nvidia_resnet50_200821.pth.tar")
+    monkeypatch.setenv("CONVNETS_WEIGHTS_MIRROR", str(mirror))
+    monkeypatch.setenv("TORCH_HOME", str(cache))
+    small = tmp_path / "small"
+    for split, n in (("train", 32), ("val", 8)):
+        for c in CLASSES:
+            (small / split / c).mkdir(parents=True)
+            for f in sorted((digits / split / c).iterdir())[: n // 4]:
+                shutil.copy(f, small / split / c)
+    summary = fit(TrainConfig(data=small, output=tmp_path / "out", arch="resnet50", pretrained=True, image_size=32,
+                              batch_size=16, epochs=1, lr=1e-9, workers=0, progress=False))
+    assert (cache / "hub" / "checkpoints" / "nvidia_resnet50_200821.pth.tar").is_file()
+    tuned = torch.load(summary.checkpoint, weights_only=True)["state_dict"]
+    assert tuned["fc.weight"].shape == (4, 2048)
+    torch.testing.assert_close(tuned["layer4.2.conv3.weight"], ngc["layer4.2.conv3.weight"])

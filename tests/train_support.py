@@ -1,0 +1,88 @@
+"""Shared helpers for the ``test_train_*`` modules: a small real image data set and CLI runners.
+
+Imported by the ``test_train_*`` modules (pytest puts this directory on ``sys.path``).
+
+The data set is scikit-learn's 8x8 handwritten digits (real scans), upscaled to 32x32 PNG files
+in ImageFolder layout: small enough to train on 2 CPU cores in seconds, hard enough that only a
+network that learns scores well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: A ResNet-50 shrunk to ~245k parameters: one block per stage, narrow stages.
+TINY_ARCH: dict[str, Any] = {"layers": [1, 1, 1, 1], "widths": [16, 32, 64, 128], "expansion": 1, "stem_width": 16}
+DIGITS = (0, 1, 2, 3)
+N_TRAIN, N_VAL = 480, 201  # 15 batches of 32; an odd validation set, so DDP ranks get unequal shares
+
+
+def make_digits(root: Path, n_train: int = N_TRAIN, n_val: int = N_VAL, size: int = 32) -> Path:
+    """Write ``root/{train,val}/digit{k}/{i}.png`` for the digits 0-3 and return ``root``."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    keep = np.isin(digits.target, DIGITS)
+    images, labels = digits.images[keep], digits.target[keep]
+    order = np.random.default_rng(0).permutation(len(labels))
+    for split, chosen in (("train", order[:n_train]), ("val", order[n_train:n_train + n_val])):
+        for i in chosen:
+            folder = root / split / f"digit{labels[i]}"
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = (images[i] * (255 / 16)).astype(np.uint8)
+            Image.fromarray(pixels).resize((size, size), Image.BILINEAR).convert("RGB").save(folder / f"{i:04d}.png")
+    return root
+
+
+def tiny_args(data: Path, output: Path, epochs: int, *extra: str, lr: str | None = "0.1") -> list[str]:
+    """``convnets train`` options for the tiny architecture on the digits, single-threaded loading."""
+    return ["--data", str(data), "--output", str(output), "--arch", "resnet50", "--arch-kwargs",
+            json.dumps(TINY_ARCH), "--image-size", "32", "--batch-size", "32", "--epochs", str(epochs),
+            *(["--lr", lr] if lr else []), "--warmup-epochs", "1", "--workers", "0", "--no-progress", *extra]
+
+
+def cli_env(threads: int = 1) -> dict[str, str]:
+    """The environment of a CLI subprocess: this checkout importable, a fixed number of threads."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env.pop("CONVNETS_DEBUG", None)
+    return env
+
+
+def train_cmd(*args: str) -> list[str]:
+    """``python -m convnets.train ARGS``."""
+    return [sys.executable, "-m", "convnets.train", *args]
+
+
+def run_train(*args: str, timeout: float = 300, threads: int = 1) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m convnets.train ARGS`` to completion and capture its output."""
+    return subprocess.run(train_cmd(*args), cwd=REPO, env=cli_env(threads), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def read_metrics(output: Path) -> list[dict[str, Any]]:
+    """The records of ``output/metrics.jsonl``."""
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """In-process training on one thread: two threads on two shared cores stall each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
