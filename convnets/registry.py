@@ -82,7 +82,7 @@ def _build(
     state_dict, metadata, layout = read_state_dict(source, key_map_fn=state_dict_key_map_fn, use_ema=use_ema)
     model = build_model(spec, state_dict, num_classes=num_classes, model_kwargs=model_kwargs,
                         model_name=name, source=str(source), layout=layout)
-    model.class_names = _class_names(metadata, model.num_classes)
+    _apply_metadata(model, metadata)
     return _place(model, device, memory_format)
 
 
@@ -118,11 +118,15 @@ def _place(model: ResNet, device: torch.device | str | None, memory_format: torc
     return model
 
 
-def _class_names(metadata: Mapping[str, Any], num_classes: int) -> list[str] | None:
+def _apply_metadata(model: ResNet, metadata: Mapping[str, Any]) -> None:
+    """Keep what a self-describing checkpoint says about its head and input size."""
     names = metadata.get("class_names")
-    if isinstance(names, (list, tuple)) and len(names) == num_classes and all(isinstance(n, str) for n in names):
-        return list(names)
-    return None
+    if isinstance(names, (list, tuple)) and len(names) == model.num_classes and all(isinstance(n, str) for n in names):
+        model.class_names = list(names)
+    config = metadata.get("config")
+    size = config.get("image_size") if isinstance(config, Mapping) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        model.input_size = size
 
 
 _BUILDER_DOC = """
@@ -222,5 +226,5 @@ def load_model(path: str | os.PathLike[str], *, device: torch.device | str | Non
         spec, _ = infer_spec(state_dict, source=str(path))
     name = next((n for n, s in MODEL_SPECS.items() if s == spec), "custom ResNet")
     model = build_model(spec, state_dict, model_name=name, source=str(path), layout=layout)
-    model.class_names = _class_names(metadata, model.num_classes)
+    _apply_metadata(model, metadata)
     return _place(model, device, memory_format)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 from torchvision import datasets, transforms
-from train_support import N_TRAIN, N_VAL, TINY_ARCH, make_digits, one_thread, read_metrics, run_train, tiny_args
+from train_support import (N_TRAIN, N_VAL, REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics, run_train,
+                           tiny_args)
 
 import convnets
 from convnets.train import TrainConfig, fit
@@ -189,3 +193,18 @@ def test_pretrained_weights_come_through_the_verified_cache_with_a_new_head(digi
     tuned = torch.load(summary.checkpoint, weights_only=True)["state_dict"]
     assert tuned["fc.weight"].shape == (4, 2048)
     torch.testing.assert_close(tuned["layer4.2.conv3.weight"], ngc["layer4.2.conv3.weight"])
+
+
+def test_predict_cli_uses_the_training_checkpoint(trained: tuple[Path, str], digits: Path) -> None:
+    """`convnets predict --weights` takes a training checkpoint: its class names and image size."""
+    out, _ = trained
+    files = sorted((digits / "val").glob("*/*.png"))[::10]
+    done = subprocess.run([sys.executable, "-m", "convnets", "predict", "--weights", str(out / "model_best.pth.tar"),
+                           "--json", "--topk", "1", *map(str, files)], cwd=REPO, env=cli_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert [r["input"] for r in results] == [str(f) for f in files]
+    assert {r["top"][0]["label"] for r in results} <= set(CLASSES)
+    correct = sum(r["top"][0]["label"] == Path(r["input"]).parent.name for r in results)
+    assert correct / len(results) >= 0.85

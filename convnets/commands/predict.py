@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, metavar="B", help="images per forward pass (default 16)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto (default): cuda when available, else cpu")
+    parser.add_argument("--image-size", type=int, default=None, metavar="N",
+                        help="center-crop size; the shorter side is resized to N*256/224 first (default: "
+                             "what the weights were trained for, 224 for the NGC weights)")
     parser.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on stderr (default: when stderr is a terminal and inputs fill "
@@ -64,16 +67,18 @@ def _print_table(result: Prediction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets predict``; exit status 1 if any input could not be read."""
-    if args.topk < 1 or args.batch_size < 1:
-        raise ValueError("--topk and --batch-size must be positive integers")
+    if min(args.topk, args.batch_size, args.image_size or 1) < 1:
+        raise ValueError("--topk, --batch-size and --image-size must be positive integers")
     device = _device(args.device)
     model = load_model(args.model, args.weights, device)
+    image_size = args.image_size or model.input_size
     total = len(expand_inputs(args.inputs))
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and total > args.batch_size)
     results, failed = [], 0
     with tqdm(total=total, unit="img", disable=not show, file=sys.stderr) as bar:
         for result in predict(model, args.inputs, labels=class_labels(model), topk=args.topk,
-                              batch_size=args.batch_size, device=device, on_batch=bar.update):
+                              batch_size=args.batch_size, device=device, image_size=image_size,
+                              resize_size=round(image_size * 256 / 224), on_batch=bar.update):
             if not result.ok:
                 failed += 1
                 bar.clear()

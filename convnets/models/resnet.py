@@ -223,6 +223,9 @@ class ResNet(nn.Module):
         self.num_classes = num_classes
         #: Names of the classifier's outputs when a checkpoint provides them (see load_model).
         self.class_names: list[str] | None = None
+        #: Center-crop size the weights were trained for (a training checkpoint records it);
+        #: ``convnets predict`` preprocesses to it.
+        self.input_size: int = 224
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         self._init_weights(conv_init, last_bn_0_init)
 
