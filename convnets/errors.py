@@ -26,3 +26,15 @@ class CheckpointError(ConvnetsError, ValueError):
 
 class WeightsUnavailableError(ConvnetsError, OSError):
     """Pretrained weights could not be found in the cache, the mirror or downloaded."""
+
+
+class UnsupportedPrecisionError(ConvnetsError, ValueError):
+    """A precision that the device cannot run (e.g. fp16 on a CPU); the message says what can."""
+
+
+class ExportError(ConvnetsError, RuntimeError):
+    """An export failed, or the exported model disagrees with PyTorch beyond the tolerance."""
+
+
+class MissingDependencyError(ConvnetsError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra that brings it."""
