@@ -20,6 +20,8 @@ from convnets.errors import ConvnetsError
 #: subcommand -> module that implements it
 COMMANDS: dict[str, str] = {
     "weights": "convnets.commands.weights",
+    "export": "convnets.commands.export",
+    "benchmark": "convnets.commands.benchmark",
 }
 
 EXIT_ERROR = 1
