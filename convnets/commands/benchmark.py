@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32, bf16 (CPU with AVX512-BF16/AMX, GPU) or fp16 (GPU); eager runs use autocast")
-    parser.add_argument("--batch-sizes", type=parse_batch_sizes, default=[1, 16, 64, 256], metavar="B1,B2,...",
+    parser.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 16, 64, 256], metavar="B1,B2,...",
                         help="comma-separated batch sizes (default: 1,16,64,256, as NVIDIA's tables)")
     parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
                         help="use convnets.optimize_for_inference (BatchNorm folding, channels_last, "
@@ -55,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed calls per batch size (default: 20)")
     parser.add_argument("--image-size", type=int, default=224, metavar="PX", help="input size (default: 224)")
     parser.add_argument("--json", metavar="FILE", help="also write the environment and results as JSON")
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        return parse_batch_sizes(text)
+    except ValueError as e:  # argparse shows an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -209,8 +209,9 @@ def _quiet_export_warnings() -> Iterator[None]:
     # torch.onnx's TorchScript-based exporter and torch.jit announce their deprecation on every
     # call; both are still what ONNX Runtime / TensorRT / Triton's libtorch backend consume.
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.")
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")
+        warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx\.")
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
         yield
 
 
