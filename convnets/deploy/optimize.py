@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -146,65 +145,68 @@ class OptimizedModel(nn.Module):
     """The module that :func:`optimize_for_inference` returns.
 
     ``forward`` moves the batch to the model's device, dtype and ``channels_last`` layout, runs it
-    without autograd, and returns float32 logits. Attributes: ``module`` (the folded eager
-    network), ``precision``, ``device``, ``compiled`` (whether the compiled graph is in use) and,
-    copied from the source model, ``num_classes`` / ``class_names`` / ``spec`` when present.
+    without autograd, and returns float32 logits. Attributes: ``module`` (the folded eager network
+    in the compute dtype), ``precision``, ``device``, ``compiled`` (whether calls go through the
+    compiled graph) and, copied from the source model, ``num_classes`` / ``class_names`` /
+    ``spec`` when present.
 
-    With ``torch.compile`` each new input shape (batch size) compiles once; the first call at a
-    shape is therefore slow. If compilation fails, the module logs a warning and stays eager.
+    A compiled graph is specialised to each new input shape (batch size) at its first call, which
+    is therefore slow. If compilation fails, the module logs a warning and stays eager.
     """
 
     def __init__(self, module: nn.Module, *, precision: Precision, device: torch.device,
-                 compile: bool) -> None:
+                 graph: Callable[[Tensor], Tensor] | None) -> None:
         super().__init__()
         self.module = module
         self.precision: Precision = precision
         self.device = device
         self.dtype = precision_dtype(precision)
-        # Kept out of the module tree (plain attribute): the compiled wrapper holds the same
-        # parameters and must not duplicate them in state_dict().
-        self.__dict__["_compiled"] = self._compile() if compile else None
+        # A plain attribute, outside the module tree: a compiled wrapper holds the same parameters
+        # and must not duplicate them in state_dict().
+        self.__dict__["_graph"] = graph
 
     @property
     def compiled(self) -> bool:
-        """Whether calls go through the ``torch.compile``-d graph."""
-        return self.__dict__["_compiled"] is not None
-
-    def _compile(self) -> Any | None:
-        reason = compile_unavailable_reason(self.device)
-        if reason is None:
-            try:
-                # freezing: weights become graph constants, so inductor folds and prepacks them
-                # (oneDNN blocked layouts on CPU). max_autotune stays off: minutes of compile time
-                # for little gain on these convolution-bound networks. dynamic=False: one static
-                # graph per batch size, which inductor specialises best.
-                return torch.compile(self.module, dynamic=False, options={"freezing": True})
-            except Exception as e:  # noqa: BLE001 - any failure to set up compilation: stay eager
-                reason = f"{type(e).__name__}: {e}"
-        log.warning("torch.compile is unavailable (%s); running the optimized model eagerly", reason)
-        return None
+        """Whether calls go through the ``torch.compile``-d graph rather than eager ``module``."""
+        return self.__dict__["_graph"] is not None
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.to(device=self.device, dtype=self.dtype, memory_format=torch.channels_last)
         with torch.no_grad():
-            compiled = self.__dict__["_compiled"]
-            if compiled is None:
+            graph = self.__dict__["_graph"]
+            if graph is None:
                 out = self.module(x)
             else:
                 try:
-                    out = compiled(x)
+                    out = graph(x)
                 except Exception as e:  # noqa: BLE001 - decided below: compiler's fault or the input's
                     out = self._fall_back(x, e)
         return out.float()
 
     def _fall_back(self, x: Tensor, error: Exception) -> Tensor:
         # If the eager module fails too, the input is at fault: raise that (clearer) error and
-        # keep the compiled graph for later calls. Otherwise compilation broke: stay eager.
+        # keep the graph for later calls. Otherwise compilation broke: stay eager.
         out = self.module(x)
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         log.warning("torch.compile failed (%s: %s); falling back to eager execution", type(error).__name__, first)
-        self.__dict__["_compiled"] = None
+        self.__dict__["_graph"] = None
         return out
+
+
+def _compiled(module: nn.Module, device: torch.device) -> Callable[[Tensor], Tensor] | None:
+    """``torch.compile(module)`` with inference settings, or None (warning logged) if unavailable."""
+    reason = compile_unavailable_reason(device)
+    if reason is None:
+        try:
+            # freezing: weights become graph constants, so inductor folds and prepacks them
+            # (oneDNN blocked layouts on CPU). max_autotune stays off: minutes of compile time
+            # for little gain on these convolution-bound networks. dynamic=False: one static
+            # graph per batch size, which inductor specialises best.
+            return torch.compile(module, dynamic=False, options={"freezing": True})
+        except Exception as e:  # noqa: BLE001 - any failure to set up compilation: stay eager
+            reason = f"{type(e).__name__}: {e}"
+    log.warning("torch.compile is unavailable (%s); running the optimized model eagerly", reason)
+    return None
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -214,7 +216,8 @@ def _model_device(model: nn.Module) -> torch.device:
 
 def check_precision(precision: str, device: torch.device) -> None:
     """Raise :class:`UnsupportedPrecisionError` if ``device`` cannot run ``precision``."""
-    precision_dtype(precision)
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if precision == "fp16" and device.type != "cuda":
         raise UnsupportedPrecisionError(
             f"fp16 inference needs a CUDA device, not {device.type}: CPUs have no fast fp16 convolutions. "
@@ -244,8 +247,9 @@ def optimize_for_inference(
             AVX512-BF16 / AMX, and GPUs) or ``"fp16"`` (CUDA only). The logits are float32 in all
             cases.
         device: where to run; default: where ``model``'s parameters are.
-        calibration_data: reserved for int8 quantization, which is not provided (it was not both
-            faithful and faster than bf16 where measured); must be ``None``.
+        calibration_data: reserved for int8 quantization, which is not offered: measured here it
+            was neither faithful nor faster than bf16 for SE-ResNeXt101 (see the README's
+            inference section). Must be ``None``.
         compile: use ``torch.compile`` (falls back to eager, with a warning, when unavailable).
 
     Returns:
@@ -254,11 +258,11 @@ def optimize_for_inference(
 
     Raises:
         UnsupportedPrecisionError: fp16 on a CPU, or bf16 where the device cannot run it.
-        ValueError: ``model`` is in training mode, or an unknown precision.
+        ValueError: ``model`` is in training mode, an unknown precision, or ``calibration_data``.
     """
     if calibration_data is not None:
         raise ValueError("calibration_data is for int8 quantization, which optimize_for_inference does not "
-                         "offer (see the README's inference section); use precision='bf16'")
+                         "offer (it was not both faithful and faster than bf16; see the README); use 'bf16'")
     if model.training:
         raise ValueError("optimize_for_inference needs a model in eval mode: call model.eval() first "
                          "(BatchNorm folding uses the running statistics)")
@@ -270,7 +274,8 @@ def optimize_for_inference(
     # The whole network in the target dtype: weights are converted once here instead of by
     # autocast on every call (which also leaves nothing for autocast to decide per op).
     module.to(device=target, dtype=precision_dtype(precision), memory_format=torch.channels_last)
-    optimized = OptimizedModel(module, precision=precision, device=target, compile=compile)
+    optimized = OptimizedModel(module, precision=precision, device=target,
+                               graph=_compiled(module, target) if compile else None)
     for attr in ("num_classes", "class_names", "spec"):
         if hasattr(model, attr):
             setattr(optimized, attr, getattr(model, attr))
