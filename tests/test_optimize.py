@@ -130,6 +130,13 @@ def test_compiled_model_matches_the_unoptimized_model(precision: str) -> None:
         assert max_rel_error(out, expected) < 1e-4
     else:
         assert bool((F.cosine_similarity(out.double(), expected.double(), dim=1) >= 0.99).all())
+    if torch.backends.mkldnn.is_available():
+        # Frozen graphs run oneDNN convolutions on prepacked weights with fused post-ops; an
+        # unfrozen graph calls aten::mkldnn_convolution instead (and is markedly slower).
+        with torch.profiler.profile() as prof:
+            optimized(x)
+        ops = {event.name for event in prof.events()}
+        assert "mkldnn::_convolution_pointwise" in ops and "aten::mkldnn_convolution" not in ops, sorted(ops)
 
 
 def test_input_is_moved_to_the_model_layout_and_any_batch_size_works() -> None:
