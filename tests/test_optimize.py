@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -187,19 +188,6 @@ def test_unknown_precision_and_training_mode_and_int8_calibration_are_rejected()
 
 # --- compile fallback ----------------------------------------------------------------------------
 
-def test_torch_compile_raising_falls_back_to_eager_with_a_warning(monkeypatch: pytest.MonkeyPatch,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    def broken_compile(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("simulated: compiler backend missing")
-    monkeypatch.setattr(torch, "compile", broken_compile)
-    model, x = tiny_model(), images()
-    with caplog.at_level(logging.WARNING, logger="convnets.deploy.optimize"):
-        optimized = convnets.optimize_for_inference(model)
-    assert not optimized.compiled
-    assert any("simulated: compiler backend missing" in r.getMessage() for r in caplog.records)
-    assert max_rel_error(optimized(x), reference(model, x)) < 1e-4
-
-
 def test_compilation_failing_at_the_first_call_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     calls = []
@@ -232,14 +220,28 @@ def test_an_input_error_is_raised_not_mistaken_for_a_compile_failure(monkeypatch
     assert optimized.compiled
 
 
-def test_no_cpp_compiler_means_eager_with_a_warning(monkeypatch: pytest.MonkeyPatch,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def _torch_compile_raises(monkeypatch: pytest.MonkeyPatch) -> str:
+    def broken_compile(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("simulated: compiler backend missing")
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    return "simulated: compiler backend missing"
+
+
+def _no_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> str:
     import torch._inductor.config as inductor_config
     monkeypatch.setattr(inductor_config.cpp, "cxx", ("convnets-test-no-such-compiler",))
     assert compile_unavailable_reason(torch.device("cpu")) is not None
+    return "unavailable"
+
+
+@pytest.mark.parametrize("break_compilation", [_torch_compile_raises, _no_cpp_compiler])
+def test_unavailable_compilation_means_eager_with_a_warning(break_compilation: Callable[[pytest.MonkeyPatch], str],
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    expected_message = break_compilation(monkeypatch)
     model, x = tiny_model(), images()
     with caplog.at_level(logging.WARNING, logger="convnets.deploy.optimize"):
         optimized = convnets.optimize_for_inference(model)
     assert not optimized.compiled
-    assert any("unavailable" in r.getMessage() for r in caplog.records)
+    assert any(expected_message in r.getMessage() for r in caplog.records)
     assert max_rel_error(optimized(x), reference(model, x)) < 1e-4

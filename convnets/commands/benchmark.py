@@ -36,8 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     add_model_arguments(parser, default_weights="random-init")
     parser.add_argument("--mode", choices=MODES, default="inference", help="what to measure (default: inference)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32, bf16 (CPU with AVX512-BF16/AMX, GPU) or fp16 (GPU); eager runs use autocast")
     parser.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 16, 64, 256], metavar="B1,B2,...",
@@ -66,7 +65,7 @@ def _batch_sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets benchmark``."""
-    device = torch.device(args.device)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available here")
     check_precision(args.precision, device)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from convnets.deploy.optimize import fold_batchnorm, precision_dtype
+from convnets.deploy.optimize import error_summary, fold_batchnorm, precision_dtype
 from convnets.errors import ConvnetsError, ExportError, MissingDependencyError
 
 __all__ = ["EXPORT_FORMATS", "EXPORT_PRECISIONS", "ExportFormat", "ExportResult", "Verification",
@@ -216,7 +216,7 @@ def _quiet_export_warnings() -> Iterator[None]:
 
 
 def _write_onnx(module: _Exportable, path: Path, example: Tensor, opset: int) -> None:
-    require("onnx")
+    onnx = require("onnx")
     input_name, output_name = io_names("onnx")
     with _quiet_export_warnings():
         # dynamo=False: the TorchScript-based exporter, which needs no onnxscript and produces a
@@ -225,7 +225,7 @@ def _write_onnx(module: _Exportable, path: Path, example: Tensor, opset: int) ->
                           input_names=[input_name], output_names=[output_name],
                           dynamic_axes={input_name: {0: "batch"}, output_name: {0: "batch"}},
                           do_constant_folding=True)
-    require("onnx").checker.check_model(str(path))
+    onnx.checker.check_model(str(path))
 
 
 def _write_torchscript(module: _Exportable, path: Path, example: Tensor) -> None:
@@ -320,8 +320,8 @@ def export_model(
     Args:
         model: the classifier; it is not modified (a folded copy is exported).
         path: the file to write (e.g. ``model.onnx`` / ``model.pt``); its directory must exist.
-        format: ``"onnx"`` (checked with ONNX Runtime) or ``"torchscript"`` (traced and frozen,
-            checked after ``torch.jit.load``).
+        format: ``"onnx"`` (checked with ONNX Runtime) or ``"torchscript"`` (traced, checked
+            after ``torch.jit.load``).
         precision: ``"fp32"`` or ``"fp16"`` weights and arithmetic; input and output are float32.
         batch: verification inputs ``[N, 3, image_size, image_size]``; default
             :func:`sample_batch` (real photos).
@@ -359,18 +359,18 @@ def export_model(
                 _write_onnx(module, tmp, batch[:2], opset)
             else:
                 _write_torchscript(module, tmp, batch[:2])
+            runner = _Runner(format, tmp)
+            verification = _verify(runner, reference, batch, precision, batch_description or f"{len(batch)} images")
+            input_name, input_shape, output_name, output_shape = _io_signature(format, tmp, runner, batch)
         except ConvnetsError:
             raise
-        except Exception as e:  # noqa: BLE001 - exporter and checker raise many types; report one line
-            raise ExportError(f"{format} export failed: {str(e).strip().splitlines()[0]}") from e
-        runner = _Runner(format, tmp)
-        verification = _verify(runner, reference, batch, precision, batch_description or f"{len(batch)} images")
+        except Exception as e:  # noqa: BLE001 - exporters, checker and runtimes raise many types: one line
+            raise ExportError(f"{format} export failed: {error_summary(e)}") from e
         if not verification.passed:
             raise ExportError(
                 f"the exported {format} model disagrees with PyTorch: max abs error "
                 f"{verification.max_abs_error:.3g}, relative {verification.max_rel_error:.3g}, min cosine "
                 f"{verification.min_cosine:.6f} (required: {verification.tolerance}); nothing was written")
-        input_name, input_shape, output_name, output_shape = _io_signature(format, tmp, runner, batch)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -8,8 +8,8 @@
 * activations are kept in ``channels_last`` (NHWC), the layout oneDNN and cuDNN convolutions prefer;
 * ``bf16`` / ``fp16`` run the whole network in that dtype (weights converted once, not per call);
 * ``torch.compile`` (inductor) with ``freezing``: weights become constants, so inductor prepacks
-  them for oneDNN and fuses the ReLUs, residual adds and SE gates into the convolutions. If
-  compilation is unavailable or fails, the module falls back to eager with a logged warning.
+  them for oneDNN and fuses ReLUs and residual adds into the convolutions. If compilation is
+  unavailable or fails, the module falls back to eager with a logged warning.
 
 See https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html and
 https://pytorch.org/docs/stable/torch.compiler_faq.html for ``torch.compile`` itself.
@@ -30,8 +30,8 @@ from torch import Tensor, nn
 from convnets.errors import UnsupportedPrecisionError
 from convnets.models.resnet import Bottleneck, ResNet
 
-__all__ = ["PRECISIONS", "OptimizedModel", "Precision", "check_precision", "compile_unavailable_reason", "fold_batchnorm",
-           "optimize_for_inference", "precision_dtype"]
+__all__ = ["PRECISIONS", "OptimizedModel", "Precision", "check_precision", "compile_unavailable_reason",
+           "error_summary", "fold_batchnorm", "optimize_for_inference", "precision_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,12 @@ _CONV_BN_PAIRS: dict[type, tuple[tuple[str, str], ...]] = {
     ResNet: (("conv1", "bn1"),),
     Bottleneck: (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")),
 }
+
+
+def error_summary(error: BaseException) -> str:
+    """``"Type: first line of the message"``, for one-line reports of long library errors."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def precision_dtype(precision: str) -> torch.dtype:
@@ -62,17 +68,20 @@ def _folded_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     that the folded weights are the correctly rounded float32 values rather than the product of
     three float32 roundings.
     """
-    acc = torch.float64
-    w = conv.weight.detach().to(acc)
-    b = conv.bias.detach().to(acc) if conv.bias is not None else torch.zeros(w.shape[0], dtype=acc, device=w.device)
-    gamma = bn.weight.detach().to(acc) if bn.weight is not None else torch.ones_like(b)
-    beta = bn.bias.detach().to(acc) if bn.bias is not None else torch.zeros_like(b)
+    # On the CPU: float64 is not available on every accelerator (e.g. MPS); this runs once.
+    acc = {"device": "cpu", "dtype": torch.float64}
+    w = conv.weight.detach().to(**acc)
+    b = conv.bias.detach().to(**acc) if conv.bias is not None else torch.zeros(w.shape[0], **acc)
+    gamma = bn.weight.detach().to(**acc) if bn.weight is not None else torch.ones_like(b)
+    beta = bn.bias.detach().to(**acc) if bn.bias is not None else torch.zeros_like(b)
     assert bn.running_mean is not None and bn.running_var is not None  # checked by _foldable
-    scale = gamma * torch.rsqrt(bn.running_var.detach().to(acc) + bn.eps)
+    scale = gamma * torch.rsqrt(bn.running_var.detach().to(**acc) + bn.eps)
+    weight = w * scale.reshape(-1, 1, 1, 1)
+    bias = (b - bn.running_mean.detach().to(**acc)) * scale + beta
+    like = {"device": conv.weight.device, "dtype": conv.weight.dtype}
     fused = copy.deepcopy(conv)
-    fused.weight = nn.Parameter((w * scale.reshape(-1, 1, 1, 1)).to(conv.weight.dtype), requires_grad=False)
-    fused.bias = nn.Parameter(((b - bn.running_mean.detach().to(acc)) * scale + beta).to(conv.weight.dtype),
-                              requires_grad=False)
+    fused.weight = nn.Parameter(weight.to(**like), requires_grad=False)
+    fused.bias = nn.Parameter(bias.to(**like), requires_grad=False)
     return fused
 
 
@@ -139,7 +148,7 @@ def compile_unavailable_reason(device: torch.device) -> str | None:
             if not has_triton():
                 return "the triton package is missing (inductor needs it for CUDA)"
     except Exception as e:  # noqa: BLE001 - private APIs: any failure means "cannot compile"
-        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unavailable'}"
+        return error_summary(e)
     return None
 
 
@@ -189,8 +198,7 @@ class OptimizedModel(nn.Module):
         # If the eager module fails too, the input is at fault: raise that (clearer) error and
         # keep the graph for later calls. Otherwise compilation broke: stay eager.
         out = self.module(x)
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        log.warning("torch.compile failed (%s: %s); falling back to eager execution", type(error).__name__, first)
+        log.warning("torch.compile failed (%s); falling back to eager execution", error_summary(error))
         self.__dict__["_graph"] = None
         return out
 
@@ -205,7 +213,7 @@ def _compiled(module: nn.Module, device: torch.device) -> Callable[[Tensor], Ten
             # inductor specialises best.
             compiled = torch.compile(module, dynamic=False)
         except Exception as e:  # noqa: BLE001 - any failure to set up compilation: stay eager
-            reason = f"{type(e).__name__}: {e}"
+            reason = error_summary(e)
         else:
             return functools.partial(_run_frozen, compiled)
     log.warning("torch.compile is unavailable (%s); running the optimized model eagerly", reason)
