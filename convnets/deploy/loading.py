@@ -93,7 +93,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
             raise CheckpointError(f"{args.weights} is not a PyTorch checkpoint ({type(e).__name__}: {e})") from e
         if args.model and model.spec != MODEL_SPECS[args.model]:
             raise ValueError(f"{args.weights} holds a different architecture than {args.model} "
-                             f"({model.spec}); drop --model to export it as it is")
+                             f"({model.spec}); drop --model to use the checkpoint as it is")
         name = args.model or next((n for n, s in MODEL_SPECS.items() if s == model.spec), "resnet_custom")
         return LoadedModel(model.eval(), name, str(args.weights))
     if not args.model:
