@@ -255,3 +255,24 @@ def test_json_report_describes_the_written_file(tmp_path: Path, checkpoint: Path
     assert report["input"]["shape"] == [-1, 3, SIZE, SIZE] and report["output"]["shape"] == [-1, 10]
     assert report["verification"]["inputs"].startswith(("4 photos", "4 synthetic"))
     assert np.isfinite(report["verification"]["max_abs_error"])
+
+
+def test_random_init_batchnorm_statistics_normalise_like_a_trained_network() -> None:
+    from convnets.deploy.loading import calibrate_batchnorm
+
+    model = convnets.get_model("se_resnext101_32x4d", **TINY_ARCH)  # as --random-init builds it
+    calibrate_batchnorm(model, image_size=SIZE)
+    assert not model.training
+    outputs: dict[str, torch.Tensor] = {}
+    # clone: the blocks apply ReLU in place to some BatchNorm outputs
+    hooks = [m.register_forward_hook(lambda mod, args, out, name=name: outputs.__setitem__(name, out.clone()))
+             for name, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    with torch.no_grad():
+        model(torch.randn(8, 3, SIZE, SIZE))  # fresh inputs from the same distribution
+    for hook in hooks:
+        hook.remove()
+    assert len(outputs) == 17
+    for name, out in outputs.items():  # gamma 1, beta 0: normalised outputs have mean 0, std 1
+        mean, std = out.mean(dim=(0, 2, 3)), out.std(dim=(0, 2, 3))
+        # (freshly initialised, the channel means of the deeper layers are 4 to 7)
+        assert float(mean.abs().mean()) < 0.5 and 0.7 < float(std.median()) < 1.4, (name, mean, std)
