@@ -27,9 +27,11 @@ from convnets.deploy import export as export_mod
 from convnets.deploy.export import export_model
 from convnets.errors import ExportError, MissingDependencyError
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-text_format = pytest.importorskip("google.protobuf.text_format")
+HAVE_ONNX = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxruntime"))
+needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="the 'export' extra (onnx, onnxruntime) is not installed")
+if HAVE_ONNX:
+    import onnx
+    import onnxruntime as ort
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_ARCH = dict(layers=[1, 1, 1, 1], widths=[16, 32, 64, 128], cardinality=4, se_squeeze=8, stem_width=16)
@@ -78,6 +80,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # --- round trips ---------------------------------------------------------------------------------
 
+@needs_onnx
 def test_onnx_round_trip_at_batch_1_and_3(tmp_path: Path) -> None:
     model = tiny_model()
     result = export_model(model, tmp_path / "model.onnx", format="onnx", batch=verification_batch(),
@@ -107,6 +110,7 @@ def test_torchscript_round_trip_at_batch_1_and_3(tmp_path: Path) -> None:
         assert max_rel_error(out, reference(model, batch)) < 1e-4
 
 
+@needs_onnx
 def test_fp16_onnx_keeps_float32_io_and_cosine_099(tmp_path: Path) -> None:
     model = tiny_model()
     result = export_model(model, tmp_path / "model.onnx", precision="fp16", batch=verification_batch(),
@@ -121,6 +125,7 @@ def test_fp16_onnx_keeps_float32_io_and_cosine_099(tmp_path: Path) -> None:
     assert bool((cosine >= 0.99).all()), cosine
 
 
+@needs_onnx
 def test_an_export_that_disagrees_with_pytorch_fails_and_leaves_no_file(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     real_exportable = export_mod._exportable
@@ -136,6 +141,7 @@ def test_an_export_that_disagrees_with_pytorch_fails_and_leaves_no_file(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@needs_onnx
 def test_missing_onnxruntime_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
@@ -152,6 +158,7 @@ def test_missing_onnxruntime_names_the_extra(tmp_path: Path, monkeypatch: pytest
 # --- Triton repository through the command line --------------------------------------------------
 
 def parse_config(path: Path) -> object:
+    text_format = pytest.importorskip("google.protobuf.text_format")
     pb2 = model_config_pb2()
     return text_format.Parse(path.read_text(), pb2.ModelConfig())
 
@@ -165,6 +172,7 @@ def onnx_signature(path: Path) -> tuple[str, list[int], str, list[int]]:
     return graph.input[0].name, dims(graph.input[0]), graph.output[0].name, dims(graph.output[0])
 
 
+@needs_onnx
 def test_cli_onnx_triton_repository_from_a_checkpoint(tmp_path: Path, checkpoint: Path) -> None:
     out = tmp_path / "repo"
     proc = run_cli("export", "--weights", str(checkpoint), "--format", "onnx", "--triton", "--name", "tiny_se",
