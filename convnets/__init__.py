@@ -16,6 +16,7 @@ from convnets.errors import (
     UnknownModelError,
     WeightsUnavailableError,
 )
+from convnets.deploy.optimize import optimize_for_inference
 from convnets.models.resnet import ArchSpec, ResNet
 from convnets.registry import (
     get_model,
@@ -39,6 +40,7 @@ __all__ = [
     "get_model",
     "list_models",
     "load_model",
+    "optimize_for_inference",
     "resnet50",
     "resnext101_32x4d",
     "se_resnext101_32x4d",

@@ -20,8 +20,10 @@ from convnets.errors import ConvnetsError
 #: subcommand -> module that implements it
 COMMANDS: dict[str, str] = {
     "predict": "convnets.commands.predict",
-    "weights": "convnets.commands.weights",
     "train": "convnets.commands.train",
+    "export": "convnets.commands.export",
+    "benchmark": "convnets.commands.benchmark",
+    "weights": "convnets.commands.weights",
 }
 
 EXIT_ERROR = 1

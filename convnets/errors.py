@@ -64,3 +64,15 @@ class DataError(ConvnetsError, ValueError):
 
 class TrainingDivergedError(ConvnetsError, RuntimeError):
     """Training stopped because the loss or the gradients stayed non-finite for too many steps."""
+
+
+class UnsupportedPrecisionError(ConvnetsError, ValueError):
+    """A precision that the device cannot run (e.g. fp16 on a CPU); the message says what can."""
+
+
+class ExportError(ConvnetsError, RuntimeError):
+    """An export failed, or the exported model disagrees with PyTorch beyond the tolerance."""
+
+
+class MissingDependencyError(ConvnetsError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra that brings it."""

@@ -1,0 +1,142 @@
+"""Reproduce the README's CPU inference table: convnets variants side by side with timm.
+
+Usage::
+
+    python benchmarks/bench_inference.py                       # batch 16, both ResNeXt101 models
+    python benchmarks/bench_inference.py --batch-sizes 1,16 --rounds 7 --json cpu_table.json
+
+For each model and batch size, in one process, on random weights (speed does not depend on them):
+
+* ``timm fp32``       -- ``timm.create_model('resnext101_32x4d')`` eager fp32, the reference column
+* ``eager fp32``      -- our model as ``convnets.get_model`` returns it
+* ``optimized fp32``  -- ``convnets.optimize_for_inference(model, "fp32")`` (folded BN, channels_last, compiled)
+* ``eager bf16``      -- our model under ``torch.autocast("cpu", torch.bfloat16)``
+* ``optimized bf16``  -- ``convnets.optimize_for_inference(model, "bf16")``
+
+Measurements are interleaved: each round times every variant once (in a rotated order), and the
+ratio to timm is taken within the round, so load from other processes on a shared machine hits
+numerator and denominator alike. The table reports medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import convnets  # noqa: E402
+from convnets.deploy.benchmark import environment  # noqa: E402
+
+Runner = Callable[[torch.Tensor], torch.Tensor]
+REFERENCE = "timm fp32"
+
+
+def _autocast_bf16(model: torch.nn.Module) -> Runner:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+    return run
+
+
+def _variants(name: str, wanted: list[str]) -> dict[str, Runner]:
+    model = convnets.get_model(name).eval()
+    builders: dict[str, Callable[[], Runner]] = {
+        "eager fp32": lambda: model,
+        "optimized fp32": lambda: convnets.optimize_for_inference(model, "fp32"),
+        "eager bf16": lambda: _autocast_bf16(model),
+        "optimized bf16": lambda: convnets.optimize_for_inference(model, "bf16"),
+        "optimized fp32 no-compile": lambda: convnets.optimize_for_inference(model, "fp32", compile=False),
+        "optimized bf16 no-compile": lambda: convnets.optimize_for_inference(model, "bf16", compile=False),
+    }
+    return {v: builders[v]() for v in wanted}
+
+
+def _time(run: Runner, x: torch.Tensor, calls: int) -> float:
+    """Seconds per call, averaged over ``calls`` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        run(x)
+    return (time.perf_counter() - start) / calls
+
+
+def bench_model(name: str, reference: Runner, batch_size: int, variants: list[str], rounds: int,
+                warmup: int, calls: int) -> list[dict[str, object]]:
+    runners = {REFERENCE: reference, **_variants(name, variants)}
+    x = torch.randn(batch_size, 3, 224, 224)
+    first_call = {}
+    with torch.inference_mode():
+        for label, run in runners.items():  # compiles happen here (first call per batch size)
+            start = time.perf_counter()
+            for _ in range(warmup):
+                run(x)
+            first_call[label] = time.perf_counter() - start
+            logging.info("%s %s b%d: warm-up %.1f s", name, label, batch_size, first_call[label])
+        times: dict[str, list[float]] = {label: [] for label in runners}
+        labels = list(runners)
+        for r in range(rounds):
+            shift = r % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                times[label].append(_time(runners[label], x, calls))
+            logging.info("round %d/%d: %s", r + 1, rounds,
+                         ", ".join(f"{k} {batch_size / v[-1]:.2f}" for k, v in times.items()))
+    rows = []
+    for label, ts in times.items():
+        ratios = [ref / t for ref, t in zip(times[REFERENCE], ts)]
+        rows.append({"model": name, "batch_size": batch_size, "variant": label,
+                     "img_per_s": batch_size / statistics.median(ts),
+                     "img_per_s_all_rounds": [batch_size / t for t in ts],
+                     "speedup_vs_timm": statistics.median(ratios),
+                     "speedup_min_max": [min(ratios), max(ratios)],
+                     "warmup_s": first_call[label],
+                     "compiled": bool(getattr(runners[label], "compiled", False))})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="resnext101_32x4d,se_resnext101_32x4d")
+    parser.add_argument("--batch-sizes", default="16")
+    parser.add_argument("--variants", default="eager fp32,optimized fp32,eager bf16,optimized bf16",
+                        help="comma-separated; also: 'optimized fp32 no-compile', 'optimized bf16 no-compile'")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per variant (first one compiles)")
+    parser.add_argument("--calls", type=int, default=1, help="calls per variant per round")
+    parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+
+    import timm
+
+    torch.manual_seed(0)
+    reference = timm.create_model("resnext101_32x4d").eval()
+    env = environment("cpu")
+    rows = []
+    for name in args.models.split(","):
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            rows += bench_model(name, reference, batch_size, args.variants.split(","), args.rounds,
+                                args.warmup, args.calls)
+    print(f"{env['date']}; {env['cpu_model']}, {env['cpu_count']} cores, {env['torch_threads']} threads; "
+          f"torch {env['torch']}, timm {timm.__version__}; median of {args.rounds} interleaved rounds")
+    print()
+    print("| model | batch | variant | img/s | vs timm fp32 (median, min-max) |")
+    print("|---|---:|---|---:|---:|")
+    for row in rows:
+        lo, hi = row["speedup_min_max"]
+        print(f"| {row['model']} | {row['batch_size']} | {row['variant']} | {row['img_per_s']:.2f} | "
+              f"{row['speedup_vs_timm']:.2f}x ({lo:.2f}-{hi:.2f}) |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

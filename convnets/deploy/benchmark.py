@@ -1,0 +1,186 @@
+"""Throughput and latency measurement, reported in the shape of NVIDIA's published tables.
+
+NVIDIA's ConvNets READMEs report, per batch size, the throughput in images per second and latency
+percentiles in milliseconds (https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/
+Classification/ConvNets/resnext101-32x4d#inference-performance-results). :func:`format_table`
+prints the same columns, so a GPU run of ``convnets benchmark`` compares with them directly.
+
+Inference is measured here. Training throughput must be measured on the real training step of the
+fine-tuning loop: :func:`benchmark_training` delegates to ``convnets.train.engine``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["BatchResult", "benchmark_inference", "benchmark_training", "environment", "format_table",
+           "parse_batch_sizes"]
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Measurements at one batch size.
+
+    Attributes:
+        batch_size: images per call.
+        iterations: timed calls.
+        throughput: images per second over all timed calls.
+        latency_ms: per-call latency percentiles and mean, in milliseconds
+            (keys ``p50``, ``p90``, ``p95``, ``p99``, ``mean``).
+        first_call_s: seconds of the first call (includes compilation for compiled models).
+    """
+
+    batch_size: int
+    iterations: int
+    throughput: float
+    latency_ms: dict[str, float]
+    first_call_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict."""
+        return dataclasses.asdict(self)
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """``"1,16,64"`` -> ``[1, 16, 64]``; raises ValueError on anything but positive integers."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"batch sizes must be comma-separated positive integers, got {text!r}") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"batch sizes must be comma-separated positive integers, got {text!r}")
+    return sizes
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def benchmark_inference(
+    model: Callable[[Tensor], Tensor],
+    batch_sizes: Sequence[int],
+    *,
+    device: torch.device | str = "cpu",
+    warmup: int = 5,
+    iterations: int = 20,
+    image_size: int = 224,
+    memory_format: torch.memory_format = torch.contiguous_format,
+    autocast_dtype: torch.dtype | None = None,
+) -> list[BatchResult]:
+    """Time ``model`` on random ``[B, 3, image_size, image_size]`` batches, for each batch size.
+
+    Each batch size gets ``warmup`` untimed calls (the first one, timed separately, is where
+    ``torch.compile`` compiles), then ``iterations`` timed calls, each ended by a device
+    synchronisation so that latencies are real. Inputs are created on ``device`` beforehand:
+    no host-to-device copy is timed, as in NVIDIA's measurements.
+
+    Args:
+        model: an eval-mode module or any callable on a batch (e.g. an
+            :class:`~convnets.deploy.optimize.OptimizedModel`).
+        batch_sizes: batch sizes to measure, in order.
+        device: where the inputs are created.
+        warmup: untimed calls per batch size (at least 1).
+        iterations: timed calls per batch size (at least 1).
+        image_size: input height and width.
+        memory_format: layout of the input batch.
+        autocast_dtype: run the calls under ``torch.autocast`` with this dtype (eager AMP).
+
+    Returns:
+        One :class:`BatchResult` per batch size.
+    """
+    if warmup < 1 or iterations < 1:
+        raise ValueError(f"warmup and iterations must be at least 1, got {warmup} and {iterations}")
+    device = torch.device(device)
+    results = []
+    for batch_size in batch_sizes:
+        x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=memory_format)
+        times = []
+        with torch.inference_mode(), (torch.autocast(device.type, dtype=autocast_dtype)
+                                      if autocast_dtype is not None else contextlib.nullcontext()):
+            for i in range(warmup + iterations):
+                start = time.perf_counter()
+                model(x)
+                _synchronize(device)
+                times.append(time.perf_counter() - start)
+        timed = np.asarray(times[warmup:]) * 1000.0
+        latency = {f"p{q}": float(np.percentile(timed, q)) for q in (50, 90, 95, 99)}
+        latency["mean"] = float(timed.mean())
+        results.append(BatchResult(batch_size, iterations, batch_size * iterations / (timed.sum() / 1000.0),
+                                   latency, times[0]))
+    return results
+
+
+def benchmark_training(model_name: str, *, batch_size: int, device: torch.device | str, amp_dtype: torch.dtype | None,
+                       memory_format: torch.memory_format, steps: int, warmup: int,
+                       arch_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Training throughput of the real fine-tuning step (``convnets.train.engine``).
+
+    Not wired into the command line yet: ``convnets.train`` is being written. Once
+    ``convnets.train.engine.benchmark_training`` exists with this signature, add ``"training"``
+    to ``MODES`` in :mod:`convnets.commands.benchmark`.
+
+    Raises:
+        NotImplementedError: ``convnets.train.engine.benchmark_training`` is not available.
+    """
+    try:
+        from convnets.train.engine import benchmark_training as train_step_benchmark  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise NotImplementedError("training benchmarks need convnets.train.engine.benchmark_training") from e
+    return train_step_benchmark(model_name, batch_size=batch_size, device=device, amp_dtype=amp_dtype,
+                                memory_format=memory_format, steps=steps, warmup=warmup, arch_kwargs=arch_kwargs)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: torch.device | str) -> dict[str, Any]:
+    """What the numbers depend on: versions, device name, CPU and thread counts."""
+    device = torch.device(device)
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "device_name": _cpu_model(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "mkldnn_bf16": bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def format_table(results: Sequence[BatchResult], title: str = "") -> str:
+    """A Markdown table: batch size, throughput (img/s), latency p50 / p90 / p99 (ms)."""
+    lines = [f"**{title}**", ""] if title else []
+    lines += ["| Batch size | Throughput (img/s) | Latency p50 (ms) | Latency p90 (ms) | Latency p99 (ms) |",
+              "|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lat = r.latency_ms
+        lines.append(f"| {r.batch_size} | {r.throughput:.1f} | {lat['p50']:.2f} | {lat['p90']:.2f} | {lat['p99']:.2f} |")
+    return "\n".join(lines)
