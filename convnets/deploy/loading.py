@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import pickle
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from convnets.errors import CheckpointError
 from convnets.models.resnet import MODEL_SPECS
 from convnets.registry import get_model, list_models, load_model
 
@@ -88,12 +86,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     if args.weights:
         if args.arch_kwargs:
             raise ValueError("--arch-kwargs does not apply to --weights: the checkpoint defines the architecture")
-        try:
-            model = load_model(args.weights)
-        except (IndexError, KeyError, TypeError, AttributeError, pickle.UnpicklingError) as e:
-            # torch.load's unpickler fails on some non-checkpoint files (e.g. a text or HTML page
-            # saved as .pth) with these, which the checkpoint reader does not translate yet.
-            raise CheckpointError(f"{args.weights} is not a PyTorch checkpoint ({type(e).__name__}: {e})") from e
+        model = load_model(args.weights)
         if args.model and model.spec != MODEL_SPECS[args.model]:
             raise ValueError(f"{args.weights} holds a different architecture than {args.model} "
                              f"({model.spec}); drop --model to use the checkpoint as it is")

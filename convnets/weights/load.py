@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -50,33 +51,30 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Any:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a file")
-    with torch.serialization.safe_globals(_SAFE_NUMPY):
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e) and "zip" not in str(e):
-                raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
-        except pickle.UnpicklingError as e:
-            raise _unsafe(path, e) from e
-        except (EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-            raise CheckpointError(f"cannot read checkpoint {path}: {e or type(e).__name__}") from e
-        try:  # a legacy (non-zip) file: mmap is not possible
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            if "Weights only load failed" in str(e):
-                raise _unsafe(path, e) from e
-            raise CheckpointError(f"{path} is not a PyTorch checkpoint (truncated or another kind of "
-                                  f"file): {e}") from e
-        except (RuntimeError, EOFError, OSError, ValueError) as e:
-            raise CheckpointError(f"{path} is not a PyTorch checkpoint (truncated or another kind of "
-                                  f"file): {e or type(e).__name__}") from e
+    try:
+        # Only the zip format (torch >= 1.6) can be memory-mapped; legacy files are read whole.
+        mmap = zipfile.is_zipfile(path)
+        with torch.serialization.safe_globals(_SAFE_NUMPY):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        culprit = re.search(r"GLOBAL ([\w.]+)", str(e))  # torch names the global it refused
+        if culprit:
+            raise CheckpointError(
+                f"refusing to load {path}: it references {culprit.group(1)}, a Python object other than "
+                "tensors and plain containers, which could run code when unpickled. Re-save it as "
+                "torch.save(model.state_dict(), path) from a trusted environment") from e
+        raise _not_a_checkpoint(path, e) from e
+    except Exception as e:  # noqa: BLE001 -- on arbitrary bytes the unpickler fails with any exception type
+        raise _not_a_checkpoint(path, e) from e
 
 
-def _unsafe(path: Path, e: Exception) -> CheckpointError:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return CheckpointError(f"refusing to load {path}: it holds Python objects other than tensors, which "
-                           f"could run code when unpickled ({first}). Re-save it as "
-                           "torch.save(model.state_dict(), path) from a trusted environment")
+def _not_a_checkpoint(path: Path, e: Exception) -> CheckpointError:
+    if isinstance(e, pickle.UnpicklingError):
+        reason = "unreadable pickle data"  # torch's own text here is advice about weights_only
+    else:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return CheckpointError(f"{path} is not a PyTorch checkpoint (truncated, or another kind of file): "
+                           f"{type(e).__name__}: {reason[:200]}")
 
 
 def read_state_dict(path: str | os.PathLike[str], *, key_map_fn: Callable[[str], str] | None = None,
