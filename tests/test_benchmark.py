@@ -55,6 +55,28 @@ def test_benchmark_command_writes_the_table_and_json(tmp_path: Path) -> None:
         assert r["throughput"] == pytest.approx(r["batch_size"] * 1000 / lat["mean"], rel=1e-6)
 
 
+@pytest.mark.slow
+def test_training_mode_times_the_fine_tuning_step(tmp_path: Path) -> None:
+    out = tmp_path / "train.json"
+    proc = run_cli("benchmark", "--model", "se_resnext101_32x4d", "--mode", "training", "--arch-kwargs", ONE_BLOCK,
+                   "--device", "cpu", "--batch-sizes", "2,4", "--warmup", "1", "--iterations", "3",
+                   "--image-size", "64", "--memory-format", "channels_last", "--json", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    config = report["config"]
+    assert config["mode"] == "training" and config["variant"] == "fine-tuning step (fp32), channels_last"
+    assert [r["batch_size"] for r in report["results"]] == [2, 4]
+    for r in report["results"]:
+        assert r["iterations"] == 3 and r["first_call_s"] is None
+        assert r["throughput"] == pytest.approx(r["batch_size"] * 1000 / r["latency_ms"]["mean"], rel=1e-6)
+
+
+def test_training_mode_refuses_weights(tmp_path: Path) -> None:
+    (tmp_path / "w.pth").write_bytes(b"")
+    proc = run_cli("benchmark", "--mode", "training", "--weights", str(tmp_path / "w.pth"), cwd=tmp_path)
+    assert proc.returncode == 1 and "drop --weights" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_eager_bf16_autocast_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("this CPU has no native bf16 support")

@@ -5,6 +5,8 @@ Examples::
     convnets benchmark --model resnext101_32x4d --device cuda --precision fp16 --batch-sizes 1,16,64,256
     convnets benchmark --model se_resnext101_32x4d --precision bf16 --batch-sizes 1,16 --json bench.json
     convnets benchmark --model resnext101_32x4d --no-optimize --precision bf16   # eager + autocast
+    convnets benchmark --model se_resnext101_32x4d --mode training --device cuda --precision fp16 \
+        --memory-format channels_last --batch-sizes 128                        # the fine-tuning step
 
 Weights do not change the speed, so random weights are the default (no download).
 """
@@ -18,16 +20,16 @@ from typing import Any
 
 import torch
 
-from convnets.deploy.benchmark import benchmark_inference, environment, format_table, parse_batch_sizes
+from convnets.deploy.benchmark import (BatchResult, benchmark_inference, environment, format_table,
+                                       parse_batch_sizes, summarize)
 from convnets.deploy.loading import add_model_arguments, load_from_args
 from convnets.deploy.optimize import PRECISIONS, check_precision, optimize_for_inference, precision_dtype
 
-HELP = "measure inference throughput (img/s) and latency percentiles per batch size"
+HELP = "measure inference or training throughput (img/s) and latency percentiles per batch size"
 
-#: Modes offered on the command line. "training" joins once convnets.train.engine provides
-#: benchmark_training (see convnets.deploy.benchmark.benchmark_training); it must time the real
-#: fine-tuning step, so there is no stand-in until then.
-MODES: tuple[str, ...] = ("inference",)
+#: inference: the model's forward pass (eager or optimized); training: the fine-tuning loop's real
+#: optimizer step (convnets.train.benchmark_training) on synthetic data.
+MODES: tuple[str, ...] = ("inference", "training")
 
 _MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
@@ -35,7 +37,10 @@ _MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     add_model_arguments(parser, default_weights="random-init")
-    parser.add_argument("--mode", choices=MODES, default="inference", help="what to measure (default: inference)")
+    parser.add_argument("--mode", choices=MODES, default="inference",
+                        help="inference (default): forward passes; training: the fine-tuning loop's optimizer "
+                             "step (forward under autocast, loss, backward, SGD) with random weights and data; "
+                             "--optimize/--compile apply to inference only")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32, bf16 (CPU with AVX512-BF16/AMX, GPU) or fp16 (GPU); eager runs use autocast")
@@ -69,6 +74,27 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available here")
     check_precision(args.precision, device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # pick the fastest convolution algorithms, as NVIDIA does
+    measure = _training if args.mode == "training" else _inference
+    results, name, weights, variant = measure(args, device)
+    env = environment(device)
+    arch = " (custom architecture)" if args.arch_kwargs else ""
+    title = (f"{name}{arch} {args.mode}, {env['device_name']} ({device}), {args.precision}, {variant}, "
+             f"{weights} weights")
+    print(format_table(results, title))
+    if args.json:
+        config = {"model": name, "weights": weights, "arch_kwargs": args.arch_kwargs, "mode": args.mode,
+                  "precision": args.precision, "variant": variant, "optimize": args.optimize,
+                  "compile": args.compile, "compiled": "compiled" in variant, "memory_format": args.memory_format,
+                  "batch_sizes": args.batch_sizes, "warmup": args.warmup, "iterations": args.iterations,
+                  "image_size": args.image_size}
+        report = {"environment": env, "config": config, "results": [r.to_dict() for r in results]}
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _inference(args: argparse.Namespace, device: torch.device) -> tuple[list[BatchResult], str, str, str]:
     if not args.optimize and not args.compile:
         raise ValueError("--no-compile applies to the optimized model; --no-optimize is already eager")
     loaded = load_from_args(args)
@@ -76,31 +102,37 @@ def run(args: argparse.Namespace) -> int:
     autocast_dtype = None
     if args.optimize:
         model: Any = optimize_for_inference(loaded.model, args.precision, device=device, compile=args.compile)
-        variant = "optimized, " + ("compiled" if model.compiled else "eager")
     else:
         model = loaded.model.to(device=device, memory_format=memory_format)
         if args.precision != "fp32":
             autocast_dtype = precision_dtype(args.precision)
-        variant = "eager" + (" autocast" if autocast_dtype else "") + f", {args.memory_format}"
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # pick the fastest convolution algorithms, as NVIDIA does
-
     results = benchmark_inference(model, args.batch_sizes, device=device, warmup=args.warmup,
                                   iterations=args.iterations, image_size=args.image_size,
                                   memory_format=memory_format, autocast_dtype=autocast_dtype)
-    if args.optimize and not model.compiled and args.compile:
-        variant = "optimized, eager (compilation failed)"
-    env = environment(device)
-    arch = " (custom architecture)" if args.arch_kwargs else ""
-    title = (f"{loaded.name}{arch} {args.mode}, {env['device_name']} ({device}), {args.precision}, {variant}, "
-             f"{loaded.weights} weights")
-    print(format_table(results, title))
-    if args.json:
-        config = {"model": loaded.name, "weights": loaded.weights, "arch_kwargs": args.arch_kwargs,
-                  "mode": args.mode, "precision": args.precision, "optimize": args.optimize,
-                  "compile": args.compile, "compiled": bool(args.optimize and model.compiled),
-                  "memory_format": args.memory_format, "batch_sizes": args.batch_sizes, "warmup": args.warmup,
-                  "iterations": args.iterations, "image_size": args.image_size}
-        report = {"environment": env, "config": config, "results": [r.to_dict() for r in results]}
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    return 0
+    if not args.optimize:
+        variant = "eager" + (" autocast" if autocast_dtype else "") + f", {args.memory_format}"
+    elif model.compiled:
+        variant = "optimized, compiled"
+    else:
+        variant = "optimized, eager" + (" (compilation failed)" if args.compile else "")
+    return results, loaded.name, loaded.weights, variant
+
+
+def _training(args: argparse.Namespace, device: torch.device) -> tuple[list[BatchResult], str, str, str]:
+    from convnets.train.engine import benchmark_training  # the training stack only when asked for
+
+    if args.weights:
+        raise ValueError("--mode training times the training step of a fresh model (weights do not change "
+                         "its speed); drop --weights")
+    if not args.model:
+        raise ValueError("--model is required")
+    results = []
+    for batch_size in args.batch_sizes:
+        r = benchmark_training(args.model, batch_size=batch_size, device=device,
+                               amp_dtype=None if args.precision == "fp32" else args.precision,
+                               memory_format="nhwc" if args.memory_format == "channels_last" else "nchw",
+                               steps=args.iterations, warmup=args.warmup, arch_kwargs=args.arch_kwargs,
+                               image_size=args.image_size)
+        results.append(summarize(batch_size, r["step_ms"]))
+    amp = "fp32" if args.precision == "fp32" else f"{args.precision} autocast"
+    return results, args.model, "random-init", f"fine-tuning step ({amp}), {args.memory_format}"

@@ -5,8 +5,8 @@ percentiles in milliseconds (https://github.com/NVIDIA/DeepLearningExamples/tree
 Classification/ConvNets/resnext101-32x4d#inference-performance-results). :func:`format_table`
 prints the same columns, so a GPU run of ``convnets benchmark`` compares with them directly.
 
-Inference is measured here. Training throughput must be measured on the real training step of the
-fine-tuning loop: :func:`benchmark_training` delegates to ``convnets.train.engine``.
+Inference is measured here; training throughput is measured on the fine-tuning loop's real
+optimizer step by ``convnets.train.benchmark_training`` and summarised the same way.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BatchResult", "benchmark_inference", "benchmark_training", "environment", "format_table",
+__all__ = ["BatchResult", "benchmark_inference", "environment", "format_table", "summarize",
            "parse_batch_sizes"]
 
 
@@ -38,14 +38,15 @@ class BatchResult:
         throughput: images per second over all timed calls.
         latency_ms: per-call latency percentiles and mean, in milliseconds
             (keys ``p50``, ``p90``, ``p95``, ``p99``, ``mean``).
-        first_call_s: seconds of the first call (includes compilation for compiled models).
+        first_call_s: seconds of the first call (includes compilation for compiled models);
+            ``None`` where not measured (training mode).
     """
 
     batch_size: int
     iterations: int
     throughput: float
     latency_ms: dict[str, float]
-    first_call_s: float
+    first_call_s: float | None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict."""
@@ -114,32 +115,17 @@ def benchmark_inference(
                 model(x)
                 _synchronize(device)
                 times.append(time.perf_counter() - start)
-        timed = np.asarray(times[warmup:]) * 1000.0
-        latency = {f"p{q}": float(np.percentile(timed, q)) for q in (50, 90, 95, 99)}
-        latency["mean"] = float(timed.mean())
-        results.append(BatchResult(batch_size, iterations, batch_size * iterations / (timed.sum() / 1000.0),
-                                   latency, times[0]))
+        results.append(summarize(batch_size, [1000.0 * t for t in times[warmup:]], first_call_s=times[0]))
     return results
 
 
-def benchmark_training(model_name: str, *, batch_size: int, device: torch.device | str, amp_dtype: torch.dtype | None,
-                       memory_format: torch.memory_format, steps: int, warmup: int,
-                       arch_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Training throughput of the real fine-tuning step (``convnets.train.engine``).
-
-    Not wired into the command line yet: ``convnets.train`` is being written. Once
-    ``convnets.train.engine.benchmark_training`` exists with this signature, add ``"training"``
-    to ``MODES`` in :mod:`convnets.commands.benchmark`.
-
-    Raises:
-        NotImplementedError: ``convnets.train.engine.benchmark_training`` is not available.
-    """
-    try:
-        from convnets.train.engine import benchmark_training as train_step_benchmark  # type: ignore[import-not-found]
-    except ImportError as e:
-        raise NotImplementedError("training benchmarks need convnets.train.engine.benchmark_training") from e
-    return train_step_benchmark(model_name, batch_size=batch_size, device=device, amp_dtype=amp_dtype,
-                                memory_format=memory_format, steps=steps, warmup=warmup, arch_kwargs=arch_kwargs)
+def summarize(batch_size: int, times_ms: Sequence[float], first_call_s: float | None = None) -> BatchResult:
+    """Throughput and latency percentiles of timed calls (each processing ``batch_size`` images)."""
+    timed = np.asarray(times_ms, dtype=np.float64)
+    latency = {f"p{q}": float(np.percentile(timed, q)) for q in (50, 90, 95, 99)}
+    latency["mean"] = float(timed.mean())
+    return BatchResult(batch_size, len(timed), batch_size * len(timed) / (timed.sum() / 1000.0), latency,
+                       first_call_s)
 
 
 def _cpu_model() -> str:
