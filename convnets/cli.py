@@ -56,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("convnets: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of our output went away (`convnets predict ... | head`): not worth a message.
+        # Point stdout at devnull so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
     except (ConvnetsError, OSError, ValueError) as e:
         if os.environ.get("CONVNETS_DEBUG"):
             raise

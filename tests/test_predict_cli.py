@@ -159,3 +159,22 @@ def test_readme_upstream_notebook_example_runs(full_se_checkpoint, monkeypatch: 
     for result, top in zip(namespace["results"], expected):
         assert [name for name, _ in result] == [names[i] for i, _ in top]
         assert [pct for _, pct in result] == [f"{100 * p:.1f}%" for _, p in top]
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no native bf16")
+def test_bf16_precision_agrees_with_fp32(tiny_checkpoint) -> None:
+    path, state, _ = tiny_checkpoint
+    done = run_cli("predict", "--weights", str(path), "--json", "--topk", "5", "--precision", "bf16", *EXAMPLES)
+    assert done.returncode == 0, done.stderr
+    for result, expected in zip(json.loads(done.stdout), _expected_top(state, EXAMPLES, 5)):
+        by_index = {t["index"]: t["probability"] for t in result["top"]}
+        for index, probability in expected:
+            assert by_index[index] == pytest.approx(probability, abs=0.03)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused on CPUs only")
+def test_fp16_on_cpu_is_refused_in_one_line(tiny_checkpoint) -> None:
+    done = run_cli("predict", "--weights", str(tiny_checkpoint[0]), "--precision", "fp16", "--device", "cpu",
+                   EXAMPLES[0])
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "bf16" in done.stderr
