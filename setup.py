@@ -48,6 +48,8 @@ setup(
             "scikit-learn>=1.3",
             "onnx>=1.15",
             "onnxruntime>=1.17",
+            "tritonclient>=2.40",  # its ModelConfig protobuf parses the generated config.pbtxt back
+            "protobuf>=4",
             # The DALI backend's CPU pipelines are tested too; wheels exist for Linux x86-64 only.
             "nvidia-dali-cuda130>=2.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
         ],
