@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
-import torch._inductor.config as inductor_config
 from torch import Tensor, nn
 
 from convnets.errors import UnsupportedPrecisionError
@@ -225,7 +224,10 @@ def _run_frozen(compiled: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     # them for oneDNN and fuses ReLU / residual add into the convolutions (about 1.4x for bf16
     # here). Inductor reads the flag when it compiles, i.e. inside the first call at each shape;
     # torch.compile(options={"freezing": True}) does not reach that code in torch 2.14, and
-    # setting the global flag would change the caller's other compiled models.
+    # setting the global flag would change the caller's other compiled models. (Imported here:
+    # importing inductor pulls in dynamo, a second of `import convnets` for everyone.)
+    import torch._inductor.config as inductor_config
+
     with inductor_config.patch(freezing=True):
         return compiled(x)
 
