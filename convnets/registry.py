@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from convnets.errors import CheckpointError, UnknownModelError
-from convnets.models.resnet import ARCH_FIELDS, MODEL_SPECS, ArchSpec, ResNet
+from convnets.models.resnet import ARCH_FIELDS, MODEL_SPECS, ArchSpec, ResNet, registered_name
 from convnets.weights.download import fetch_weights
 from convnets.weights.layouts import infer_spec
-from convnets.weights.load import build_model, check_fits, read_state_dict
+from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict
 from convnets.weights.manifest import load_manifest
 
 __all__ = ["fetch_pretrained", "get_model", "list_models", "load_model", "resnet50", "resnext101_32x4d", "se_resnext101_32x4d"]
@@ -104,10 +104,7 @@ def fetch_pretrained(name: str, *, progress: bool = True,
 def _validate(path: Path, *, name: str, spec: ArchSpec, key_map_fn: Callable[[str], str] | None) -> None:
     """Check that a downloaded file holds ``spec``'s tensors before it enters the cache."""
     state_dict, _, layout = read_state_dict(path, key_map_fn=key_map_fn)
-    classes = state_dict["fc.weight"].shape[0] if "fc.weight" in state_dict else 0
-    with torch.device("meta"):
-        model = ResNet(spec, classes)
-    check_fits(model, state_dict, model_name=name, source=path.name, layout=layout)
+    check_fits(meta_model(spec, state_dict), state_dict, model_name=name, source=path.name, layout=layout)
 
 
 def _place(model: ResNet, device: torch.device | str | None, memory_format: torch.memory_format | None) -> ResNet:
@@ -224,7 +221,7 @@ def load_model(path: str | os.PathLike[str], *, device: torch.device | str | Non
             raise CheckpointError(f"{path} has an invalid 'arch_spec' entry: {e}") from e
     else:
         spec, _ = infer_spec(state_dict, source=str(path))
-    name = next((n for n, s in MODEL_SPECS.items() if s == spec), "custom ResNet")
+    name = registered_name(spec) or "custom ResNet"
     model = build_model(spec, state_dict, model_name=name, source=str(path), layout=layout)
     _apply_metadata(model, metadata)
     return _place(model, device, memory_format)

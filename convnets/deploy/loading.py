@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from convnets.models.resnet import MODEL_SPECS
+from convnets.models.resnet import MODEL_SPECS, registered_name
 from convnets.registry import get_model, list_models, load_model
 
 __all__ = ["LoadedModel", "add_model_arguments", "calibrate_batchnorm", "load_from_args"]
@@ -90,7 +90,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
         if args.model and model.spec != MODEL_SPECS[args.model]:
             raise ValueError(f"{args.weights} holds a different architecture than {args.model} "
                              f"({model.spec}); drop --model to use the checkpoint as it is")
-        name = args.model or next((n for n, s in MODEL_SPECS.items() if s == model.spec), "resnet_custom")
+        name = args.model or registered_name(model.spec) or "resnet_custom"
         return LoadedModel(model.eval(), name, str(args.weights))
     if not args.model:
         raise ValueError("--model is required unless --weights is given")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ArchSpec", "Bottleneck", "MODEL_SPECS", "ResNet", "SqueezeExcitation"]
+__all__ = ["ArchSpec", "Bottleneck", "MODEL_SPECS", "ResNet", "SqueezeExcitation", "registered_name"]
 
 
 def _is_positive_int(value: object) -> bool:
@@ -106,6 +106,11 @@ MODEL_SPECS: dict[str, ArchSpec] = {
     "resnext101_32x4d": _RESNEXT101_32X4D,
     "se_resnext101_32x4d": _RESNEXT101_32X4D.replace(se_squeeze=16),
 }
+
+
+def registered_name(spec: ArchSpec) -> str | None:
+    """The name under which ``spec`` is published in :data:`MODEL_SPECS`, or ``None``."""
+    return next((name for name, published in MODEL_SPECS.items() if published == spec), None)
 
 
 class SqueezeExcitation(nn.Module):

@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 from convnets.errors import CheckpointError
-from convnets.models.resnet import MODEL_SPECS, ArchSpec, ResNet
+from convnets.models.resnet import ArchSpec, ResNet, registered_name
 from convnets.weights.layouts import infer_spec, split_checkpoint, to_canonical
 
-__all__ = ["build_model", "check_fits", "read_checkpoint", "read_state_dict"]
+__all__ = ["build_model", "check_fits", "meta_model", "read_checkpoint", "read_state_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +126,19 @@ def _diagnose(state_dict: Mapping[str, Tensor], model_name: str) -> str:
         spec, _ = infer_spec(state_dict)
     except CheckpointError:
         return "It does not look like a ResNet-family checkpoint."
-    named = next((name for name, s in MODEL_SPECS.items() if s == spec), None)
+    named = registered_name(spec)
     if named and named != model_name:
         return f"The file holds a {named}: load it with convnets.{named}(...) or convnets.load_model(path)."
     return f"The file holds this architecture: {spec}; convnets.load_model(path) rebuilds it."
+
+
+def meta_model(spec: ArchSpec, state_dict: Mapping[str, Tensor],
+               model_kwargs: Mapping[str, Any] | None = None) -> ResNet:
+    """``spec`` built on the meta device with the checkpoint's head size: nothing allocated, ready
+    for :func:`check_fits` and ``load_state_dict(assign=True)``."""
+    num_classes = state_dict["fc.weight"].shape[0] if "fc.weight" in state_dict else 0
+    with torch.device("meta"):
+        return ResNet(spec, num_classes, **(model_kwargs or {}))
 
 
 def build_model(
@@ -161,9 +170,8 @@ def build_model(
     """
     state_dict = {k: v.float() if v.is_floating_point() and v.dtype != torch.float32 else v
                   for k, v in state_dict.items()}
-    ckpt_classes = state_dict["fc.weight"].shape[0] if "fc.weight" in state_dict else 0
-    with torch.device("meta"):
-        model = ResNet(spec, ckpt_classes, **(model_kwargs or {}))
+    model = meta_model(spec, state_dict, model_kwargs)
+    ckpt_classes = model.num_classes
     check_fits(model, state_dict, model_name=model_name, source=source, layout=layout)
     for key, buf in model.state_dict().items():
         if key.endswith("num_batches_tracked") and key not in state_dict:
