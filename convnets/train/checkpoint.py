@@ -14,10 +14,8 @@ the model from it alone.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import numpy as np
 import torch
 
 from convnets.errors import CheckpointError
+from convnets.fileio import atomic_write
 from convnets.weights.load import read_checkpoint
 
 __all__ = ["CHECKPOINT", "BEST", "FORMAT", "atomic_copy", "atomic_save", "get_rng_state",
@@ -37,36 +36,9 @@ FORMAT = "convnets-train/1"
 REQUIRED = ("state_dict", "optimizer", "scheduler", "epoch", "arch_spec", "class_names")
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_atomically(path: Path, write: Any) -> None:
-    # A temporary file in the same directory, flushed to disk, then renamed over the target: a
-    # reader (or a restart after a crash) sees the old file or the new one, never a partial one.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def atomic_save(obj: Mapping[str, Any], path: Path) -> None:
     """``torch.save`` to ``path`` atomically (temporary file + fsync + ``os.replace``)."""
-    _replace_atomically(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def atomic_copy(src: Path, dst: Path) -> None:
@@ -74,7 +46,7 @@ def atomic_copy(src: Path, dst: Path) -> None:
     def write(f: Any) -> None:
         with open(src, "rb") as s:
             shutil.copyfileobj(s, f, 1 << 20)
-    _replace_atomically(dst, write)
+    atomic_write(dst, write)
 
 
 def get_rng_state() -> dict[str, Any]:

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from convnets.errors import CheckpointError, DataError, TrainingDivergedError
+from convnets.fileio import atomic_write
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import fetch_pretrained, get_model, load_model
 from convnets.train import dist
@@ -395,9 +396,8 @@ def _prepare_output(out: Path, resuming: bool) -> None:
 
 def _write_history(path: Path, history: Sequence[Mapping[str, Any]]) -> None:
     """Rewrite ``metrics.jsonl`` from a checkpoint's history (on resume, drops later epochs)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
-    os.replace(tmp, path)
+    text = "".join(json.dumps(r) + "\n" for r in history)
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def _append_metrics(path: Path, record: Mapping[str, Any]) -> None:

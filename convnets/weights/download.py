@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from convnets.errors import ConvnetsError, WeightsUnavailableError
+from convnets.fileio import atomic_write
 from convnets.weights.manifest import WeightsEntry
 
 __all__ = ["MIRROR_ENV", "cache_dir", "fetch_weights", "resolve_source", "sha256_file"]
@@ -83,10 +84,8 @@ def _read_record(path: Path) -> str | None:
 
 
 def _write_record(path: Path, digest: str) -> None:
-    record = _record_path(path)
-    tmp = record.with_name(f"{record.name}.{uuid.uuid4().hex}.partial")
-    tmp.write_text(f"{digest}  {path.name}\n", encoding="ascii")  # sha256sum's format
-    os.replace(tmp, record)
+    line = f"{digest}  {path.name}\n"  # sha256sum's format
+    atomic_write(_record_path(path), lambda f: f.write(line.encode("ascii")))
 
 
 class _FetchError(ConvnetsError):
