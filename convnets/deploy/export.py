@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from convnets.deploy.optimize import error_summary, fold_batchnorm, precision_dtype
 from convnets.errors import ConvnetsError, ExportError, MissingDependencyError
+from processing_utils import IMAGENET_MEAN, IMAGENET_STD, prepare_input_from_uri
 
 __all__ = ["EXPORT_FORMATS", "EXPORT_PRECISIONS", "ExportFormat", "ExportResult", "Verification",
            "export_model", "io_names", "require", "sample_batch", "verification_tolerance"]
@@ -54,8 +55,6 @@ _IO_NAMES: dict[str, tuple[str, str]] = {"onnx": ("input", "output"), "torchscri
 FP32_MAX_REL_ERROR = 1e-4  # max |exported - pytorch| / max |pytorch logit|
 FP16_MIN_COSINE = 0.99  # per sample, exported fp16 logits vs pytorch fp32 logits
 
-_MEAN = (0.485, 0.456, 0.406)
-_STD = (0.229, 0.224, 0.225)
 _PHOTOS = ("chelsea.png", "coffee.png", "astronaut.png", "rocket.jpg")
 _EXTRA = "install the 'export' extra: pip install 'convnets[export]'"
 
@@ -176,32 +175,20 @@ def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
     Returns:
         ``([N, 3, image_size, image_size] float tensor, description)``. Without any photo, a
         smooth random batch with the statistics of normalized images (described as synthetic).
-    """
-    from PIL import Image
-    from torchvision import transforms
 
+    Raises:
+        ImageLoadError: an image cannot be read (the message names it).
+    """
     paths = [Path(p) for p in images] if images else _skimage_photos()
     if not paths:
         log.warning("no photos for verification (pass images, or install scikit-image); using a synthetic batch")
         gen = torch.Generator().manual_seed(0)
         low = torch.rand(4, 3, image_size // 16, image_size // 16, generator=gen)
         batch = F.interpolate(low, size=(image_size, image_size), mode="bilinear", align_corners=False)
-        mean, std = torch.tensor(_MEAN).view(1, 3, 1, 1), torch.tensor(_STD).view(1, 3, 1, 1)
+        mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
         return (batch - mean) / std, "4 synthetic smooth random images (no photos available)"
-    transform = transforms.Compose([
-        transforms.Resize(round(image_size * 256 / 224)),
-        transforms.CenterCrop(image_size),
-        transforms.ToTensor(),
-        transforms.Normalize(_MEAN, _STD),
-    ])
-    tensors = []
-    for path in paths:
-        try:
-            with Image.open(path) as img:
-                tensors.append(transform(img.convert("RGB")))
-        except OSError as e:
-            raise ExportError(f"cannot read verification image {path}: {e}") from e
-    return torch.stack(tensors), f"{len(paths)} photos: " + ", ".join(p.name for p in paths)
+    batch = prepare_input_from_uri(paths, image_size=image_size, resize_size=round(image_size * 256 / 224))
+    return batch, f"{len(paths)} photos: " + ", ".join(p.name for p in paths)
 
 
 @contextmanager
