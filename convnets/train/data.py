@@ -25,23 +25,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from convnets.errors import DataError
+from convnets.errors import DataError, ImageLoadError
 from convnets.train.config import BACKENDS
 from convnets.train.dist import DistContext
+from processing_utils import IMAGENET_MEAN, IMAGENET_STD, load_image
 
 __all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "make_data",
            "sample_seed", "scan_split", "train_transform", "val_transform"]
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_SUBSTITUTES = 10  # readable neighbours tried for an unreadable training image
 SYNTHETIC_CLASSES = 1000
 SYNTHETIC_TRAIN_BATCHES = 64
@@ -117,9 +116,10 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
     def _load(self, index: int) -> Image.Image | None:
         path = self.samples[index][0]
         try:
-            with Image.open(path) as im:
-                return ImageOps.exif_transpose(im).convert("RGB")
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            # The decoding that prediction uses (EXIF orientation, every mode to RGB, 16-bit scaled
+            # rather than clipped), so a model is trained on the pixels it is later shown.
+            return load_image(path)
+        except ImageLoadError as e:
             _warn_unreadable(path, e)
             return None
 
