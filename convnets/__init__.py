@@ -7,35 +7,72 @@ Quick start::
     model = convnets.load_model("checkpoint.pth.tar")        # any supported checkpoint, self-describing
 
 Upstream's torch.hub calls work unchanged against this repository (see ``hubconf.py``).
+
+``import convnets`` is cheap: the errors and the model names are loaded at once, everything else
+(PyTorch, the builders, the inference and training stacks) on first use of the name that needs it.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from convnets.errors import (
     CheckpointError,
     ConvnetsError,
+    DataError,
+    ExportError,
+    ImageDecodeError,
+    ImageDownloadError,
+    ImageLoadError,
+    ImageNotFoundError,
+    InvalidArgumentError,
     ManifestError,
+    MissingDependencyError,
+    TrainingDivergedError,
+    UnknownArgumentError,
     UnknownModelError,
+    UnsupportedPrecisionError,
     WeightsUnavailableError,
 )
-from convnets.deploy.optimize import optimize_for_inference
-from convnets.models.resnet import ArchSpec, ResNet
-from convnets.registry import (
-    get_model,
-    list_models,
-    load_model,
-    resnet50,
-    resnext101_32x4d,
-    se_resnext101_32x4d,
-)
+from convnets.models.specs import ArchSpec, list_models
+
+if TYPE_CHECKING:
+    from convnets.deploy.optimize import optimize_for_inference
+    from convnets.models.resnet import ResNet
+    from convnets.registry import get_model, load_model, resnet50, resnext101_32x4d, se_resnext101_32x4d
 
 __version__ = "0.1.0"
+
+#: public name -> module that defines it, imported on first access (PEP 562)
+_LAZY: dict[str, str] = {
+    "ResNet": "convnets.models.resnet",
+    "get_model": "convnets.registry",
+    "load_model": "convnets.registry",
+    "resnet50": "convnets.registry",
+    "resnext101_32x4d": "convnets.registry",
+    "se_resnext101_32x4d": "convnets.registry",
+    "optimize_for_inference": "convnets.deploy.optimize",
+}
 
 __all__ = [
     "ArchSpec",
     "CheckpointError",
     "ConvnetsError",
+    "DataError",
+    "ExportError",
+    "ImageDecodeError",
+    "ImageDownloadError",
+    "ImageLoadError",
+    "ImageNotFoundError",
+    "InvalidArgumentError",
     "ManifestError",
+    "MissingDependencyError",
     "ResNet",
+    "TrainingDivergedError",
+    "UnknownArgumentError",
     "UnknownModelError",
+    "UnsupportedPrecisionError",
     "WeightsUnavailableError",
     "get_model",
     "list_models",
@@ -45,3 +82,16 @@ __all__ = [
     "resnext101_32x4d",
     "se_resnext101_32x4d",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,6 +12,18 @@ class ConvnetsError(Exception):
     """Base class of every error that convnets raises on purpose."""
 
 
+class InvalidArgumentError(ConvnetsError, ValueError):
+    """An argument, keyword or command-line option has a value that is not allowed.
+
+    The message names the argument in the words of the interface it came through (a keyword in
+    Python, an option on the command line), the value and what is allowed.
+    """
+
+
+class UnknownArgumentError(ConvnetsError, TypeError):
+    """A keyword that the function does not take (a ``TypeError``, as Python raises for one)."""
+
+
 class UnknownModelError(ConvnetsError, ValueError):
     """A model name that is not in the registry; the message lists the valid names."""
 

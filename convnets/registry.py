@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from convnets.errors import CheckpointError, UnknownModelError
-from convnets.models.resnet import ARCH_FIELDS, MODEL_SPECS, ArchSpec, ResNet, registered_name
+from convnets.models.resnet import ResNet
+from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, ArchSpec, list_models, registered_name
 from convnets.weights.download import fetch_weights
 from convnets.weights.layouts import infer_spec
 from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict
@@ -29,11 +30,6 @@ __all__ = ["fetch_pretrained", "get_model", "list_models", "load_model", "resnet
 # has nothing to change.
 _MODEL_KWARGS = ("last_bn_0_init", "conv_init", "fused_se")
 _IGNORED_KWARGS = ("trt",)
-
-
-def list_models() -> list[str]:
-    """Names of the registered architectures, e.g. ``['resnet50', 'resnext101_32x4d', ...]``."""
-    return sorted(MODEL_SPECS)
 
 
 def _canonical_name(name: str) -> str:

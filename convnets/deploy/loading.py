@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from convnets.models.resnet import MODEL_SPECS, registered_name
+from convnets.models.specs import MODEL_SPECS, registered_name
 from convnets.registry import get_model, list_models, load_model
 
 __all__ = ["LoadedModel", "add_model_arguments", "calibrate_batchnorm", "load_from_args"]

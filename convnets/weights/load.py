@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from convnets.errors import CheckpointError
-from convnets.models.resnet import ArchSpec, ResNet, registered_name
+from convnets.models.resnet import ResNet
+from convnets.models.specs import ArchSpec, registered_name
 from convnets.weights.layouts import infer_spec, split_checkpoint, to_canonical
 
 __all__ = ["build_model", "check_fits", "meta_model", "read_checkpoint", "read_state_dict"]
