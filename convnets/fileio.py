@@ -139,6 +139,7 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float =
 
     Raises:
         TimeoutError: another process held the lock for ``timeout`` seconds.
+        OSError: the file system cannot lock files (its ``errno`` says why); no file is left.
     """
     try:
         import fcntl
@@ -164,6 +165,11 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float =
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"waited {timeout:.0f} s for another process holding the lock {path}")
                     time.sleep(poll_s)
+                except OSError:
+                    # This file system cannot lock (ENOLCK, ENOSYS...): no one can hold this file,
+                    # so removing it takes nothing from anyone.
+                    path.unlink(missing_ok=True)
+                    raise
             locked = os.fstat(fd)
             try:
                 current = os.stat(path)

@@ -166,6 +166,20 @@ def test_progress_bar_only_on_a_terminal_unless_forced(setting: str, tiny, isola
     assert bar == (setting == "always"), result.stderr[-500:]
 
 
+def test_file_system_without_locks_still_downloads(tiny, isolated_cache: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import fcntl
+
+    def no_flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    entry, data, validate = tiny
+    assert download.fetch_weights(entry, progress=False, validate=validate).read_bytes() == data
+    assert _leftovers(isolated_cache) == ["tiny.pth.tar", "tiny.pth.tar.sha256"]
+
+
 def test_progress_value_is_checked(tiny) -> None:
     entry, _, validate = tiny
     with pytest.raises(InvalidArgumentError, match="progress"):

@@ -25,6 +25,7 @@ no timeout (a dead server hangs forever) and does not check that the whole body 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -54,6 +55,9 @@ MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # longest silence tolerated mid-download
 LOCK_TIMEOUT_S = 3600.0  # how long a process waits for another one's download
+# flock errors of file systems that cannot lock (some NFS / FUSE mounts). The lock only saves a
+# second download: writes are atomic with unique temporary names, so going on without it is safe.
+_NO_LOCKING = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)
 _CHUNK = 1 << 20
 
 
@@ -247,7 +251,14 @@ def fetch_weights(entry: WeightsEntry, *, progress: Progress = True,
     cached = "Nothing was cached."
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        with exclusive_lock(dst.with_name(dst.name + ".lock"), timeout=LOCK_TIMEOUT_S):
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(exclusive_lock(dst.with_name(dst.name + ".lock"), timeout=LOCK_TIMEOUT_S))
+            except OSError as e:
+                if e.errno not in _NO_LOCKING:
+                    raise
+                log.warning("the file system of %s cannot lock files (%s): going on without the lock; "
+                            "processes started together may each download the file", dst.parent, e)
             if dst.is_file():
                 problem = _check_cached_copy(dst, entry, validate)
                 if problem is None:
