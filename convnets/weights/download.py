@@ -148,9 +148,9 @@ def show_progress(progress: Progress) -> bool:
     Raises:
         InvalidArgumentError: ``progress`` is not ``True``, ``False`` or ``"always"``.
     """
-    if progress == "always":
+    if isinstance(progress, str) and progress == "always":
         return True
-    if not isinstance(progress, bool):
+    if not isinstance(progress, int):  # bool is an int; 0 / 1 keep working as before
         raise InvalidArgumentError(f"progress must be True (a bar on a terminal), False or 'always', got {progress!r}")
     if not progress:
         return False
