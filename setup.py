@@ -35,8 +35,12 @@ setup(
         "requests>=2.28",
         "urllib3>=2",  # processing_utils bounds each socket read to keep a total download deadline
         "validators>=0.22",
-        "filelock>=3.12",
+        # Only where fcntl is missing: elsewhere convnets.fileio.exclusive_lock, which deletes its lock file.
+        "filelock>=3.12; platform_system == 'Windows'",
         "tqdm>=4.60",
+        # Reading .safetensors weights is part of loading any checkpoint (--weights, load_model,
+        # pretrained_from_file); small, no dependencies of its own, wheels for every platform.
+        "safetensors>=0.4",
     ],
     extras_require={
         "export": ["onnx>=1.15", "onnxruntime>=1.17"],

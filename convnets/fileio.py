@@ -1,14 +1,38 @@
-"""Atomic file writes: readers (and a restart after a crash) see the old file or the new one."""
+"""Crash-safe file writes and an inter-process lock that leaves no file behind.
+
+:func:`atomic_write` / :func:`atomic_output`: readers (and a restart after a crash) see the old file
+or the new one, never a partial one. The new content goes to a temporary file beside the
+destination, is flushed to disk and renamed over it (``os.replace``), so a reader that has the old
+file open or memory-mapped (``torch.load(mmap=True)``) keeps reading the old bytes: the rename
+gives the path a new inode and leaves the old one alone.
+
+Written files get the permissions ``open()`` would give a new file (``0o666`` minus the umask:
+0644 under umask 022, 0600 under 077), also when they replace a file that had other permissions.
+
+Temporary files are named ``.<name>.<host>-<pid>-<random>.tmp``. One is left behind only when the
+writing process is killed (SIGKILL, power loss) mid-write; the next write to the same path removes
+such leftovers of dead processes of the same host (POSIX only; a live writer's file is never touched).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import os
-import tempfile
-from collections.abc import Callable
+import re
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_output", "atomic_write", "exclusive_lock"]
+
+log = logging.getLogger(__name__)
+
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -22,20 +46,146 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write ``path`` through ``write(file)`` without ever exposing a partial file.
+def _temp_pattern(path: Path) -> re.Pattern[str]:
+    return re.compile(rf"^\.{re.escape(path.name)}\.([0-9a-f]{{8}})-(\d+)-[0-9a-f]+\.tmp$")
 
-    A temporary file in the same directory is written, flushed to disk, then renamed over
-    ``path``; on any error it is removed and ``path`` is left as it was.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+def _pid_alive(pid: int) -> bool:
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
+        os.kill(pid, 0)  # signal 0: existence check only (POSIX; never called on Windows)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Delete temporary files that killed writers of ``path`` left behind (same host, dead pid)."""
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
+        return
+    pattern = _temp_pattern(path)
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        m = pattern.match(name)
+        # Another host's writer may be alive on a shared file system: only our host's pids can be checked.
+        if m and m.group(1) == _HOST and not _pid_alive(int(m.group(2))):
+            with contextlib.suppress(OSError):
+                (path.parent / name).unlink()
+                log.info("removed %s, left by a writer of %s that was killed", name, path)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Open a temporary file that replaces ``path`` when the ``with`` block ends without error.
+
+    The file object's ``name`` is the temporary file's path, for code that must read back what it
+    wrote before it is committed (e.g. to validate a download). On an exception the temporary file
+    is removed and ``path`` is left as it was.
+
+    Args:
+        path: the destination; its directory must exist.
+
+    Yields:
+        The temporary file, open for binary writing.
+    """
+    path = Path(path)
+    _remove_stale_temps(path)
+    tmp = path.with_name(f".{path.name}.{_HOST}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        # "x" is O_CREAT | O_EXCL with mode 0o666: the umask applies, as for any new file
+        # (tempfile.mkstemp would force 0600 and make checkpoints unreadable to other users).
+        with open(tmp, "xb") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` through ``write(file)`` without ever exposing a partial file.
+
+    Args:
+        path: the destination; its directory must exist.
+        write: called once with a binary file open for writing.
+    """
+    with atomic_output(path) as f:
+        write(f)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float = 0.05) -> Iterator[None]:
+    """Hold an inter-process lock on ``path`` (created if needed) and delete that file on release.
+
+    Why not ``filelock.FileLock``: on Unix it must leave its file behind, since deleting a lock file
+    after unlocking it lets a waiter lock the deleted inode while a newcomer locks a new file under
+    the same name (tox-dev/filelock#27, #574). Here the holder deletes the file *before* unlocking,
+    and an acquirer that wins ``flock`` checks that the path still names the inode it locked,
+    otherwise it starts over on the new file. So at most one process holds the lock on the inode the
+    path names, and nothing stays on disk once no one holds it (except after a kill: the next holder
+    deletes it). Where ``fcntl`` does not exist (Windows) ``filelock`` is used; it removes its file.
+
+    Args:
+        path: the lock file.
+        timeout: seconds to wait for another holder.
+        poll_s: interval between attempts while another process holds the lock.
+
+    Raises:
+        TimeoutError: another process held the lock for ``timeout`` seconds.
+        OSError: the file system cannot lock files (its ``errno`` says why); no file is left.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import filelock
+
+        try:
+            with filelock.FileLock(str(path), timeout=timeout):
+                yield
+        except filelock.Timeout as e:
+            raise TimeoutError(f"waited {timeout:.0f} s for the lock {path}") from e
+        return
+    path = Path(path)
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"waited {timeout:.0f} s for another process holding the lock {path}")
+                    time.sleep(poll_s)
+                except OSError:
+                    # This file system cannot lock (ENOLCK, ENOSYS...): no one can hold this file,
+                    # so removing it takes nothing from anyone.
+                    path.unlink(missing_ok=True)
+                    raise
+            locked = os.fstat(fd)
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if current is not None and (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino):
+            break
+        os.close(fd)  # its previous holder deleted it after we opened it: lock the file there now
+    try:
+        yield
+    finally:
+        # Unlink while still holding the lock (see above), then unlock by closing.
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)

@@ -166,7 +166,8 @@ def test_num_classes_none_keeps_checkpoint_head(tmp_path: Path) -> None:
 
 
 def test_state_dict_key_map_fn_is_applied_first(tmp_path: Path) -> None:
-    """Upstream's documented workaround (remap to ``layers.N``) still works."""
+    """Upstream's documented workaround (remap to ``layers.N``) still works; as upstream, the map
+    sees each key with ``module.`` already stripped (SPEC section 7)."""
     state = _tiny_state()
     torch.save({f"module.{k}": v for k, v in state.items()}, tmp_path / "w.pth")
 
@@ -176,11 +177,41 @@ def test_state_dict_key_map_fn_is_applied_first(tmp_path: Path) -> None:
 
     calls = []
     model = convnets.se_resnext101_32x4d(pretrained_from_file=tmp_path / "w.pth",
-                                         state_dict_key_map_fn=lambda k: calls.append(k) or to_sequential(k[7:]),
+                                         state_dict_key_map_fn=lambda k: calls.append(k) or to_sequential(k),
                                          **TINY[SE])
-    assert calls and all(k.startswith("module.") for k in calls)
+    assert sorted(calls) == sorted(state)  # every key once, none with "module."
     with torch.no_grad():
         torch.testing.assert_close(model(X), reference_forward(state, X), rtol=1e-4, atol=1e-5)
+
+
+def _backbone_only(key: str) -> str:
+    return key[len("backbone."):]
+
+
+@pytest.mark.parametrize("layout", ["DDP wrapper (module.backbone.)", "wrapper training checkpoint",
+                                    "plain wrapper (backbone.)"])
+def test_key_map_of_an_upstream_user_loads_a_wrapper_checkpoint(layout: str, tmp_path: Path) -> None:
+    """A classifier saved inside a wrapper module under DDP: upstream loads it with a map that drops
+    ``backbone.``, because it strips ``module.`` before calling the map."""
+    state = _tiny_state()
+    wrapped = {f"module.backbone.{k}": v for k, v in state.items()}
+    obj = {"wrapper training checkpoint": {"state_dict": wrapped, "epoch": 3},
+           "plain wrapper (backbone.)": {f"backbone.{k}": v for k, v in state.items()}}.get(layout, wrapped)
+    torch.save(obj, tmp_path / "w.pth")
+    model = convnets.se_resnext101_32x4d(pretrained_from_file=tmp_path / "w.pth",
+                                         state_dict_key_map_fn=_backbone_only, **TINY[SE])
+    with torch.no_grad():
+        torch.testing.assert_close(model(X), reference_forward(state, X), rtol=1e-4, atol=1e-5)
+
+
+def test_wrapper_prefixes_are_stripped_in_any_nesting(tmp_path: Path) -> None:
+    """torch.compile of a DDP model saves ``_orig_mod.module.``; DDP of a compiled one ``module._orig_mod.``."""
+    state = _tiny_state()
+    for prefix in ("_orig_mod.module.", "module._orig_mod."):
+        torch.save({f"{prefix}{k}": v for k, v in state.items()}, tmp_path / "w.pth")
+        model = convnets.se_resnext101_32x4d(pretrained_from_file=tmp_path / "w.pth", **TINY[SE])
+        with torch.no_grad():
+            torch.testing.assert_close(model(X), reference_forward(state, X), rtol=1e-4, atol=1e-5)
 
 
 def test_ema_weights_are_selectable(tmp_path: Path) -> None:

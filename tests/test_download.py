@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import io
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from reference import reference_forward
 from test_checkpoints import LAYOUTS
 
 import convnets
-from convnets.errors import WeightsUnavailableError
+from convnets.errors import InvalidArgumentError, WeightsUnavailableError
 from convnets.registry import _validate
 from convnets.weights import download
 from convnets.weights.manifest import WeightsEntry, load_manifest
@@ -49,7 +50,8 @@ def tiny(http_server: LoopbackServer):
 
 
 def _leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock")) if folder.exists() else []
+    """Everything in the cache, lock files and temporary files included."""
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
 
 def test_download_caches_file_and_digest_record(tiny, http_server: LoopbackServer, isolated_cache: Path) -> None:
@@ -101,6 +103,87 @@ def test_bad_download_never_lands_in_the_cache(case: str, tiny, http_server: Loo
     assert "tiny.pth.tar" in str(info.value) and entry.url in str(info.value)
     assert "CONVNETS_WEIGHTS_MIRROR" in str(info.value) and "pretrained_from_file" in str(info.value)
     assert _leftovers(isolated_cache) == []
+    assert "Nothing was cached" in str(info.value)
+
+
+def test_success_leaves_only_the_file_and_its_record(tiny, isolated_cache: Path) -> None:
+    entry, _, validate = tiny
+    download.fetch_weights(entry, progress=False, validate=validate)
+    assert _leftovers(isolated_cache) == ["tiny.pth.tar", "tiny.pth.tar.sha256"]
+
+
+def test_damaged_copy_without_network_is_deleted_and_the_message_says_so(
+        tiny, isolated_cache: Path, closed_port_url: str) -> None:
+    entry, _, validate = tiny
+    path = download.fetch_weights(entry, progress=False, validate=validate)
+    damaged = bytearray(path.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    offline = dataclasses.replace(entry, url=f"{closed_port_url}/tiny.pth.tar")
+    with pytest.raises(WeightsUnavailableError) as info:
+        download.fetch_weights(offline, progress=False, validate=validate)
+    message = str(info.value)
+    assert "Nothing was cached" not in message
+    assert f"The damaged copy that was in the cache ({path}) was deleted" in message
+    assert _leftovers(isolated_cache) == []
+
+
+def test_foreign_unusable_file_without_network_stays_and_the_message_says_where(
+        tiny, isolated_cache: Path, closed_port_url: str) -> None:
+    """A file someone else put under torch.hub's folder (no digest record) is not ours to delete."""
+    entry, _, validate = tiny
+    isolated_cache.mkdir(parents=True)
+    (isolated_cache / "tiny.pth.tar").write_bytes(b"someone else's file")
+    offline = dataclasses.replace(entry, url=f"{closed_port_url}/tiny.pth.tar")
+    with pytest.raises(WeightsUnavailableError) as info:
+        download.fetch_weights(offline, progress=False, validate=validate)
+    message = str(info.value)
+    assert "Nothing was cached" not in message
+    assert f"{isolated_cache / 'tiny.pth.tar'} is in the cache but is not a usable checkpoint" in message
+    assert "left there and is not used" in message
+    assert _leftovers(isolated_cache) == ["tiny.pth.tar"]
+
+
+_FETCH_WITH_PROGRESS = """
+import dataclasses, sys
+from convnets.weights.download import fetch_weights
+from convnets.weights.manifest import load_manifest
+entry = dataclasses.replace(load_manifest()["se_resnext101_32x4d"], url=sys.argv[1], file_name="tiny.pth.tar")
+fetch_weights(entry) if sys.argv[2] == "default" else fetch_weights(entry, progress="always")
+"""
+
+
+@pytest.mark.parametrize("setting", ["default", "always"])
+def test_progress_bar_only_on_a_terminal_unless_forced(setting: str, tiny, isolated_cache: Path) -> None:
+    """stderr is a pipe here (a log file, a CI job): the default draws no bar, "always" does."""
+    entry, data, _ = tiny
+    result = subprocess.run([sys.executable, "-c", _FETCH_WITH_PROGRESS, entry.url, setting],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (isolated_cache / "tiny.pth.tar").read_bytes() == data
+    bar = "tiny.pth.tar:" in result.stderr and "%|" in result.stderr
+    assert bar == (setting == "always"), result.stderr[-500:]
+
+
+def test_file_system_without_locks_still_downloads(tiny, isolated_cache: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import fcntl
+
+    def no_flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    entry, data, validate = tiny
+    assert download.fetch_weights(entry, progress=False, validate=validate).read_bytes() == data
+    assert _leftovers(isolated_cache) == ["tiny.pth.tar", "tiny.pth.tar.sha256"]
+
+
+def test_progress_value_is_checked(tiny) -> None:
+    entry, _, validate = tiny
+    with pytest.raises(InvalidArgumentError, match="progress"):
+        download.fetch_weights(entry, progress="yes", validate=validate)
 
 
 def test_known_sha256_is_verified(tiny) -> None:
@@ -207,6 +290,21 @@ def test_pretrained_from_local_mirror(form: str, full_se_checkpoint, monkeypatch
     mirror = str(path.parent) if form == "directory" else path.parent.as_uri()
     monkeypatch.setenv("CONVNETS_WEIGHTS_MIRROR", mirror)
     _assert_loaded(convnets.se_resnext101_32x4d(pretrained=True, progress=False), state)
+
+
+def test_upstream_key_map_loads_a_ddp_wrapper_checkpoint_through_the_download(
+        full_se_checkpoint, tmp_path: Path, http_server: LoopbackServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mirror holding a DDP-saved wrapper (``module.backbone.*``, NGC layout inside): the download
+    is validated with the user's map, cached, and loads, as upstream's hub entry point does."""
+    _, state = full_se_checkpoint
+    buffer = io.BytesIO()
+    torch.save({f"module.backbone.{k}": v for k, v in state.items()}, buffer)
+    http_server.routes[f"/mirror/{NGC_NAME}"] = Route(buffer.getvalue())
+    monkeypatch.setenv("CONVNETS_WEIGHTS_MIRROR", f"{http_server.base_url}/mirror")
+    model = convnets.se_resnext101_32x4d(pretrained=True, progress=False,
+                                         state_dict_key_map_fn=lambda k: k[len("backbone."):])
+    _assert_loaded(model, state)
+    assert http_server.hits[f"/mirror/{NGC_NAME}"] == 1
 
 
 def test_pretrained_with_new_head(full_se_checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,13 @@ checked to be the expected model, so a broken or wrong download never lands in t
 
 Where the manifest has no sha256 (none is known for the NGC files), the digest of the first
 complete download is recorded in ``<file>.sha256`` beside it and the cached copy is verified
-against it on every later load; a file that no longer matches is downloaded again. A file lock
-lets concurrent processes (DDP ranks, notebooks) share the cache: one downloads, the others wait.
+against it on every later load; a file that no longer matches is deleted and downloaded again. A
+lock (``<file>.lock``, deleted when released, see :func:`convnets.fileio.exclusive_lock`) lets
+concurrent processes (DDP ranks, notebooks) share the cache: one downloads, the others wait. A
+failed download leaves nothing in the cache.
+
+The progress bar is drawn only where someone sees it: on a terminal or in a notebook, not in a log
+file or a pipe, unless asked for with ``progress="always"`` (``--progress`` on the command line).
 
 ``CONVNETS_WEIGHTS_MIRROR`` replaces the NGC host for air-gapped use: a base URL
 (``http(s)://`` or ``file://``) or a local directory holding the same file names.
@@ -20,24 +25,29 @@ no timeout (a dead server hangs forever) and does not check that the whole body 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
-import uuid
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 from urllib.parse import quote, unquote, urlsplit
 
-import filelock
 import requests
 import torch
 from tqdm.auto import tqdm
 
-from convnets.errors import ConvnetsError, WeightsUnavailableError
-from convnets.fileio import atomic_write
+from convnets.errors import ConvnetsError, InvalidArgumentError, WeightsUnavailableError
+from convnets.fileio import atomic_output, atomic_write, exclusive_lock
 from convnets.weights.manifest import WeightsEntry
 
-__all__ = ["MIRROR_ENV", "cache_dir", "fetch_weights", "resolve_source", "sha256_file"]
+__all__ = ["MIRROR_ENV", "Progress", "cache_dir", "fetch_weights", "resolve_source", "sha256_file", "show_progress"]
+
+#: ``True``: a bar where someone can see it (a terminal or a notebook); ``"always"``: also into a
+#: pipe or a log file; ``False``: never.
+Progress = bool | Literal["always"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,9 @@ MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # longest silence tolerated mid-download
 LOCK_TIMEOUT_S = 3600.0  # how long a process waits for another one's download
+# flock errors of file systems that cannot lock (some NFS / FUSE mounts). The lock only saves a
+# second download: writes are atomic with unique temporary names, so going on without it is safe.
+_NO_LOCKING = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)
 _CHUNK = 1 << 20
 
 
@@ -129,22 +142,46 @@ def _open_source(source: str) -> Iterator[tuple[Iterator[bytes], int | None]]:
         yield iter(lambda: f.read(_CHUNK), b""), os.fstat(f.fileno()).st_size
 
 
+def show_progress(progress: Progress) -> bool:
+    """Whether to draw a progress bar on stderr for the ``progress`` setting (see :data:`Progress`).
+
+    Raises:
+        InvalidArgumentError: ``progress`` is not ``True``, ``False`` or ``"always"``.
+    """
+    if isinstance(progress, str) and progress == "always":
+        return True
+    if not isinstance(progress, int):  # bool is an int; 0 / 1 keep working as before
+        raise InvalidArgumentError(f"progress must be True (a bar on a terminal), False or 'always', got {progress!r}")
+    if not progress:
+        return False
+    stderr = sys.stderr
+    on_terminal = stderr is not None and hasattr(stderr, "isatty") and stderr.isatty()
+    return on_terminal or _in_notebook()
+
+
+def _in_notebook() -> bool:
+    # tqdm.auto draws a widget in Jupyter, whose stderr is not a terminal; tqdm.autonotebook has
+    # already decided (at import) whether it runs in one.
+    from tqdm import autonotebook, std
+
+    return autonotebook.tqdm is not std.tqdm
+
+
 def _download(source: str, dst: Path, entry: WeightsEntry, progress: bool,
               validate: Callable[[Path], None] | None) -> None:
-    tmp = dst.with_name(f"{dst.name}.{uuid.uuid4().hex}.partial")
-    try:
-        digest = hashlib.sha256()
-        received = 0
+    digest = hashlib.sha256()
+    received = 0
+    # The temporary file replaces dst only when the block completes: any error below removes it.
+    with atomic_output(dst) as f:
         with _open_source(source) as (chunks, total):
-            with open(tmp, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                            desc=entry.file_name, disable=not progress) as bar:
+            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=entry.file_name,
+                      disable=not progress) as bar:
                 for chunk in chunks:
                     f.write(chunk)
                     digest.update(chunk)
                     received += len(chunk)
                     bar.update(len(chunk))
-                f.flush()
-                os.fsync(f.fileno())
+        f.flush()
         expected_size = total if total is not None else entry.size_bytes
         if expected_size is not None and received != expected_size:
             raise _FetchError(f"the transfer stopped after {received} of {expected_size} bytes")
@@ -153,17 +190,20 @@ def _download(source: str, dst: Path, entry: WeightsEntry, progress: bool,
                               "it is not the published file")
         if validate is not None:
             try:
-                validate(tmp)
+                validate(Path(f.name))
             except ConvnetsError as e:
                 raise _FetchError(f"it is not a usable {entry.model} checkpoint: {e}") from e
-        os.replace(tmp, dst)
-        _write_record(dst, digest.hexdigest())
-        log.info("cached %s (sha256 %s)", dst, digest.hexdigest())
-    finally:
-        tmp.unlink(missing_ok=True)
+    _write_record(dst, digest.hexdigest())
+    log.info("cached %s (sha256 %s)", dst, digest.hexdigest())
 
 
-def _cached_copy_ok(dst: Path, entry: WeightsEntry, validate: Callable[[Path], None] | None) -> bool:
+def _check_cached_copy(dst: Path, entry: WeightsEntry, validate: Callable[[Path], None] | None) -> str | None:
+    """``None`` if the cached ``dst`` can be used; else a sentence that says what the cache now holds.
+
+    A copy that no longer matches its known digest is damaged: it and its record are deleted.
+    A file without a digest record that is not a usable checkpoint was put there by someone else
+    (by hand, or another tool using torch.hub's folder): it is left alone and not used.
+    """
     digest = sha256_file(dst)
     expected = entry.sha256 or _read_record(dst)
     if expected is None:
@@ -174,22 +214,26 @@ def _cached_copy_ok(dst: Path, entry: WeightsEntry, validate: Callable[[Path], N
                 validate(dst)
         except ConvnetsError as e:
             log.warning("ignoring cached %s, which is not a usable checkpoint: %s", dst, e)
-            return False
+            return f"The file {dst} is in the cache but is not a usable checkpoint ({e}); it was left there and is not used."
         _write_record(dst, digest)
-        return True
+        return None
     if digest != expected:
-        log.warning("cached %s has sha256 %s but %s was recorded; downloading it again", dst, digest, expected)
-        return False
-    return True
+        log.warning("cached %s has sha256 %s but %s was recorded; deleting it and downloading it again",
+                    dst, digest, expected)
+        dst.unlink(missing_ok=True)
+        _record_path(dst).unlink(missing_ok=True)
+        return f"The damaged copy that was in the cache ({dst}) was deleted."
+    return None
 
 
-def fetch_weights(entry: WeightsEntry, *, progress: bool = True,
+def fetch_weights(entry: WeightsEntry, *, progress: Progress = True,
                   validate: Callable[[Path], None] | None = None) -> Path:
     """Return the path of a verified local copy of ``entry``'s checkpoint, downloading it if needed.
 
     Args:
         entry: the manifest entry.
-        progress: show a progress bar on stderr while downloading.
+        progress: ``True``: a progress bar on stderr while downloading when stderr is a terminal
+            (or in a notebook); ``"always"``: whatever stderr is; ``False``: none.
         validate: called with a candidate file before it is accepted into the cache; raises a
             :class:`~convnets.errors.ConvnetsError` if the file is not the expected model.
 
@@ -198,29 +242,41 @@ def fetch_weights(entry: WeightsEntry, *, progress: bool = True,
 
     Raises:
         WeightsUnavailableError: no verified copy could be obtained; the message names the file,
-            the source and the reason, and explains the offline options.
+            the source, the reason and what the cache holds, and explains the offline options.
+        InvalidArgumentError: ``progress`` has another value.
     """
+    bar = show_progress(progress)
     dst = cache_dir() / entry.file_name
     source = resolve_source(entry)
+    cached = "Nothing was cached."
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(str(dst) + ".lock", timeout=LOCK_TIMEOUT_S):
-            if dst.is_file() and _cached_copy_ok(dst, entry, validate):
-                return dst
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(exclusive_lock(dst.with_name(dst.name + ".lock"), timeout=LOCK_TIMEOUT_S))
+            except OSError as e:
+                if e.errno not in _NO_LOCKING:
+                    raise
+                log.warning("the file system of %s cannot lock files (%s): going on without the lock; "
+                            "processes started together may each download the file", dst.parent, e)
+            if dst.is_file():
+                problem = _check_cached_copy(dst, entry, validate)
+                if problem is None:
+                    return dst
+                cached = problem
             log.info("downloading %s from %s", entry.file_name, source)
-            _download(source, dst, entry, progress, validate)
+            _download(source, dst, entry, bar, validate)
             return dst
     except _FetchError as e:
         via = f" (from {MIRROR_ENV})" if os.environ.get(MIRROR_ENV, "").strip() else ""
         raise WeightsUnavailableError(
             f"could not get {entry.file_name}, the pretrained weights of {entry.model}, from "
-            f"{source}{via}: {e}. Nothing was cached. To work offline, pass "
+            f"{source}{via}: {e}. {cached} To work offline, pass "
             f"pretrained_from_file=PATH (--weights FILE on the command line; any checkpoint layout), "
             f"or set {MIRROR_ENV} to a directory or URL that holds {entry.file_name}.") from e
-    except filelock.Timeout as e:
+    except TimeoutError as e:
         raise WeightsUnavailableError(
-            f"waited {LOCK_TIMEOUT_S:.0f} s for another process to finish downloading {dst}; if none is "
-            f"running, delete {e.lock_file}") from e
+            f"waited {LOCK_TIMEOUT_S:.0f} s for another process to finish downloading {dst}: {e}") from e
     except OSError as e:
         raise WeightsUnavailableError(f"cannot write the weights cache {dst.parent}: {e}. Set TORCH_HOME "
                                       "to a writable directory") from e

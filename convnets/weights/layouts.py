@@ -4,7 +4,8 @@ This package's parameter names are those of the NGC 20.06 files (and torchvision
 ``conv1``, ``bn1``, ``layer1`` .. ``layer4``, ``fc``, SE weights as 2-D ``Linear`` matrices under
 ``layer{s}.{i}.squeeze.squeeze`` / ``.squeeze.expand``. What else is accepted:
 
-* a ``module.`` prefix (saved from DDP) or ``_orig_mod.`` (saved from ``torch.compile``);
+* a ``module.`` prefix (saved from DDP; stripped from each key before upstream's
+  ``state_dict_key_map_fn`` runs, as upstream does) or ``_orig_mod.`` (saved from ``torch.compile``);
 * the newer upstream naming ``layers.{0..3}`` instead of ``layer{1..4}``;
 * SE weights stored as 1x1 convolutions ``[C_out, C_in, 1, 1]`` (upstream ``trt=True`` / newer code);
 * training checkpoints ``{"state_dict": ..., "state_dict_ema": ..., "optimizer": ...}`` (upstream's
@@ -30,7 +31,8 @@ from convnets.models.resnet import ArchSpec
 
 __all__ = ["infer_spec", "split_checkpoint", "to_canonical"]
 
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+_DDP_PREFIX = "module."
+_WRAPPER_PREFIXES = (_DDP_PREFIX, "_orig_mod.")
 _SEQUENTIAL_STAGE = re.compile(r"^layers\.(\d+)\.")
 _SE_WEIGHT = re.compile(r"\.squeeze\.(squeeze|expand)\.weight$")
 
@@ -79,19 +81,33 @@ def to_canonical(state_dict: Mapping[str, Tensor],
 
     Args:
         state_dict: the tensors of a checkpoint (see :func:`split_checkpoint`).
-        key_map_fn: upstream's ``state_dict_key_map_fn``: applied to every key first, so that
-            remaps written for upstream (e.g. to the ``layers.N`` naming) keep working.
+        key_map_fn: upstream's ``state_dict_key_map_fn``. As upstream's entry points do, it is
+            called on each key after ``module.`` (DDP's prefix) has been stripped from it, and
+            before any other conversion, so that maps written for upstream (e.g. to the
+            ``layers.N`` naming, or dropping a wrapper's ``backbone.``) work unchanged.
 
     Returns:
         ``(state_dict, layout)`` where ``layout`` describes what was found, e.g.
         ``"layer1..4 (module. prefix)"``. Tensors are not copied.
     """
     notes: list[str] = []
-    items = [(key_map_fn(k) if key_map_fn else k, v) for k, v in state_dict.items()]
-    for prefix in _WRAPPER_PREFIXES:
-        if items and all(k.startswith(prefix) for k, _ in items):
-            items = [(k[len(prefix):], v) for k, v in items]
-            notes.append(f"{prefix} prefix")
+    items = list(state_dict.items())
+    # Upstream strips "module." key by key, then calls the user's map (SPEC section 7).
+    if any(k.startswith(_DDP_PREFIX) for k, _ in items):
+        items = [(k[len(_DDP_PREFIX):] if k.startswith(_DDP_PREFIX) else k, v) for k, v in items]
+        notes.append(f"{_DDP_PREFIX} prefix")
+    if key_map_fn is not None:
+        items = [(key_map_fn(k), v) for k, v in items]
+    # Other wrappers (torch.compile, or DDP inside it) only when every key has the prefix.
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in _WRAPPER_PREFIXES:
+            if items and all(k.startswith(prefix) for k, _ in items):
+                items = [(k[len(prefix):], v) for k, v in items]
+                if f"{prefix} prefix" not in notes:
+                    notes.append(f"{prefix} prefix")
+                stripped = True
     naming = "layer1..N"
     if any(_SEQUENTIAL_STAGE.match(k) for k, _ in items):
         naming = "layers.0..N-1"

@@ -1,6 +1,8 @@
 """Turn a checkpoint file into a model, fast and safely.
 
-* Files are read with ``weights_only=True``: a checkpoint can never run code.
+* Files are read with ``weights_only=True``: a checkpoint can never run code. ``.safetensors``
+  files (recognised by name or by their first bytes) are read with the safetensors library and
+  never reach the unpickler (see :mod:`convnets.weights.safetensors_io`).
 * Zip-format files are memory-mapped (``mmap=True``), so no tensor is copied into memory before
   it is needed; legacy (pre-1.6) files fall back to a normal read.
 * The model is built on the ``meta`` device (no random initialisation, no allocation) and the
@@ -27,6 +29,7 @@ from convnets.errors import CheckpointError
 from convnets.models.resnet import ResNet
 from convnets.models.specs import ArchSpec, registered_name
 from convnets.weights.layouts import infer_spec, split_checkpoint, to_canonical
+from convnets.weights.safetensors_io import is_safetensors, read_safetensors
 
 __all__ = ["build_model", "check_fits", "meta_model", "read_checkpoint", "read_state_dict"]
 
@@ -45,13 +48,18 @@ _SHOWN = 4  # keys listed per kind of mismatch
 def read_checkpoint(path: str | os.PathLike[str]) -> Any:
     """Load a checkpoint file with ``weights_only=True``, memory-mapped when the format allows.
 
+    A safetensors file is returned as ``{"state_dict": tensors, ...metadata}``, the shape of a
+    self-describing training checkpoint (see :func:`~convnets.weights.safetensors_io.read_safetensors`).
+
     Raises:
-        CheckpointError: the file is missing, unreadable, not a PyTorch checkpoint, or holds
-            objects other than tensors and plain containers.
+        CheckpointError: the file is missing, unreadable, not a PyTorch or safetensors checkpoint,
+            or holds objects other than tensors and plain containers.
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a file")
+    if is_safetensors(path):
+        return read_safetensors(path)
     try:
         # Only the zip format (torch >= 1.6) can be memory-mapped; legacy files are read whole.
         mmap = zipfile.is_zipfile(path)
@@ -80,11 +88,12 @@ def _not_a_checkpoint(path: Path, e: Exception) -> CheckpointError:
 
 def read_state_dict(path: str | os.PathLike[str], *, key_map_fn: Callable[[str], str] | None = None,
                     use_ema: bool = False) -> tuple[dict[str, Tensor], dict[str, Any], str]:
-    """Read a checkpoint of any known layout and convert it to this package's keys.
+    """Read a checkpoint of any known layout (PyTorch or safetensors) and convert it to this package's keys.
 
     Args:
         path: the file.
-        key_map_fn: upstream's ``state_dict_key_map_fn``, applied to each key first.
+        key_map_fn: upstream's ``state_dict_key_map_fn``: called on each key with ``module.``
+            already stripped, before any other conversion (as upstream's entry points do).
         use_ema: take the EMA weights of a training checkpoint.
 
     Returns:
