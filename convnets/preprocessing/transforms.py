@@ -2,9 +2,12 @@
 
 :func:`to_rgb` fixes what real-world files bring (EXIF orientation, grayscale, palette, alpha,
 CMYK, 16-bit); :func:`preprocess_image` is the upstream evaluation transform
-``Resize(256) -> CenterCrop(224) -> ToTensor -> Normalize(mean, std)``: torchvision's functional
-resize and crop, then the same float32 arithmetic as ``ToTensor`` + ``Normalize``, so that its
-numbers equal the upstream ``transforms.Compose`` bit for bit.
+``Resize(256) -> CenterCrop(224) -> ToTensor -> Normalize(mean, std)`` with the numbers of an
+:class:`~convnets.preprocessing.presets.EvalPreset`: torchvision's functional resize and crop
+(:func:`resize_and_crop`), then the same float32 arithmetic as ``ToTensor`` + ``Normalize``, so
+that its numbers equal the upstream ``transforms.Compose`` bit for bit. :func:`normalize_uint8`
+is that arithmetic on uint8 tensors (the training loaders normalise on the device with it), so a
+validation batch equals what ``prepare_batch`` gives for the same files, bit for bit.
 """
 
 from __future__ import annotations
@@ -17,14 +20,12 @@ import torchvision.transforms.functional as F
 from PIL import ExifTags, Image, ImageOps
 from torchvision.transforms import InterpolationMode
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "preprocess_image", "to_rgb"]
+from .presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "normalize_uint8", "preprocess_image", "resize_and_crop", "to_rgb"]
 
 logger = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-_MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
-_STD = np.array(IMAGENET_STD, dtype=np.float32)
 
 # 16-bit integer modes. Pillow's convert() clips these at 255 (almost everything turns white), so
 # they are scaled to 8 bits instead. Mode "I" (32-bit) is what some decoders give 16-bit grayscale
@@ -74,17 +75,59 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def preprocess_image(image: Image.Image, *, image_size: int = 224,
-                     resize_size: int = 256) -> torch.Tensor:
+def resize_and_crop(image: Image.Image, preset: EvalPreset = DEFAULT_PRESET) -> Image.Image:
+    """Resize the shorter side to ``preset.resize_size`` (antialiased) and center-crop ``preset.crop_size``.
+
+    Args:
+        image: a PIL image (any mode Pillow can resize).
+        preset: the sizes and interpolation.
+
+    Returns:
+        A ``crop_size`` x ``crop_size`` PIL image.
+    """
+    image = F.resize(image, [preset.resize_size], interpolation=InterpolationMode(preset.interpolation),
+                     antialias=True)
+    return F.center_crop(image, [preset.crop_size, preset.crop_size])
+
+
+def normalize_uint8(images: torch.Tensor, preset: EvalPreset = DEFAULT_PRESET) -> torch.Tensor:
+    """Normalise uint8 CHW / NCHW pixels with the float32 operations of :func:`preprocess_image`.
+
+    ``x / 255``, then ``- mean``, then ``/ std``, each rounded to float32 in that order: the result
+    equals :func:`preprocess_image` of the same pixels bit for bit, on the CPU and on CUDA (the
+    divisors are tensors on the device, because CUDA turns a division by a Python number into a
+    multiplication by its reciprocal, which rounds differently).
+
+    Args:
+        images: a uint8 tensor ``[3, H, W]`` or ``[N, 3, H, W]`` on any device.
+        preset: mean and std to use.
+
+    Returns:
+        A float32 tensor of the same shape and device.
+    """
+    shape = (3, 1, 1) if images.dim() == 3 else (1, 3, 1, 1)
+    device = images.device
+    scale = torch.full((), 255, dtype=torch.float32, device=device)
+    mean = torch.tensor(preset.mean, dtype=torch.float32, device=device).view(shape)
+    std = torch.tensor(preset.std, dtype=torch.float32, device=device).view(shape)
+    return (images.float() / scale - mean) / std
+
+
+def preprocess_image(image: Image.Image, *, image_size: int = DEFAULT_PRESET.crop_size,
+                     resize_size: int = DEFAULT_PRESET.resize_size,
+                     preset: EvalPreset | None = None) -> torch.Tensor:
     """Resize the shorter side, center-crop and normalise an RGB image, as upstream does.
 
     Args:
         image: an RGB PIL image (see :func:`to_rgb`).
-        image_size: side of the square center crop.
-        resize_size: length of the shorter side after the bilinear, antialiased resize.
+        image_size: side of the square center crop (ignored when ``preset`` is given).
+        resize_size: length of the shorter side after the bilinear, antialiased resize (ignored
+            when ``preset`` is given).
+        preset: all the numbers at once (sizes, interpolation, mean, std); default: the ImageNet
+            preset with ``image_size`` and ``resize_size``.
 
     Returns:
-        A float32 tensor ``[3, image_size, image_size]`` normalised with the ImageNet mean and std.
+        A float32 tensor ``[3, crop, crop]`` normalised with the preset's mean and std.
 
     Raises:
         ValueError: ``image`` is not in RGB mode.
@@ -92,13 +135,14 @@ def preprocess_image(image: Image.Image, *, image_size: int = 224,
     if image.mode != "RGB":
         raise ValueError(f"preprocess_image needs an RGB image, got mode {image.mode!r}; convert "
                          f"it with to_rgb() first.")
-    image = F.resize(image, [resize_size], interpolation=InterpolationMode.BILINEAR, antialias=True)
-    image = F.center_crop(image, [image_size, image_size])
+    if preset is None:
+        preset = EvalPreset(crop_size=image_size, resize_size=resize_size)
+    image = resize_and_crop(image, preset)
     # ToTensor + Normalize in numpy, with the same float32 operations in the same order (so the
     # result is bit-identical): torch would run each small op as an OpenMP parallel region, which
     # costs milliseconds per image when the cores are busy, e.g. with the other loader threads.
     pixels = np.asarray(image, dtype=np.float32)
     pixels /= np.float32(255)
-    pixels -= _MEAN
-    pixels /= _STD
+    pixels -= np.asarray(preset.mean, dtype=np.float32)
+    pixels /= np.asarray(preset.std, dtype=np.float32)
     return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
