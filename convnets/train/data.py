@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from convnets.errors import DataError, ImageLoadError
+from convnets.errors import DataError, ImageLoadError, InvalidArgumentError
 from convnets.preprocessing.pipeline import load_image
 from convnets.preprocessing.presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
 from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
@@ -223,7 +223,7 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
         DataError: missing or empty directories, differing classes, DALI not installed.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"unknown data backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        raise InvalidArgumentError(f"unknown data backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "synthetic":
         return _synthetic(batch_size, image_size, seed, ctx)
     if root is None:
@@ -238,11 +238,11 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
     if backend == "pytorch":
         return _pytorch(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
                         image_size=image_size, workers=workers, seed=seed, ctx=ctx)
-    from convnets.train import dali  # optional dependency, imported only when asked for
+    from convnets.train.dali import make_dali_data  # optional dependency, imported only when asked for
 
-    return dali.make_dali_data(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
-                               image_size=image_size, threads=max(1, workers), seed=seed, ctx=ctx,
-                               on_gpu=backend == "dali-gpu")
+    return make_dali_data(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
+                          image_size=image_size, threads=max(1, workers), seed=seed, ctx=ctx,
+                          on_gpu=backend == "dali-gpu")
 
 
 def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_samples: list[tuple[str, int]],
