@@ -93,10 +93,11 @@ def resize_and_crop(image: Image.Image, preset: EvalPreset = DEFAULT_PRESET) -> 
 def normalize_uint8(images: torch.Tensor, preset: EvalPreset = DEFAULT_PRESET) -> torch.Tensor:
     """Normalise uint8 CHW / NCHW pixels with the float32 operations of :func:`preprocess_image`.
 
-    ``x / 255``, then ``- mean``, then ``/ std``, each rounded to float32 in that order: the result
-    equals :func:`preprocess_image` of the same pixels bit for bit, on the CPU and on CUDA (the
-    divisors are tensors on the device, because CUDA turns a division by a Python number into a
-    multiplication by its reciprocal, which rounds differently).
+    ``x / 255``, then ``- mean``, then ``/ std``, each rounded to float32 in that order: on the CPU
+    the result equals :func:`preprocess_image` of the same pixels bit for bit (tested). The
+    divisors are tensors on the device because CUDA turns a division by a Python number into a
+    multiplication by its reciprocal, which rounds differently; on CUDA the same IEEE operations
+    should give the same bits, but no test here has a GPU to check that.
 
     Args:
         images: a uint8 tensor ``[3, H, W]`` or ``[N, 3, H, W]`` on any device.
