@@ -25,7 +25,7 @@ setup(
     # setuptools copies the file it points to into the wheel.
     package_data={
         "convnets": ["weights_manifest.json"],
-        "processing_utils": ["imagenet_classes.tsv"],
+        "convnets.preprocessing": ["imagenet_classes.tsv"],
     },
     install_requires=[
         "torch>=2.3",

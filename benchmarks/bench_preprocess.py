@@ -7,7 +7,8 @@ photos) in a temporary directory, then times, interleaved, ``--repeat`` times ea
 * upstream: ``torch.cat([prepare(p) for p in paths])`` where ``prepare`` is a faithful
   re-implementation of upstream ``prepare_input_from_uri`` on local files (``validators.url``
   check, ``PIL.Image.open``, torchvision ``Compose``, ``unsqueeze(0)``);
-* convnets: ``processing_utils.prepare_input_from_uri(paths)`` (one call, thread pool).
+* convnets: ``convnets.preprocessing.prepare_input_from_uri(paths)`` (what ``processing_utils``
+  re-exports; one call, thread pool).
 
 Prints both wall times (median and best) and CPU times, their ratio, the machine's usable cores
 and load average (other jobs on a shared machine skew the ratio), and the max abs difference
@@ -33,7 +34,7 @@ from PIL import Image
 from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from processing_utils import prepare_input_from_uri  # noqa: E402
+from convnets.preprocessing.pipeline import prepare_input_from_uri  # noqa: E402
 
 PHOTO_DIRS = ("skimage/data", "sklearn/datasets/images")
 PHOTOS = ("china.jpg", "flower.jpg", "chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png",

@@ -9,6 +9,7 @@ Used by ``convnets predict``; also usable from Python::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,9 +17,12 @@ from pathlib import Path
 
 import torch
 
-import processing_utils
 from convnets.errors import ImageLoadError
 from convnets.models.resnet import ResNet
+from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
+from convnets.preprocessing.io import is_url
+from convnets.preprocessing.pipeline import prepare_batch
+from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 __all__ = ["IMAGE_SUFFIXES", "Prediction", "TopClass", "class_labels", "expand_inputs", "predict"]
 
@@ -61,7 +65,7 @@ def expand_inputs(inputs: Sequence[str]) -> list[tuple[str, ImageLoadError | Non
     """
     out: list[tuple[str, ImageLoadError | None]] = []
     for item in inputs:
-        if processing_utils.io.is_url(item) or not os.path.isdir(item):
+        if is_url(item) or not os.path.isdir(item):
             out.append((item, None))
             continue
         images = sorted(str(p) for p in Path(item).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
@@ -76,9 +80,20 @@ def class_labels(model: ResNet) -> list[str]:
     """Names of the model's outputs: the checkpoint's, ImageNet's for 1000 classes, else indices."""
     if model.class_names is not None:
         return list(model.class_names)
-    if model.num_classes == processing_utils.NUM_CLASSES:
-        return [str(name) for name in processing_utils.get_imgnet_classes()]
+    if model.num_classes == NUM_CLASSES:
+        return [str(name) for name in get_imgnet_classes()]
     return [f"class {i}" for i in range(model.num_classes)]
+
+
+def _resolve_preset(model: object, preset: EvalPreset | None, image_size: int | None,
+                    resize_size: int | None) -> EvalPreset:
+    """The preset ``predict`` uses: ``preset`` or the model's, with the sizes given applied."""
+    base = preset if preset is not None else preset_for_model(model)
+    if image_size is not None:
+        base = base.with_crop_size(image_size)
+    if resize_size is not None and resize_size != base.resize_size:
+        base = dataclasses.replace(base, resize_size=resize_size)
+    return base
 
 
 def predict(
@@ -89,8 +104,9 @@ def predict(
     topk: int = 5,
     batch_size: int = 32,
     device: torch.device | str = "cpu",
-    image_size: int = 224,
-    resize_size: int = 256,
+    image_size: int | None = None,
+    resize_size: int | None = None,
+    preset: EvalPreset | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[Prediction]:
     """Classify images, a batch at a time, yielding one :class:`Prediction` per input in order.
@@ -103,7 +119,10 @@ def predict(
         topk: how many classes per image.
         batch_size: images per forward pass.
         device: where the batch goes.
-        image_size, resize_size: preprocessing sizes (center crop, shorter side).
+        image_size, resize_size: preprocessing sizes (center crop, shorter side); default: the
+            preset's. ``image_size`` alone scales the resize as :meth:`EvalPreset.for_image_size`.
+        preset: the evaluation preset; default :func:`~convnets.preprocessing.presets.preset_for_model`
+            of ``model`` (224 / 256 for the NGC weights, a checkpoint's recorded image size).
         on_batch: called with the number of inputs handled after each batch (progress bars).
 
     Yields:
@@ -118,12 +137,13 @@ def predict(
             raise ValueError("pass labels= when the model is not a convnets ResNet")
         labels = class_labels(model)
     topk = min(topk, len(labels))
+    preset = _resolve_preset(model, preset, image_size, resize_size)
     items = expand_inputs(inputs)
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
         readable = [i for i, (_, error) in enumerate(chunk) if error is None]
-        batch = processing_utils.prepare_batch([chunk[i][0] for i in readable], on_error="collect",
-                                               device=device, image_size=image_size, resize_size=resize_size)
+        batch = prepare_batch([chunk[i][0] for i in readable], on_error="collect", device=device,
+                              preset=preset)
         errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
         errors.update({readable[pos]: error for pos, error in batch.errors})
         tops: dict[int, list[TopClass]] = {}

@@ -7,17 +7,20 @@ Upstream usage keeps working::
     utils.pick_n_best(torch.softmax(model(batch), dim=1), n=5)
 
 and each function is also importable directly from this package.
+
+This package is a facade: the implementation lives in :mod:`convnets.preprocessing` (imports go
+``processing_utils -> convnets``, never the other way).
 """
 
 from __future__ import annotations
 
 from convnets.errors import ImageDecodeError, ImageDownloadError, ImageLoadError, ImageNotFoundError
 
-from .classes import NUM_CLASSES, get_imgnet_classes, get_imgnet_synsets
-from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, open_image
-from .pipeline import PreparedBatch, load_image, prepare_batch, prepare_input_from_uri
-from .results import pick_n_best
-from .transforms import IMAGENET_MEAN, IMAGENET_STD, preprocess_image, to_rgb
+from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes, get_imgnet_synsets
+from convnets.preprocessing.io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, open_image
+from convnets.preprocessing.pipeline import PreparedBatch, load_image, prepare_batch, prepare_input_from_uri
+from convnets.preprocessing.results import pick_n_best
+from convnets.preprocessing.transforms import IMAGENET_MEAN, IMAGENET_STD, preprocess_image, to_rgb
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

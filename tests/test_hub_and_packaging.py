@@ -94,7 +94,7 @@ def test_wheel_contains_manifest_and_class_names(wheel: Path) -> None:
         names = set(zf.namelist())
         manifest = json.loads(zf.read("convnets/weights_manifest.json"))
     assert manifest == json.loads((REPO / "weights_manifest.json").read_text())
-    assert "processing_utils/imagenet_classes.tsv" in names
+    assert "convnets/preprocessing/imagenet_classes.tsv" in names
     assert "hubconf.py" not in names and not any(n.startswith("tests/") for n in names)
 
 

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from processing_utils import get_imgnet_classes, get_imgnet_synsets, get_utils, pick_n_best
-from processing_utils import classes as classes_module
+from convnets.preprocessing import classes as classes_module
 
 SHARED_TSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet1k_classes.tsv"
 
 
 def _bundled_rows() -> list[list[str]]:
     """The bundled TSV parsed with plain string operations (header dropped)."""
-    text = (resources.files("processing_utils") / "imagenet_classes.tsv").read_text("utf-8")
+    text = (resources.files("convnets.preprocessing") / "imagenet_classes.tsv").read_text("utf-8")
     lines = text.splitlines()
     assert lines[0] == "index\tsynset\tnames"
     return [line.split("\t") for line in lines[1:]]

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 import convnets
 from convnets.deploy.optimize import PRECISIONS, check_precision, optimize_for_inference
 from convnets.predict import Prediction, class_labels, expand_inputs, predict
+from convnets.preprocessing.presets import preset_for_model
 
 HELP = "classify images (files, directories of images, http(s) URLs)"
 DEFAULT_MODEL = "se_resnext101_32x4d"
@@ -79,15 +80,14 @@ def run(args: argparse.Namespace) -> int:
     device = _device(args.device)
     check_precision(args.precision, device)
     model = load_model(args.model, args.weights, device)
-    image_size = args.image_size or model.input_size
+    preset = preset_for_model(model).with_crop_size(args.image_size or model.input_size)
     net = optimize_for_inference(model, args.precision, device=device, compile=args.compile)
     total = len(expand_inputs(args.inputs))
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and total > args.batch_size)
     results, failed = [], 0
     with tqdm(total=total, unit="img", disable=not show, file=sys.stderr) as bar:
         for result in predict(net, args.inputs, labels=class_labels(model), topk=args.topk,
-                              batch_size=args.batch_size, device=device, image_size=image_size,
-                              resize_size=round(image_size * 256 / 224), on_batch=bar.update):
+                              batch_size=args.batch_size, device=device, preset=preset, on_batch=bar.update):
             if not result.ok:
                 failed += 1
                 bar.clear()

@@ -1,12 +1,15 @@
 """NVIDIA DALI input pipelines (``--data-backend dali-cpu`` / ``dali-gpu``), an optional dependency.
 
 Same augmentation as the ``pytorch`` backend (random-resized crop 0.08-1, ratio 3/4-4/3, flip;
-validation resize to ``size * 256 / 224`` and center crop), decoded on the CPU (``dali-cpu``) or
+validation resize and center crop of the :class:`~convnets.preprocessing.presets.EvalPreset` for
+the image size, normalised with its mean and std), decoded on the CPU (``dali-cpu``) or
 with nvJPEG on the GPU (``dali-gpu``). Each epoch gets its own pipeline reading this rank's share
 of the ``(seed, epoch)`` permutation that the ``pytorch`` backend uses, with a pipeline seed
 derived from ``(seed, epoch, rank)``, so that a resumed run sees the same data.
 
 DALI stops on a file it cannot decode (the ``pytorch`` backend skips those); the error says so.
+DALI's decoder and resampling are its own, so its validation pixels are close to, not bit-identical
+with, those of the ``pytorch`` backend and ``predict`` (which share PIL's).
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from typing import Any
 import torch
 
 from convnets.errors import DataError
-from convnets.train.data import DALI_PACKAGE, IMAGENET_MEAN, IMAGENET_STD, Batch, DataSource, sample_seed
+from convnets.preprocessing.presets import EvalPreset
+from convnets.train.batches import Batch, DataSource, sample_seed
 from convnets.train.dist import DistContext
 
-__all__ = ["make_dali_data"]
+__all__ = ["DALI_PACKAGE", "make_dali_data"]
+
+DALI_PACKAGE = "nvidia-dali-cuda130"
 
 
 def _import_dali() -> Any:
@@ -46,8 +52,12 @@ def _epoch_order(n: int, seed: int, epoch: int, ctx: DistContext) -> list[int]:
 
 def make_dali_data(classes: list[str], train_samples: list[tuple[str, int]], val_samples: list[tuple[str, int]],
                    steps: int, *, batch_size: int, image_size: int, threads: int, seed: int, ctx: DistContext,
-                   on_gpu: bool) -> DataSource:
-    """The DALI :class:`~convnets.train.data.DataSource`; see the module docstring.
+                   on_gpu: bool, preset: EvalPreset | None = None) -> DataSource:
+    """The DALI :class:`~convnets.train.batches.DataSource`; see the module docstring.
+
+    Args:
+        preset: the validation resize, crop, interpolation, mean and std; default
+            :meth:`EvalPreset.for_image_size` of ``image_size``.
 
     Raises:
         DataError: DALI is not installed, or ``dali-gpu`` was asked for without a GPU.
@@ -60,8 +70,12 @@ def make_dali_data(classes: list[str], train_samples: list[tuple[str, int]], val
         raise DataError("--data-backend dali-gpu needs a CUDA GPU; use dali-cpu or pytorch on this machine")
     device_id = ctx.device.index if ctx.device.type == "cuda" else None
     decoder = "mixed" if on_gpu else "cpu"
-    mean = [m * 255 for m in IMAGENET_MEAN]
-    std = [s * 255 for s in IMAGENET_STD]
+    preset = preset if preset is not None else EvalPreset.for_image_size(image_size)
+    # Training crops are normalised like validation images (one mean/std per model).
+    mean = [m * 255 for m in preset.mean]
+    std = [s * 255 for s in preset.std]
+    interpolation = {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR,
+                     "bicubic": types.INTERP_CUBIC}[preset.interpolation]
 
     @dali.pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id)
     def train_pipe(files: list[str], labels: list[int]) -> Any:
@@ -80,9 +94,9 @@ def make_dali_data(classes: list[str], train_samples: list[tuple[str, int]], val
                                        shard_id=ctx.rank, num_shards=ctx.world_size, pad_last_batch=True,
                                        name="Reader")
         images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
-        images = fn.resize(images, resize_shorter=round(image_size * 256 / 224))
+        images = fn.resize(images, resize_shorter=preset.resize_size, interp_type=interpolation)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std,
-                                          crop=(image_size, image_size))
+                                          crop=(preset.crop_size, preset.crop_size))
         return images, label
 
     def batches(pipe: Any, policy: Any) -> Iterator[Batch]:

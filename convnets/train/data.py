@@ -19,11 +19,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
@@ -31,10 +29,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from convnets.errors import DataError, ImageLoadError
+from convnets.errors import DataError, ImageLoadError, InvalidArgumentError
+from convnets.preprocessing.pipeline import load_image
+from convnets.preprocessing.presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
+from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
+from convnets.train.batches import Batch, DataSource, sample_seed
 from convnets.train.config import BACKENDS
 from convnets.train.dist import DistContext
-from processing_utils import IMAGENET_MEAN, IMAGENET_STD, load_image
 
 __all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "make_data",
            "sample_seed", "scan_split", "train_transform", "val_transform"]
@@ -45,14 +46,6 @@ MAX_SUBSTITUTES = 10  # readable neighbours tried for an unreadable training ima
 SYNTHETIC_CLASSES = 1000
 SYNTHETIC_TRAIN_BATCHES = 64
 SYNTHETIC_VAL_BATCHES = 8
-DALI_PACKAGE = "nvidia-dali-cuda130"
-
-Batch = tuple[Tensor, Tensor, int]
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The augmentation seed of sample ``index`` in ``epoch``: a function of these three only."""
-    return int(np.random.SeedSequence((seed, epoch, index)).generate_state(1, np.uint64)[0] >> 1)
 
 
 def train_transform(size: int) -> v2.Compose:
@@ -62,10 +55,31 @@ def train_transform(size: int) -> v2.Compose:
                        v2.RandomHorizontalFlip()])
 
 
-def val_transform(size: int) -> v2.Compose:
-    """Resize the shorter side to ``size * 256 / 224`` then center-crop ``size``, as uint8 CHW."""
-    return v2.Compose([v2.PILToTensor(), v2.Resize(round(size * 256 / 224), antialias=True),
-                       v2.CenterCrop(size)])
+def val_transform(size: int | EvalPreset) -> v2.Compose:
+    """The evaluation resize and center crop of a preset, as uint8 CHW.
+
+    The resize and crop run on the PIL image with the function ``prepare_batch`` uses
+    (:func:`~convnets.preprocessing.transforms.resize_and_crop`), and :func:`to_device` normalises
+    with its arithmetic, so a validation image is bit for bit what ``predict`` feeds the model.
+
+    Args:
+        size: a crop size (the preset :meth:`EvalPreset.for_image_size`) or a preset.
+    """
+    preset = size if isinstance(size, EvalPreset) else EvalPreset.for_image_size(size)
+    return v2.Compose([_ResizeAndCrop(preset), v2.PILToTensor()])
+
+
+class _ResizeAndCrop:
+    """:func:`resize_and_crop` as a picklable transform (DataLoader workers may be spawned)."""
+
+    def __init__(self, preset: EvalPreset) -> None:
+        self.preset = preset
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        return resize_and_crop(image, self.preset)
+
+    def __repr__(self) -> str:
+        return f"ResizeAndCrop({self.preset})"
 
 
 def scan_split(root: Path, split: str) -> tuple[list[str], list[tuple[str, int]]]:
@@ -173,26 +187,6 @@ class SeededSampler(Sampler[tuple[int, int]]):
             yield index, sample_seed(self.seed, self.epoch, index)
 
 
-@dataclass
-class DataSource:
-    """What the training loop needs from a backend.
-
-    Attributes:
-        classes: class names, index = label.
-        steps_per_epoch: training batches per process and epoch (equal on every rank).
-        train_epoch: ``epoch -> batches`` of this process's shard.
-        val: ``() -> batches`` of this process's part of the validation set (no duplicates).
-        num_train, num_val: images in the whole training / validation set.
-    """
-
-    classes: list[str]
-    steps_per_epoch: int
-    train_epoch: Callable[[int], Iterable[Batch]]
-    val: Callable[[], Iterable[Batch]]
-    num_train: int
-    num_val: int
-
-
 def _check_classes(root: Path, train_classes: list[str], val_classes: list[str]) -> None:
     if train_classes != val_classes:
         only_train = sorted(set(train_classes) - set(val_classes))
@@ -229,7 +223,7 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
         DataError: missing or empty directories, differing classes, DALI not installed.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"unknown data backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        raise InvalidArgumentError(f"unknown data backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "synthetic":
         return _synthetic(batch_size, image_size, seed, ctx)
     if root is None:
@@ -244,11 +238,11 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
     if backend == "pytorch":
         return _pytorch(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
                         image_size=image_size, workers=workers, seed=seed, ctx=ctx)
-    from convnets.train import dali  # optional dependency, imported only when asked for
+    from convnets.train.dali import make_dali_data  # optional dependency, imported only when asked for
 
-    return dali.make_dali_data(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
-                               image_size=image_size, threads=max(1, workers), seed=seed, ctx=ctx,
-                               on_gpu=backend == "dali-gpu")
+    return make_dali_data(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
+                          image_size=image_size, threads=max(1, workers), seed=seed, ctx=ctx,
+                          on_gpu=backend == "dali-gpu")
 
 
 def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_samples: list[tuple[str, int]],
@@ -288,11 +282,17 @@ def _synthetic(batch_size: int, image_size: int, seed: int, ctx: DistContext) ->
                       SYNTHETIC_VAL_BATCHES * batch_size * ctx.world_size)
 
 
-def to_device(images: Tensor, device: torch.device, memory_format: torch.memory_format) -> Tensor:
-    """Move a batch to ``device`` and normalise it there if it is still uint8."""
+def to_device(images: Tensor, device: torch.device, memory_format: torch.memory_format,
+              preset: EvalPreset = DEFAULT_PRESET) -> Tensor:
+    """Move a batch to ``device`` and normalise it there if it is still uint8.
+
+    Args:
+        images: a batch from a backend, uint8 or already-normalised float.
+        device: where the step runs.
+        memory_format: layout of the result.
+        preset: the mean and std (those of ``prepare_batch``, with the same float32 arithmetic).
+    """
     images = images.to(device, non_blocking=True)
     if images.dtype == torch.uint8:
-        mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
-        std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
-        images = (images.float() - mean) / std
+        images = normalize_uint8(images, preset)
     return images.contiguous(memory_format=memory_format)

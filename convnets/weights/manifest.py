@@ -16,7 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from convnets.errors import ManifestError
+from convnets.errors import InvalidArgumentError, ManifestError
+from convnets.preprocessing.presets import EvalPreset
 
 __all__ = ["WeightsEntry", "load_manifest"]
 
@@ -65,6 +66,13 @@ class WeightsEntry:
     license: str
     source: str
 
+    @property
+    def preset(self) -> EvalPreset:
+        """The evaluation preset these weights were published with (crop, resize, interpolation,
+        mean, std), what every eval path uses for them."""
+        return EvalPreset(crop_size=self.input_size, resize_size=self.resize_size,
+                          interpolation=self.interpolation, mean=self.mean, std=self.std)
+
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "url": (str,), "file_name": (str,), "layout": (str,), "sha256": (str, type(None)),
@@ -95,7 +103,13 @@ def _parse_entry(model: str, raw: Any, origin: str) -> WeightsEntry:
     for name in ("mean", "std"):
         if len(raw[name]) != 3 or not all(isinstance(v, (int, float)) for v in raw[name]):
             raise ManifestError(f"{where}.{name} must hold three numbers")
-    return WeightsEntry(model=model, **{**raw, "mean": tuple(raw["mean"]), "std": tuple(raw["std"])})
+    entry = WeightsEntry(model=model, **{**raw, "mean": tuple(raw["mean"]), "std": tuple(raw["std"])})
+    try:
+        entry.preset  # noqa: B018  (a preset that cannot be built fails here, naming the entry)
+    except InvalidArgumentError as e:
+        raise ManifestError(f"{where}: input_size / resize_size / interpolation / mean / std do not "
+                            f"form an evaluation preset: {e}") from e
+    return entry
 
 
 @functools.lru_cache(maxsize=None)

@@ -27,7 +27,7 @@ def _table() -> tuple[tuple[str, ...], tuple[str, ...]]:
     # A damaged install must fail here rather than label predictions wrongly.
     if [row.get("index") for row in rows] != [str(i) for i in range(NUM_CLASSES)]:
         raise RuntimeError(
-            f"{_TSV} in the processing_utils package is damaged: expected rows 0..{NUM_CLASSES - 1} "
+            f"{_TSV} in the convnets.preprocessing package is damaged: expected rows 0..{NUM_CLASSES - 1} "
             f"in order. Reinstall convnets.")
     return tuple(row["synset"] for row in rows), tuple(row["names"] for row in rows)
 

@@ -19,9 +19,10 @@ from typing import Literal, NamedTuple, TypeVar
 import torch
 from PIL import Image
 
-from convnets.errors import ImageDecodeError, ImageLoadError
+from convnets.errors import ImageDecodeError, ImageLoadError, InvalidArgumentError
 
 from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, is_url, open_image
+from .presets import DEFAULT_PRESET, EvalPreset
 from .transforms import preprocess_image, to_rgb
 
 __all__ = ["PreparedBatch", "load_image", "prepare_batch", "prepare_input_from_uri"]
@@ -36,7 +37,7 @@ _MIN_WORKERS_WITH_URLS = 8
 
 def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
                max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int | None = None) -> Image.Image:
-    """Open one image and make it upright 8-bit RGB (see :func:`~processing_utils.io.open_image`).
+    """Open one image and make it upright 8-bit RGB (see :func:`~convnets.preprocessing.io.open_image`).
 
     Args:
         source: a local path, an ``http(s)://`` URL, encoded bytes or a PIL image.
@@ -62,8 +63,7 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
 
 @dataclass(frozen=True)
 class _Options:
-    image_size: int
-    resize_size: int
+    preset: EvalPreset
     timeout: float
     max_bytes: int
     max_pixels: int | None
@@ -72,7 +72,7 @@ class _Options:
     def prepare(self, source: ImageInput) -> torch.Tensor:
         image = load_image(source, timeout=self.timeout, max_bytes=self.max_bytes,
                            max_pixels=self.max_pixels)
-        return preprocess_image(image, image_size=self.image_size, resize_size=self.resize_size)
+        return preprocess_image(image, preset=self.preset)
 
 
 def _positive_int(name: str, value: object, *, optional: bool = False) -> None:
@@ -80,24 +80,38 @@ def _positive_int(name: str, value: object, *, optional: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         kind = "a positive int or None" if optional else "a positive int"
-        raise ValueError(f"{name} must be {kind}, got {value!r}.")
+        raise InvalidArgumentError(f"{name} must be {kind}, got {value!r}.")
 
 
-def _options(image_size: int, resize_size: int, timeout: float, max_bytes: int,
-             max_pixels: int | None, workers: int | None) -> _Options:
+def _preset(image_size: int, resize_size: int, preset: EvalPreset | None) -> EvalPreset:
     _positive_int("image_size", image_size)
     _positive_int("resize_size", resize_size)
+    if preset is not None:
+        if not isinstance(preset, EvalPreset):
+            raise InvalidArgumentError(f"preset must be an EvalPreset, got {type(preset).__name__}.")
+        # The sizes have non-None defaults (upstream's signature), so only a contradiction is an error.
+        if (image_size, resize_size) not in ((DEFAULT_PRESET.crop_size, DEFAULT_PRESET.resize_size),
+                                             (preset.crop_size, preset.resize_size)):
+            raise InvalidArgumentError(
+                f"image_size={image_size} / resize_size={resize_size} contradict preset={preset}; pass "
+                f"either preset= or the sizes.")
+        return preset
     if image_size > resize_size:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"image_size={image_size} is larger than resize_size={resize_size}; the center crop "
             f"must fit inside the resized image (upstream uses 224 and 256).")
+    return EvalPreset(crop_size=image_size, resize_size=resize_size)
+
+
+def _options(preset: EvalPreset, timeout: float, max_bytes: int, max_pixels: int | None,
+             workers: int | None) -> _Options:
     if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
             or not math.isfinite(timeout) or timeout <= 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+        raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}.")
     _positive_int("max_bytes", max_bytes)
     _positive_int("max_pixels", max_pixels, optional=True)
     _positive_int("workers", workers, optional=True)
-    return _Options(image_size, resize_size, float(timeout), max_bytes, max_pixels, workers)
+    return _Options(preset, float(timeout), max_bytes, max_pixels, workers)
 
 
 def _target(cuda: bool, device: str | torch.device | None, dtype: torch.dtype,
@@ -107,15 +121,15 @@ def _target(cuda: bool, device: str | torch.device | None, dtype: torch.dtype,
     try:
         target = torch.device(device if device is not None else ("cuda" if cuda else "cpu"))
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a valid torch device ({exc}).") from exc
+        raise InvalidArgumentError(f"device={device!r} is not a valid torch device ({exc}).") from exc
     if target.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise InvalidArgumentError(
             f"device {str(target)!r} was requested but CUDA is not available here; pass "
             f"cuda=False (or device='cpu').")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}.")
+        raise InvalidArgumentError(f"dtype must be a floating-point torch.dtype, got {dtype!r}.")
     if memory_format not in (torch.contiguous_format, torch.channels_last):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"memory_format must be torch.contiguous_format or torch.channels_last, got "
             f"{memory_format!r}.")
     return target
@@ -181,8 +195,9 @@ def prepare_batch(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     memory_format: torch.memory_format = torch.contiguous_format,
-    image_size: int = 224,
-    resize_size: int = 256,
+    image_size: int = DEFAULT_PRESET.crop_size,
+    resize_size: int = DEFAULT_PRESET.resize_size,
+    preset: EvalPreset | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int | None = None,
@@ -202,6 +217,8 @@ def prepare_batch(
         memory_format: ``torch.contiguous_format`` or ``torch.channels_last``.
         image_size: side of the square center crop.
         resize_size: shorter side after resizing; at least ``image_size``.
+        preset: crop, resize, interpolation, mean and std at once (e.g. a weights entry's
+            ``preset``); ``image_size``/``resize_size`` must then be left out or agree with it.
         timeout: total seconds allowed for each download.
         max_bytes: largest accepted download, in bytes.
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
@@ -214,11 +231,11 @@ def prepare_batch(
     Raises:
         ImageLoadError: (or a subclass) with ``on_error="raise"``, for the first failing input.
         TypeError: ``inputs`` is not a list/tuple, or holds an unsupported type.
-        ValueError: an invalid option.
+        InvalidArgumentError: an invalid option (a ``ValueError``).
     """
     if on_error not in ("raise", "collect"):
-        raise ValueError(f"on_error must be 'raise' or 'collect', got {on_error!r}.")
-    options = _options(image_size, resize_size, timeout, max_bytes, max_pixels, workers)
+        raise InvalidArgumentError(f"on_error must be 'raise' or 'collect', got {on_error!r}.")
+    options = _options(_preset(image_size, resize_size, preset), timeout, max_bytes, max_pixels, workers)
     target = _target(False, device, dtype, memory_format)
     sources = _check_inputs(inputs)
 
@@ -239,7 +256,8 @@ def prepare_batch(
     if indices:
         tensor = torch.stack([results[i] for i in indices])  # type: ignore[misc]
     else:
-        tensor = torch.empty((0, 3, options.image_size, options.image_size))
+        size = options.preset.crop_size
+        tensor = torch.empty((0, 3, size, size))
     tensor = tensor.to(device=target, dtype=dtype, memory_format=memory_format)
     return PreparedBatch(tensor, indices, errors)
 
@@ -251,8 +269,9 @@ def prepare_input_from_uri(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     memory_format: torch.memory_format = torch.contiguous_format,
-    image_size: int = 224,
-    resize_size: int = 256,
+    image_size: int = DEFAULT_PRESET.crop_size,
+    resize_size: int = DEFAULT_PRESET.resize_size,
+    preset: EvalPreset | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int | None = None,
@@ -273,6 +292,7 @@ def prepare_input_from_uri(
         memory_format: ``torch.contiguous_format`` or ``torch.channels_last``.
         image_size: side of the square center crop (upstream 224).
         resize_size: shorter side after resizing (upstream 256); at least ``image_size``.
+        preset: crop, resize, interpolation, mean and std at once; see :func:`prepare_batch`.
         timeout: total seconds allowed for each download (connection, headers and body).
         max_bytes: largest accepted download, in bytes (default 64 MiB).
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
@@ -288,11 +308,11 @@ def prepare_input_from_uri(
         ImageDecodeError: data that is empty, not an image, corrupt, truncated or too large.
         ImageLoadError: any other unusable input (base class of the above).
         TypeError: an unsupported input type.
-        ValueError: an invalid option.
+        InvalidArgumentError: an invalid option (a ``ValueError``).
     """
     target = _target(cuda, device, dtype, memory_format)
     batch = prepare_batch(
         uri if isinstance(uri, (list, tuple)) else [uri], device=target, dtype=dtype,
-        memory_format=memory_format, image_size=image_size, resize_size=resize_size,
+        memory_format=memory_format, image_size=image_size, resize_size=resize_size, preset=preset,
         timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels, workers=workers)
     return batch.tensor
