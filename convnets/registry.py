@@ -67,8 +67,9 @@ def _build(
     for k in _IGNORED_KWARGS:
         kwargs.pop(k, None)
     if kwargs:
-        raise UnknownArgumentError(f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; architecture "
-                        f"fields are {list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}")
+        raise UnknownArgumentError(
+            f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; architecture fields are "
+            f"{list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}")
     published = MODEL_SPECS[name]
     spec = published.replace(**overrides)
 
@@ -76,8 +77,8 @@ def _build(
         source = Path(pretrained_from_file)
     elif pretrained:
         if spec != published:
-            raise InvalidArgumentError(f"the pretrained {name} weights fit only the published architecture; drop the "
-                             f"overrides {sorted(overrides)} or pass pretrained_from_file")
+            raise InvalidArgumentError(f"the pretrained {name} weights fit only the published architecture; "
+                                       f"drop the overrides {sorted(overrides)} or pass pretrained_from_file")
         source = fetch_pretrained(name, progress=progress, key_map_fn=state_dict_key_map_fn)
     else:
         with torch.device(device or "cpu"):
