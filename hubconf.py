@@ -3,55 +3,54 @@
     model = torch.hub.load("<owner>/<repo>", "nvidia_se_resnext101_32x4d")
     utils = torch.hub.load("<owner>/<repo>", "nvidia_convnets_processing_utils")
 
-Each entry point only forwards to the ``convnets`` builder of the same architecture; all logic
-lives in the package. Keywords: ``pretrained_from_file``, ``num_classes``, ``progress``,
-``memory_format``, ``device``, ``state_dict_key_map_fn``, ``use_ema``, architecture overrides
-(``layers``, ``widths``, ``expansion``, ``cardinality``, ``se_squeeze``, ``stem_width``) and
-upstream's ``last_bn_0_init``, ``conv_init``, ``trt``, ``fused_se``.
+The model entry points are generated from the registry (:data:`convnets.models.specs.MODELS`): each
+registered model's ``hub_names`` (e.g. ``nvidia_resnext101_32x4d`` and upstream's alias
+``nvidia_resneXt``) forward to the ``convnets`` builder of the same architecture; all logic lives in
+the package. Keywords: ``pretrained_from_file``, ``num_classes``, ``progress``, ``memory_format``,
+``device``, ``state_dict_key_map_fn``, ``use_ema``, architecture overrides (``layers``,
+``widths``, ``expansion``, ``cardinality``, ``se_squeeze``, ``stem_width``) and upstream's
+``last_bn_0_init``, ``conv_init``, ``trt``, ``fused_se``.
 """
 
 dependencies = ["torch", "torchvision", "numpy", "PIL", "requests", "validators", "filelock", "tqdm"]
 
-from typing import Any as _Any  # noqa: E402  (private: hub lists public callables)
+# Everything but the entry points is private: torch.hub lists the public callables of this module.
+from collections.abc import Callable as _Callable  # noqa: E402
+from typing import Any as _Any  # noqa: E402
 
 import convnets  # noqa: E402
 import processing_utils  # noqa: E402
+from convnets.models.specs import MODELS as _MODELS  # noqa: E402
+from convnets.models.specs import ModelInfo as _ModelInfo  # noqa: E402
+from convnets.weights.manifest import load_manifest as _load_manifest  # noqa: E402
 
 
-def nvidia_resnet50(pretrained: bool = True, **kwargs: _Any) -> "convnets.ResNet":
-    """ResNet-50 v1.5 (25.6M parameters) with NVIDIA's NGC ImageNet weights by default.
+def _entry_point(info: _ModelInfo, hub_name: str, has_weights: bool) -> _Callable[..., "convnets.ResNet"]:
+    """The hub entry point ``hub_name`` for one registered model (upstream: ``pretrained=True``)."""
+    name = info.name
 
-    Same as ``convnets.resnet50(pretrained=True, **kwargs)``; ``help(convnets.resnet50)`` lists
-    the keywords. ``pretrained_from_file=PATH`` loads a local checkpoint of any supported layout.
-    """
-    return convnets.resnet50(pretrained=pretrained, **kwargs)
+    def entry(pretrained: bool = has_weights, **kwargs: _Any) -> "convnets.ResNet":
+        return getattr(convnets, name)(pretrained=pretrained, **kwargs)
 
-
-def nvidia_resnext101_32x4d(pretrained: bool = True, **kwargs: _Any) -> "convnets.ResNet":
-    """ResNeXt101-32x4d (44.2M parameters, 80.19% top-1) with NVIDIA's NGC ImageNet weights by default.
-
-    Same as ``convnets.resnext101_32x4d(pretrained=True, **kwargs)``; ``help(convnets.resnext101_32x4d)``
-    lists the keywords. ``pretrained_from_file=PATH`` loads a local checkpoint of any supported layout.
-    """
-    return convnets.resnext101_32x4d(pretrained=pretrained, **kwargs)
-
-
-def nvidia_resneXt(pretrained: bool = True, **kwargs: _Any) -> "convnets.ResNet":
-    """Upstream's alias of ``nvidia_resnext101_32x4d``: ResNeXt101-32x4d with NGC ImageNet weights.
-
-    Same as ``convnets.resnext101_32x4d(pretrained=True, **kwargs)``.
-    """
-    return convnets.resnext101_32x4d(pretrained=pretrained, **kwargs)
+    title = info.summary.splitlines()[0]
+    alias = "" if hub_name == info.hub_names[0] else f"Upstream's alias of ``{info.hub_names[0]}``.\n    "
+    weights = ("with NVIDIA's NGC ImageNet weights by default" if has_weights
+               else "with random weights by default (no pretrained weights are published)")
+    entry.__name__ = entry.__qualname__ = hub_name
+    entry.__doc__ = (
+        f"{title}\n\n    {alias}Builds it {weights}: the same as\n"
+        f"    ``convnets.{name}(pretrained={has_weights}, **kwargs)``. ``help(convnets.{name})`` lists the "
+        "keywords;\n    ``pretrained_from_file=PATH`` loads a local checkpoint of any supported layout.\n    ")
+    return entry
 
 
-def nvidia_se_resnext101_32x4d(pretrained: bool = True, **kwargs: _Any) -> "convnets.ResNet":
-    """SE-ResNeXt101-32x4d (45.3M parameters, 80.90% top-1) with NVIDIA's NGC ImageNet weights by default.
-
-    Same as ``convnets.se_resnext101_32x4d(pretrained=True, **kwargs)``;
-    ``help(convnets.se_resnext101_32x4d)`` lists the keywords. ``pretrained_from_file=PATH`` loads a
-    local checkpoint of any supported layout.
-    """
-    return convnets.se_resnext101_32x4d(pretrained=pretrained, **kwargs)
+def _add_entry_points() -> None:
+    published = _load_manifest()
+    for info in _MODELS.values():
+        for hub_name in info.hub_names:
+            if hub_name in globals():
+                raise RuntimeError(f"hub name {hub_name!r} of model {info.name!r} is already taken in hubconf.py")
+            globals()[hub_name] = _entry_point(info, hub_name, info.name in published)
 
 
 def nvidia_convnets_processing_utils() -> "processing_utils.Processing":
@@ -64,3 +63,6 @@ def nvidia_convnets_processing_utils() -> "processing_utils.Processing":
     (bundled, never downloaded). See ``help(processing_utils)``.
     """
     return processing_utils.get_utils()
+
+
+_add_entry_points()  # last, so that a hub name clashing with anything above is caught

@@ -44,15 +44,14 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-#: public name -> module that defines it, imported on first access (PEP 562)
+#: public name -> module that defines it, imported on first access (PEP 562). Every registered
+#: model's builder (``convnets.resnet50``, ...) comes from the registry.
 _LAZY: dict[str, str] = {
     "ResNet": "convnets.models.resnet",
     "get_model": "convnets.registry",
     "load_model": "convnets.registry",
-    "resnet50": "convnets.registry",
-    "resnext101_32x4d": "convnets.registry",
-    "se_resnext101_32x4d": "convnets.registry",
     "optimize_for_inference": "convnets.deploy.optimize",
+    **{name: "convnets.registry" for name in list_models()},
 }
 
 __all__ = [
@@ -78,9 +77,7 @@ __all__ = [
     "list_models",
     "load_model",
     "optimize_for_inference",
-    "resnet50",
-    "resnext101_32x4d",
-    "se_resnext101_32x4d",
+    *list_models(),
 ]
 
 

@@ -3,6 +3,9 @@
 Every way of getting a model (these builders, :func:`get_model`, the torch.hub entry points, the
 command line) goes through :func:`_build`: architecture spec from :data:`MODEL_SPECS`, weights from
 a file or the verified cache (:mod:`convnets.weights`), then device and memory format.
+
+The builders (``resnet50``, ``resnext101_32x4d``, ``se_resnext101_32x4d``, ...) are generated, one
+per :func:`~convnets.models.specs.register_model` call, with the docstring below.
 """
 
 from __future__ import annotations
@@ -15,15 +18,21 @@ from typing import Any
 
 import torch
 
-from convnets.errors import CheckpointError, UnknownModelError
+from convnets.errors import (
+    CheckpointError,
+    InvalidArgumentError,
+    UnknownArgumentError,
+    UnknownModelError,
+    WeightsUnavailableError,
+)
 from convnets.models.resnet import ResNet
-from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, ArchSpec, list_models, registered_name
+from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, ModelInfo, list_models, registered_name
 from convnets.weights.download import fetch_weights
 from convnets.weights.layouts import infer_spec
 from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict
 from convnets.weights.manifest import load_manifest
 
-__all__ = ["fetch_pretrained", "get_model", "list_models", "load_model", "resnet50", "resnext101_32x4d", "se_resnext101_32x4d"]
+__all__ = ["fetch_pretrained", "get_model", "list_models", "load_model", *list_models()]
 
 # Upstream's model keywords. ``trt`` switched upstream's SE block to 1x1 convolutions so that
 # TensorRT could import it; our SE block exports to ONNX / TensorRT as it is, so it is accepted and
@@ -58,8 +67,9 @@ def _build(
     for k in _IGNORED_KWARGS:
         kwargs.pop(k, None)
     if kwargs:
-        raise TypeError(f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; architecture "
-                        f"fields are {list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}")
+        raise UnknownArgumentError(
+            f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; architecture fields are "
+            f"{list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}")
     published = MODEL_SPECS[name]
     spec = published.replace(**overrides)
 
@@ -67,8 +77,8 @@ def _build(
         source = Path(pretrained_from_file)
     elif pretrained:
         if spec != published:
-            raise ValueError(f"the pretrained {name} weights fit only the published architecture; drop the "
-                             f"overrides {sorted(overrides)} or pass pretrained_from_file")
+            raise InvalidArgumentError(f"the pretrained {name} weights fit only the published architecture; "
+                                       f"drop the overrides {sorted(overrides)} or pass pretrained_from_file")
         source = fetch_pretrained(name, progress=progress, key_map_fn=state_dict_key_map_fn)
     else:
         with torch.device(device or "cpu"):
@@ -90,11 +100,18 @@ def fetch_pretrained(name: str, *, progress: bool = True,
         The path of the verified cached file.
 
     Raises:
-        UnknownModelError: no such model. WeightsUnavailableError: see :func:`fetch_weights`.
+        UnknownModelError: no such model. WeightsUnavailableError: the model has no pretrained
+            weights in the manifest, or see :func:`fetch_weights`.
     """
     name = _canonical_name(name)
+    manifest = load_manifest()
+    if name not in manifest:
+        raise WeightsUnavailableError(
+            f"no pretrained weights are published for {name} (weights exist for: {', '.join(sorted(manifest))}); "
+            "build it with pretrained=False (command line: --random-init) or load your own checkpoint with "
+            "pretrained_from_file=PATH (--weights PATH)")
     validate = functools.partial(_validate, name=name, spec=MODEL_SPECS[name], key_map_fn=key_map_fn)
-    return fetch_weights(load_manifest()[name], progress=progress, validate=validate)
+    return fetch_weights(manifest[name], progress=progress, validate=validate)
 
 
 def _validate(path: Path, *, name: str, spec: ArchSpec, key_map_fn: Callable[[str], str] | None) -> None:
@@ -138,44 +155,38 @@ _BUILDER_DOC = """
         use_ema: load ``state_dict_ema`` from a training checkpoint.
         **kwargs: architecture overrides (``layers``, ``widths``, ``expansion``, ``cardinality``,
             ``se_squeeze``, ``stem_width``) and upstream's model options (``last_bn_0_init``,
-            ``conv_init``, ``fused_se``, ``trt``). Anything else raises ``TypeError``.
+            ``conv_init``, ``fused_se``, ``trt``). Anything else raises ``UnknownArgumentError``
+            (a ``TypeError``).
 
     Returns:
         The model; in eval mode when weights were loaded, in train mode otherwise.
 
     Raises:
-        WeightsUnavailableError: the weights could not be downloaded and are not cached.
+        WeightsUnavailableError: the weights could not be downloaded and are not cached, or this
+            model has no published weights.
+        InvalidArgumentError: ``pretrained=True`` with architecture overrides.
         CheckpointError: the checkpoint is unreadable or does not fit the architecture.
 """
 
 
-def _documented(summary: str) -> Callable[[Callable[..., ResNet]], Callable[..., ResNet]]:
-    def attach(fn: Callable[..., ResNet]) -> Callable[..., ResNet]:
-        fn.__doc__ = summary + "\n" + _BUILDER_DOC
-        return fn
-    return attach
+def _make_builder(info: ModelInfo) -> Callable[..., ResNet]:
+    """The public builder of one registered model, e.g. :func:`resnet50`."""
+    name = info.name
+
+    def builder(pretrained: bool = False, **kwargs: Any) -> ResNet:
+        return _build(name, pretrained, **kwargs)
+
+    builder.__name__ = builder.__qualname__ = name
+    builder.__module__ = __name__
+    builder.__doc__ = info.summary + "\n" + _BUILDER_DOC
+    return builder
 
 
-@_documented("""ResNet-50 v1.5 (25,557,032 parameters), NVIDIA's training recipe.
-
-    Paper: https://arxiv.org/abs/1512.03385 ; v1.5 moves the stride to the 3x3 convolution.""")
-def resnet50(pretrained: bool = False, **kwargs: Any) -> ResNet:
-    return _build("resnet50", pretrained, **kwargs)
-
-
-@_documented("""ResNeXt101-32x4d (44,177,704 parameters): ResNet-101 with 32-group 3x3 convolutions.
-
-    Paper: https://arxiv.org/abs/1611.05431 . NGC weights: 80.19% ImageNet top-1 (AMP, 250 epochs).""")
-def resnext101_32x4d(pretrained: bool = False, **kwargs: Any) -> ResNet:
-    return _build("resnext101_32x4d", pretrained, **kwargs)
-
-
-@_documented("""SE-ResNeXt101-32x4d (45,251,128 parameters): ResNeXt101-32x4d with NVIDIA's SE blocks.
-
-    Papers: https://arxiv.org/abs/1611.05431 , https://arxiv.org/abs/1709.01507 . The SE squeeze is
-    a fixed 16 channels (not C/16 as in timm). NGC weights: 80.90% ImageNet top-1 (AMP, 250 epochs).""")
-def se_resnext101_32x4d(pretrained: bool = False, **kwargs: Any) -> ResNet:
-    return _build("se_resnext101_32x4d", pretrained, **kwargs)
+# One builder per registration (``from convnets.registry import resnet50`` and
+# ``convnets.resnet50`` resolve to these).
+for _info in MODELS.values():
+    globals()[_info.name] = _make_builder(_info)
+del _info
 
 
 def get_model(name: str, pretrained: bool = False, **kwargs: Any) -> ResNet:
@@ -183,7 +194,7 @@ def get_model(name: str, pretrained: bool = False, **kwargs: Any) -> ResNet:
 
     Args:
         name: e.g. ``"se_resnext101_32x4d"`` (upstream's ``"se-resnext101-32x4d"`` also works).
-        pretrained, **kwargs: as for :func:`se_resnext101_32x4d`.
+        pretrained, **kwargs: as for the builders, e.g. ``help(convnets.se_resnext101_32x4d)``.
 
     Raises:
         UnknownModelError: ``name`` is not registered; the message lists the valid names.

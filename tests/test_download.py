@@ -347,7 +347,8 @@ def test_cache_follows_torch_home(full_se_checkpoint, monkeypatch: pytest.Monkey
 
 def test_manifest_entries_are_complete() -> None:
     manifest = load_manifest()
-    assert sorted(manifest) == convnets.list_models()
+    assert {"resnet50", "resnext101_32x4d", "se_resnext101_32x4d"} <= set(manifest)  # the NGC checkpoints
+    assert set(manifest) <= set(convnets.list_models())  # a registered model may have no weights
     for name, entry in manifest.items():
         assert isinstance(entry, WeightsEntry)
         assert entry.url.startswith("https://api.ngc.nvidia.com/") and entry.url.endswith(entry.file_name)

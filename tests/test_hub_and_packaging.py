@@ -14,10 +14,18 @@ import torch
 from conftest import REPO, TINY
 from reference import reference_forward
 
+import convnets
+from convnets.models.specs import MODEL_SPECS, MODELS, registered_name
+
+#: upstream's entry points (NVIDIA/DeepLearningExamples:torchhub): this checkout must keep them all.
 UPSTREAM_ENTRIES = ["nvidia_convnets_processing_utils", "nvidia_resneXt", "nvidia_resnet50",
                     "nvidia_resnext101_32x4d", "nvidia_se_resnext101_32x4d"]
-MODEL_ENTRIES = {"nvidia_resnet50": "resnet50", "nvidia_resneXt": "resnext101_32x4d",
-                 "nvidia_resnext101_32x4d": "resnext101_32x4d", "nvidia_se_resnext101_32x4d": "se_resnext101_32x4d"}
+UPSTREAM_MODEL_ENTRIES = {"nvidia_resnet50": "resnet50", "nvidia_resneXt": "resnext101_32x4d",
+                          "nvidia_resnext101_32x4d": "resnext101_32x4d",
+                          "nvidia_se_resnext101_32x4d": "se_resnext101_32x4d"}
+#: hub entry point -> registered model, as the registry declares them
+MODEL_ENTRIES = {hub: info.name for info in MODELS.values() for hub in info.hub_names}
+ENTRIES = sorted(["nvidia_convnets_processing_utils", *MODEL_ENTRIES])
 
 
 UPSTREAM_REPO = "NVIDIA/DeepLearningExamples:torchhub"
@@ -37,13 +45,32 @@ def upstream_name(isolated_cache: Path) -> str:
 
 
 def test_hub_lists_the_upstream_entry_points(upstream_name: str) -> None:
-    assert sorted(torch.hub.list(upstream_name, trust_repo=True, verbose=False)) == UPSTREAM_ENTRIES
+    listed = sorted(torch.hub.list(upstream_name, trust_repo=True, verbose=False))
+    assert listed == ENTRIES
+    assert set(UPSTREAM_ENTRIES) <= set(listed)
+    assert UPSTREAM_MODEL_ENTRIES.items() <= MODEL_ENTRIES.items()
 
 
-@pytest.mark.parametrize("entry", UPSTREAM_ENTRIES)
+def test_every_registered_model_has_a_hub_entry_point_and_vice_versa(upstream_name: str) -> None:
+    """What each listed entry point builds, not what it is called: together they cover the registry."""
+    built = {}
+    for entry in torch.hub.list(upstream_name, trust_repo=True, verbose=False):
+        if entry == "nvidia_convnets_processing_utils":
+            continue
+        model = torch.hub.load(upstream_name, entry, trust_repo=True, verbose=False, pretrained=False,
+                               device="meta")
+        built[entry] = registered_name(model.spec)
+    assert built == MODEL_ENTRIES
+    assert set(built.values()) == set(convnets.list_models())
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_every_entry_point_has_help(entry: str, upstream_name: str) -> None:
     text = torch.hub.help(upstream_name, entry, trust_repo=True)
     assert text and len(text.strip()) > 40
+    if entry in MODEL_ENTRIES:
+        name = MODEL_ENTRIES[entry]
+        assert text.startswith(MODELS[name].summary.splitlines()[0]) and f"help(convnets.{name})" in text
 
 
 def test_upstream_hub_string_loads_this_code(upstream_name: str, full_se_checkpoint,
@@ -59,6 +86,7 @@ def test_upstream_hub_string_loads_this_code(upstream_name: str, full_se_checkpo
 def test_hub_load_builds_the_architecture(entry: str, name: str) -> None:
     model = torch.hub.load(str(REPO), entry, source="local", pretrained=False, **TINY[name])
     assert model.spec.se_squeeze == (16 if "se_" in name else None)
+    assert model.spec == MODEL_SPECS[name].replace(**TINY[name])
     assert model.eval()(torch.randn(1, 3, 32, 32)).shape == (1, 1000)
 
 
@@ -115,7 +143,8 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["file"].startswith(str(target))
-    assert report["models"] == ["resnet50", "resnext101_32x4d", "se_resnext101_32x4d"]
+    assert report["models"] == sorted(json.loads((REPO / "weights_manifest.json").read_text())["models"])
+    assert {"resnet50", "resnext101_32x4d", "se_resnext101_32x4d"} <= set(report["models"])
     assert report["params"]["se_resnext101_32x4d"] == 45_251_128
     assert report["classes"] == 1000
     console = target / "bin" / "convnets"

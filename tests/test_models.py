@@ -9,14 +9,58 @@ from reference import reference_forward
 
 import convnets
 from convnets.models.resnet import MODEL_SPECS, ArchSpec, ResNet, count_parameters
+from convnets.models.specs import MODELS, register_model
 from convnets.weights.manifest import load_manifest
 
 # Published parameter counts (SPEC §2), not derived from the code.
 PUBLISHED_PARAMS = {"resnet50": 25_557_032, "resnext101_32x4d": 44_177_704, "se_resnext101_32x4d": 45_251_128}
 
 
-def test_registry_lists_the_three_models() -> None:
-    assert convnets.list_models() == sorted(PUBLISHED_PARAMS)
+def test_registry_lists_the_published_models() -> None:
+    """The three published models are registered; list_models() is the registry, sorted."""
+    assert set(PUBLISHED_PARAMS) <= set(convnets.list_models())
+    assert convnets.list_models() == sorted(MODELS) == sorted(MODEL_SPECS)
+    assert set(load_manifest()) <= set(convnets.list_models())  # every weights entry has an architecture
+
+
+@pytest.mark.parametrize("name", convnets.list_models())
+def test_every_registered_model_has_a_documented_builder(name: str) -> None:
+    from convnets import registry
+
+    builder = getattr(convnets, name)
+    assert builder is getattr(registry, name) and builder.__name__ == name
+    assert name in convnets.__all__ and name in registry.__all__
+    assert builder.__doc__.startswith(MODELS[name].summary) and "pretrained_from_file:" in builder.__doc__
+    with torch.device("meta"):
+        model = builder()
+    assert model.spec == MODEL_SPECS[name]
+    if name in load_manifest():
+        assert count_parameters(model) == load_manifest()[name].num_params
+
+
+def test_registration_is_checked() -> None:
+    spec = MODEL_SPECS["resnet50"]
+    for name, hub_names in [("resnet50", ()), ("ResNet-7", ()), ("resnet7", ("nvidia_resneXt",)),
+                            ("resnet7", ("_private",))]:
+        with pytest.raises(convnets.InvalidArgumentError, match="cannot register"):
+            register_model(name, spec, summary="x", hub_names=hub_names)
+    assert "resnet7" not in MODELS
+
+
+def test_pretrained_without_published_weights_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registered model without a manifest entry builds, but refuses pretrained=True with advice."""
+    from convnets import registry
+
+    monkeypatch.setattr(registry, "load_manifest", lambda: {})
+    with pytest.raises(convnets.WeightsUnavailableError, match="no pretrained weights .* resnet50") as info:
+        convnets.resnet50(pretrained=True)
+    assert "pretrained=False" in str(info.value) and "pretrained_from_file" in str(info.value)
+    assert convnets.resnet50(**TINY["resnet50"]).training
+
+
+def test_pretrained_with_overrides_is_an_invalid_argument() -> None:
+    with pytest.raises(convnets.InvalidArgumentError, match="published architecture"):
+        convnets.resnet50(pretrained=True, **TINY["resnet50"])
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
@@ -91,13 +135,15 @@ def test_upstream_model_keywords_are_accepted() -> None:
 
 
 def test_unknown_keyword_raises_type_error() -> None:
-    with pytest.raises(TypeError, match="colour"):
+    with pytest.raises(TypeError, match="colour") as info:
         convnets.resnet50(colour="red")
+    assert isinstance(info.value, convnets.UnknownArgumentError)
 
 
 def test_bad_conv_init_is_rejected() -> None:
-    with pytest.raises(ValueError, match="conv_init"):
+    with pytest.raises(ValueError, match="conv_init") as info:
         convnets.resnet50(conv_init="xavier", **TINY["resnet50"])
+    assert isinstance(info.value, convnets.InvalidArgumentError)
 
 
 def test_unknown_model_name_lists_the_valid_ones() -> None:
@@ -146,7 +192,7 @@ def test_extract_features_returns_requested_stages() -> None:
     torch.testing.assert_close(some["layer2"], everything["layer2"])
     torch.testing.assert_close(everything["classifier"], logits)
     torch.testing.assert_close(everything["layer4"], features)
-    with pytest.raises(ValueError, match="layer9"):
+    with pytest.raises(convnets.InvalidArgumentError, match="layer9"):
         model.extract_features(x, layers=["layer9"])
 
 
@@ -173,5 +219,7 @@ def test_random_init_model_is_in_train_mode() -> None:
 
 
 def test_resnet_constructor_validates_num_classes() -> None:
-    with pytest.raises(ValueError, match="num_classes"):
+    with pytest.raises(convnets.InvalidArgumentError, match="num_classes"):
         ResNet(MODEL_SPECS["resnet50"], num_classes=-1)
+    with pytest.raises(convnets.InvalidArgumentError, match="num_classes"):
+        convnets.resnet50(**TINY["resnet50"]).reset_classifier(-1)

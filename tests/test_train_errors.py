@@ -54,7 +54,7 @@ CASES: dict[str, tuple[Case, str]] = {
         lambda d, t: tiny_args(d, t / "out", 1, "--batch-size", "1000"), "fewer than one batch of 1000"),
     "misspelt architecture": (
         lambda d, t: tiny_args(d, t / "out", 1, "--arch", "resnet05"),
-        "unknown model 'resnet05'; choose one of: resnet50, resnext101_32x4d, se_resnext101_32x4d"),
+        f"unknown model 'resnet05'; choose one of: {', '.join(convnets.list_models())}"),
     "unknown architecture field": (
         lambda d, t: tiny_args(d, t / "out", 1, "--arch-kwargs", '{"depth": 18}'), "--arch-kwargs: "),
     "resume from another architecture": (

@@ -6,13 +6,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, ArchSpec, list_models, registered_name
+from convnets.models.specs import (
+    ARCH_FIELDS,
+    MODEL_SPECS,
+    MODELS,
+    ArchSpec,
+    ModelInfo,
+    list_models,
+    register_model,
+    registered_name,
+)
 
 if TYPE_CHECKING:
     from convnets.models.resnet import Bottleneck, ResNet, SqueezeExcitation, count_parameters
 
-__all__ = ["ARCH_FIELDS", "MODEL_SPECS", "ArchSpec", "Bottleneck", "ResNet", "SqueezeExcitation",
-           "count_parameters", "list_models", "registered_name"]
+__all__ = ["ARCH_FIELDS", "MODELS", "MODEL_SPECS", "ArchSpec", "Bottleneck", "ModelInfo", "ResNet",
+           "SqueezeExcitation", "count_parameters", "list_models", "register_model", "registered_name"]
 
 _LAZY = {"Bottleneck", "ResNet", "SqueezeExcitation", "count_parameters"}
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from convnets.errors import InvalidArgumentError
 from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, ArchSpec, registered_name
 
 __all__ = ["ARCH_FIELDS", "ArchSpec", "Bottleneck", "MODEL_SPECS", "ResNet", "SqueezeExcitation", "count_parameters",
@@ -117,9 +118,9 @@ class ResNet(nn.Module):
     ) -> None:
         super().__init__()
         if conv_init not in ("fan_in", "fan_out"):
-            raise ValueError(f"conv_init must be 'fan_in' or 'fan_out', got {conv_init!r}")
+            raise InvalidArgumentError(f"conv_init must be 'fan_in' or 'fan_out', got {conv_init!r}")
         if not isinstance(num_classes, int) or num_classes < 0:
-            raise ValueError(f"num_classes must be a non-negative integer, got {num_classes!r}")
+            raise InvalidArgumentError(f"num_classes must be a non-negative integer, got {num_classes!r}")
         self.spec = spec
         self.num_features = spec.num_features
         self.conv1 = nn.Conv2d(3, spec.stem_width, 7, stride=2, padding=3, bias=False)
@@ -205,7 +206,7 @@ class ResNet(nn.Module):
         wanted = list(valid) if layers is None else list(layers)
         unknown = [name for name in wanted if name not in valid]
         if unknown:
-            raise ValueError(f"unknown layer name(s) {unknown}; choose from {list(valid)}")
+            raise InvalidArgumentError(f"unknown layer name(s) {unknown}; choose from {list(valid)}")
         last = len(self.stage_names) if "classifier" in wanted else max(
             (self.stage_names.index(n) + 1 for n in wanted), default=0)
         out: dict[str, Tensor] = {}
@@ -230,7 +231,7 @@ class ResNet(nn.Module):
         The new layer is created on the device and dtype of the backbone.
         """
         if not isinstance(num_classes, int) or num_classes < 0:
-            raise ValueError(f"num_classes must be a non-negative integer, got {num_classes!r}")
+            raise InvalidArgumentError(f"num_classes must be a non-negative integer, got {num_classes!r}")
         ref = self.conv1.weight
         self.num_classes = num_classes
         self.fc = (nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
