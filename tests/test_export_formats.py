@@ -61,6 +61,7 @@ class NoTritonFormat(TorchScriptFormat):
     description = "test format without a Triton backend"
     file_names = ("model.nt",)
     triton_platform = None
+    deprecated = "use --format twofile"
 
 
 @pytest.fixture
@@ -129,6 +130,7 @@ def test_a_registered_format_is_listed_in_help_with_its_options(extra_formats: N
     text = " ".join(capsys.readouterr().out.split())
     assert "--format {onnx,torchscript,twofile,notriton}" in text
     assert "twofile (test format: TorchScript + JSON sidecar)" in text
+    assert "notriton (test format without a Triton backend) [deprecated: use --format twofile]" in text
     assert "--format twofile options: --scale SCALE multiply the logits" in text
     assert "for Triton (formats: onnx, torchscript, twofile)" in text
 

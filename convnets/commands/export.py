@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from convnets.deploy.triton import check_model_name, check_triton_format, model_version_dir, write_triton_files
 
     fmt = get_format(args.format)
-    options = _format_options(args, fmt)
+    options = fmt.resolve_options(_format_options(args, fmt))  # bad values fail before the model loads
     if (args.name or args.max_batch_size is not None) and not args.triton:
         raise ValueError("--name and --max-batch-size apply to --triton")
     if args.triton:
