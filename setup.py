@@ -26,6 +26,9 @@ setup(
     package_data={
         "convnets": ["weights_manifest.json"],
         "convnets.preprocessing": ["imagenet_classes.tsv"],
+        # The example photos: export verification runs on them when the user passes no images.
+        # (`examples/` at the repository's top is a symlink to this folder.)
+        "convnets.assets": ["examples/*.png", "examples/*.jpg", "examples/LICENSES.md"],
     },
     install_requires=[
         "torch>=2.3",

@@ -261,7 +261,9 @@ def test_json_report_describes_the_written_file(tmp_path: Path, checkpoint: Path
     assert path == tmp_path / "model.pt" and path.is_file()
     assert report["weights"] == str(checkpoint) and report["format"] == "torchscript"
     assert report["input"]["shape"] == [-1, 3, SIZE, SIZE] and report["output"]["shape"] == [-1, 10]
-    assert report["verification"]["inputs"].startswith(("4 photos", "4 synthetic"))
+    # Always the real photos shipped in the package (no scikit-image, no synthetic fallback).
+    assert report["verification"]["inputs"] == "3 photos: chelsea.png, coffee.png, rocket.jpg"
+    assert report["files"] == [str(path)]
     assert np.isfinite(report["verification"]["max_abs_error"])
 
 

@@ -1,4 +1,7 @@
-"""``convnets export``: ONNX or TorchScript files, verified, optionally as a Triton model repository.
+"""``convnets export``: one file per registered format, verified, optionally as a Triton model repository.
+
+The formats, their help lines and their own options (``--opset`` for ONNX) come from the registry
+in :mod:`convnets.deploy.formats`; this module knows none of them by name.
 
 Examples::
 
@@ -12,62 +15,107 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from convnets.deploy.export import EXPORT_FORMATS, EXPORT_PRECISIONS, FILE_NAMES, ExportResult, export_model, sample_batch
+from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
 from convnets.deploy.loading import add_model_arguments, load_from_args
-from convnets.deploy.triton import check_model_name, model_version_dir, write_triton_files
+from convnets.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from convnets.deploy.export import ExportResult
 
 DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_FORMAT = "onnx"
 
-HELP = "export a model to ONNX or TorchScript (verified against PyTorch), optionally as a Triton repository"
+HELP = "export a model to ONNX, TorchScript, ... (verified against PyTorch), optionally as a Triton repository"
 
-_FP16_NOTE = ("fp16 was verified on this machine's CPU: ONNX Runtime's CPU provider may run fp16 nodes "
-              "through fp32 casts, and PyTorch's CPU fp16 kernels are not a GPU's; check accuracy on the "
-              "serving GPU too")
+_FP16_NOTE = ("fp16 was verified on this machine's CPU: exporters' CPU runtimes may run fp16 nodes through "
+              "fp32 casts, and PyTorch's CPU fp16 kernels are not a GPU's; check accuracy on the serving GPU too")
+
+
+def _format_help(fmt: ExportFormat) -> str:
+    line = f"{fmt.name} ({fmt.description})"
+    return line + (f" [deprecated: {fmt.deprecated}]" if fmt.deprecated else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add this command's options."""
+    """Add this command's options (the format list and each format's own options come from the registry)."""
     add_model_arguments(parser, default_weights="pretrained")
-    parser.add_argument("--format", choices=EXPORT_FORMATS, default="onnx",
-                        help="onnx (ONNX Runtime, TensorRT, Triton onnxruntime_onnx) or torchscript "
-                             "(Triton pytorch_libtorch); default: onnx")
+    formats = export_formats()
+    parser.add_argument("--format", choices=[f.name for f in formats], default=DEFAULT_FORMAT,
+                        help="; ".join(_format_help(f) for f in formats) + f"; default: {DEFAULT_FORMAT}")
     parser.add_argument("--precision", choices=EXPORT_PRECISIONS, default="fp32",
                         help="weights and arithmetic; input and output stay float32 (default: fp32)")
     parser.add_argument("--output", required=True, metavar="DIR",
                         help="output directory (created); with --triton, the model repository")
     parser.add_argument("--triton", action="store_true",
-                        help="write DIR/<name>/config.pbtxt and DIR/<name>/1/model.{onnx,pt} for Triton")
+                        help="write DIR/<name>/config.pbtxt and DIR/<name>/1/<the format's files> for Triton "
+                             "(formats: " + ", ".join(f.name for f in formats if f.serves_on_triton) + ")")
     parser.add_argument("--name", help="Triton model name (default: the model name)")
     parser.add_argument("--max-batch-size", type=int, metavar="N",
                         help=f"Triton max_batch_size (default: {DEFAULT_MAX_BATCH_SIZE})")
     parser.add_argument("--images", nargs="+", metavar="IMAGE",
-                        help="photos to verify with (default: scikit-image's sample photos when installed)")
-    parser.add_argument("--image-size", type=int, default=224, metavar="PX", help="input size (default: 224)")
-    parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
+                        help="photos to verify with (default: the example photos shipped with convnets)")
+    parser.add_argument("--image-size", type=int, metavar="PX",
+                        help="input size (default: the size the --weights checkpoint was trained at, else 224)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    for fmt in formats:
+        if fmt.options:
+            group = parser.add_argument_group(f"--format {fmt.name} options")
+            for option in fmt.options:
+                # default None: an option given with another --format is an error, not silently ignored
+                group.add_argument(option.flag, dest=_dest(fmt, option.name), type=option.type, default=None,
+                                   metavar=option.name.upper(), help=f"{option.help} (default: {option.default})")
+
+
+def _dest(fmt: ExportFormat, option: str) -> str:
+    return f"format_{fmt.name}_{option}"
+
+
+def _format_options(args: argparse.Namespace, fmt: ExportFormat) -> dict[str, Any]:
+    """The chosen format's options given on the command line; an option of another format is an error."""
+    for other in export_formats():
+        for option in other.options:
+            if other is not fmt and getattr(args, _dest(other, option.name), None) is not None:
+                raise InvalidArgumentError(f"{option.flag} applies to --format {other.name}, not {fmt.name}")
+    return {o.name: value for o in fmt.options if (value := getattr(args, _dest(fmt, o.name), None)) is not None}
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets export``."""
+    from convnets.deploy.export import export_model, sample_batch
+    from convnets.deploy.triton import check_model_name, check_triton_format, model_version_dir, write_triton_files
+
+    fmt = get_format(args.format)
+    options = fmt.resolve_options(_format_options(args, fmt))  # bad values fail before the model loads
     if (args.name or args.max_batch_size is not None) and not args.triton:
         raise ValueError("--name and --max-batch-size apply to --triton")
+    if args.triton:
+        check_triton_format(fmt.name)
     max_batch_size = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     if max_batch_size < 1:
         raise ValueError(f"--max-batch-size must be at least 1, got {max_batch_size}")
-    loaded = load_from_args(args)
+    if args.image_size is not None and args.image_size < 1:
+        raise InvalidArgumentError(f"--image-size must be a positive number of pixels, got {args.image_size}")
+    fmt.check_dependencies()  # before loading (or downloading) the model
+    # --random-init measures its BatchNorm statistics at the export size: the one given, else the
+    # architecture's default (224), which is also what a freshly built model records.
+    loaded = load_from_args(argparse.Namespace(**{**vars(args), "image_size": args.image_size or 224}))
+    # A checkpoint records the size it was trained at (model.input_size): export that graph unless
+    # --image-size says otherwise.
+    image_size = args.image_size or getattr(loaded.model, "input_size", 224)
     name = check_model_name(args.name or loaded.name)
     output = Path(args.output)
-    path = (model_version_dir(output, name) if args.triton else output) / FILE_NAMES[args.format]
-    batch, description = sample_batch(args.images, image_size=args.image_size)
+    path = (model_version_dir(output, name) if args.triton else output) / fmt.file_names[0]
+    batch, description = sample_batch(args.images, image_size=image_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    result = export_model(loaded.model, path, format=args.format, precision=args.precision, batch=batch,
-                          batch_description=description, image_size=args.image_size, opset=args.opset)
+    result = export_model(loaded.model, path, format=fmt.name, precision=args.precision, batch=batch,
+                          batch_description=description, image_size=image_size, **options)
     triton_files = []
     if args.triton:
         triton_files = write_triton_files(output, name, result, max_batch_size=max_batch_size,
                                           class_names=getattr(loaded.model, "class_names", None),
-                                          image_size=args.image_size)
+                                          image_size=image_size)
     if args.json:
         report = {"model": loaded.name, "weights": loaded.weights, **result.to_dict()}
         if args.precision == "fp16":
@@ -89,8 +137,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_summary(model: str, weights: str, result: ExportResult) -> None:
     v = result.verification
-    runtime = "ONNX Runtime" if result.format == "onnx" else "torch.jit.load"
-    print(f"exported {model} ({weights} weights) to {result.path} [{result.format}, {result.precision}]")
+    runtime = get_format(result.format).runtime
+    written = ", ".join(str(p) for p in result.files)
+    print(f"exported {model} ({weights} weights) to {written} [{result.format}, {result.precision}]")
     print(f"  input  {result.input_name!r}: float32 {list(result.input_shape)}   (-1: dynamic batch)")
     print(f"  output {result.output_name!r}: float32 {list(result.output_shape)}")
     print(f"  verified with {runtime} at batch sizes {list(v.batch_sizes)} on {v.inputs}: max abs error "

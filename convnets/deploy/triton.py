@@ -5,7 +5,10 @@ Layout (https://github.com/triton-inference-server/server/blob/main/docs/user_gu
     DIR/<name>/README.md          how to serve and query it, TensorRT command
     DIR/<name>/config.pbtxt       platform, max_batch_size, input/output, dynamic batching
     DIR/<name>/labels.txt         class names, when the model has them (Triton's classification extension)
-    DIR/<name>/1/model.onnx       or model.pt (TorchScript, Triton's libtorch backend)
+    DIR/<name>/1/model.onnx       the format's file(s): model.onnx, model.pt (TorchScript, libtorch), ...
+
+Each export format (:mod:`convnets.deploy.formats`) names its Triton ``platform`` or ``backend``
+and its file names; a format with neither cannot be served this way.
 
 Upstream's Triton flow imported a module that was removed in 2021; this one writes the files from
 the export itself, so names and shapes always match the model file.
@@ -18,12 +21,12 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from convnets.deploy.export import FILE_NAMES, ExportResult
+from convnets.deploy.export import ExportResult
+from convnets.preprocessing.presets import EvalPreset
+from convnets.deploy.formats import ExportFormat, export_formats, get_format
+from convnets.errors import InvalidArgumentError
 
-__all__ = ["PLATFORMS", "check_model_name", "model_version_dir", "triton_config", "write_triton_files"]
-
-#: Triton platform of each export format.
-PLATFORMS: dict[str, str] = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch"}
+__all__ = ["check_model_name", "check_triton_format", "model_version_dir", "triton_config", "write_triton_files"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -33,6 +36,20 @@ def check_model_name(name: str) -> str:
     if not _NAME.match(name) or name in (".", ".."):
         raise ValueError(f"invalid Triton model name {name!r}: use letters, digits, '_', '-', '.'")
     return name
+
+
+def check_triton_format(name: str) -> ExportFormat:
+    """The registered format ``name`` if Triton can serve it.
+
+    Raises:
+        InvalidArgumentError: unknown format, or one that has no Triton platform or backend.
+    """
+    fmt = get_format(name)
+    if not fmt.serves_on_triton:
+        servable = [f"--format {f.name}" for f in export_formats() if f.serves_on_triton]
+        raise InvalidArgumentError(f"Triton has no backend for the {fmt.name} format; use {' or '.join(servable)} "
+                                   "with --triton")
+    return fmt
 
 
 def model_version_dir(repository: str | Path, name: str, version: int = 1) -> Path:
@@ -62,11 +79,15 @@ def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
         raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
     if export.input_shape[0] != -1 or export.output_shape[0] != -1:
         raise ValueError("the exported model has no dynamic batch axis; Triton batching needs one")
+    fmt = check_triton_format(export.format)
     label = '\n    label_filename: "labels.txt"' if has_labels else ""
+    # Triton names a model's runtime either by platform (onnxruntime_onnx, pytorch_libtorch) or by
+    # backend (openvino, python).
+    runtime = f'platform: "{fmt.triton_platform}"' if fmt.triton_platform else f'backend: "{fmt.triton_backend}"'
     return f"""\
 # Written by `convnets export --triton` ({export.format}, {export.precision} weights; float32 in and out).
 name: "{check_model_name(name)}"
-platform: "{PLATFORMS[export.format]}"
+{runtime}
 max_batch_size: {max_batch_size}
 input [
   {{
@@ -91,30 +112,16 @@ dynamic_batching {{
 
 
 def _readme(repository: Path, name: str, export: ExportResult, max_batch_size: int, image_size: int) -> str:
-    file_name = FILE_NAMES[export.format]
-    opt = min(16, max_batch_size)
-    shape = f"3x{image_size}x{image_size}"
-    trt = ""
-    if export.format == "onnx":
-        trt = f"""
-## TensorRT
-
-The same ONNX file builds a TensorRT engine (on the GPU that will run it; none was built here):
-
-    trtexec --onnx=1/model.onnx --minShapes={export.input_name}:1x{shape} \\
-            --optShapes={export.input_name}:{opt}x{shape} --maxShapes={export.input_name}:{max_batch_size}x{shape} \\
-            --fp16 --saveEngine=model.plan
-
-Serve it with `platform: "tensorrt_plan"` and `1/model.plan` instead of `model.onnx` (same names and dims),
-or keep ONNX Runtime and let it use TensorRT inside Triton:
-`optimization {{ execution_accelerators {{ gpu_execution_accelerator: [ {{ name: "tensorrt" }} ] }} }}`.
-"""
+    fmt = get_format(export.format)
+    files = ", ".join(f"`{name}/1/{p.name}`" for p in export.files)
+    resize_size = EvalPreset.for_image_size(image_size).resize_size
+    notes = fmt.triton_notes(input_name=export.input_name, max_batch_size=max_batch_size, image_size=image_size)
     return f"""# Triton model repository: {name}
 
-`{name}/1/{file_name}` ({export.format}, {export.precision}), exported and verified by `convnets export`
+{files} ({export.format}, {export.precision}), exported and verified by `convnets export`
 (max |error| {export.verification.max_abs_error:.3g} vs PyTorch on {export.verification.inputs}).
 Input `{export.input_name}`: float32 `[N, {", ".join(str(d) for d in export.input_shape[1:])}]`, normalized
-RGB (resize 256, center crop {image_size}, ImageNet mean/std); output `{export.output_name}`:
+RGB (resize {resize_size}, center crop {image_size}, ImageNet mean/std); output `{export.output_name}`:
 float32 logits `[N, {", ".join(str(d) for d in export.output_shape[1:])}]`; N up to {max_batch_size}.
 
 ## Serve
@@ -137,22 +144,23 @@ result = client.infer({json.dumps(name)}, [inp], outputs=[httpclient.InferReques
 logits = result.as_numpy({json.dumps(export.output_name)})
 print(logits.argmax(1))
 ```
-{trt}"""
+{notes}"""
 
 
 def write_triton_files(repository: str | Path, name: str, export: ExportResult, *, max_batch_size: int,
                        class_names: Sequence[str] | None = None, image_size: int = 224) -> list[Path]:
     """Write ``config.pbtxt``, ``labels.txt`` (if ``class_names``) and ``README.md`` for ``export``.
 
-    The model file itself must already be at ``model_version_dir(repository, name) / model.onnx``
-    (or ``model.pt``), which is where the export command writes it.
+    The model file itself must already be at ``model_version_dir(repository, name) /`` the
+    format's first file name (``model.onnx``, ``model.pt``, ...), which is where the export command
+    writes it.
 
     Returns:
         The files written.
     """
     repository = Path(repository)
     model_dir = repository / check_model_name(name)
-    expected = model_version_dir(repository, name) / FILE_NAMES[export.format]
+    expected = model_version_dir(repository, name) / check_triton_format(export.format).file_names[0]
     if export.path.resolve() != expected.resolve():
         raise ValueError(f"the model file must be {expected} for Triton, not {export.path}")
     written = []
