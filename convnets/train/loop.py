@@ -152,10 +152,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
     global_batch = cfg.batch_size * ctx.world_size * cfg.grad_accum
     lr = cfg.lr if cfg.lr is not None else scaled_lr(global_batch)
     warmup_epochs = cfg.warmup_epochs if cfg.warmup_epochs is not None else default_warmup_epochs(global_batch, cfg.epochs)
-    trainer = Trainer(model, precision, lr=lr, total_steps=steps_per_epoch * cfg.epochs,
-                      warmup_steps=round(warmup_epochs * steps_per_epoch), momentum=cfg.momentum,
-                      weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing, mixup_alpha=cfg.mixup,
-                      ema_decay=cfg.ema, ddp=ctx.distributed, max_nonfinite_steps=cfg.max_nonfinite_steps)
+    trainer = Trainer.from_config(cfg, model, precision, lr=lr, total_steps=steps_per_epoch * cfg.epochs,
+                                  warmup_steps=round(warmup_epochs * steps_per_epoch), ddp=ctx.distributed)
     history: list[dict[str, Any]] = []
     first_epoch, best_top1, best_epoch = 0, -math.inf, 0
     if ckpt is not None:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from convnets.errors import CheckpointError, TrainingDivergedError
+from convnets.train.config import TrainConfig
 from convnets.train.recipe import (LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY, Precision, make_ema, make_optimizer,
                                    make_scheduler, mixup)
 from convnets.weights.checkpoint import TrainingCheckpoint
@@ -79,6 +80,17 @@ class Trainer:
         self.max_nonfinite_steps = max_nonfinite_steps
         self.nonfinite_in_a_row = 0
         self.skipped_steps = 0
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, model: nn.Module, precision: Precision, *, lr: float, total_steps: int,
+                    warmup_steps: int, ddp: bool) -> Trainer:
+        """The trainer of a run: the recipe's knobs from ``cfg``, the schedule from the loop.
+
+        A new knob of the step is a :class:`TrainConfig` field read here (and used in this module).
+        """
+        return cls(model, precision, lr=lr, total_steps=total_steps, warmup_steps=warmup_steps,
+                   momentum=cfg.momentum, weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing,
+                   mixup_alpha=cfg.mixup, ema_decay=cfg.ema, ddp=ddp, max_nonfinite_steps=cfg.max_nonfinite_steps)
 
     @property
     def lr(self) -> float:
