@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from convnets.train.engine import benchmark_training  # noqa: E402
+from convnets.train import benchmark_training  # noqa: E402
 
 TINY = {"layers": [1, 1, 1, 1], "widths": [32, 64, 128, 256], "cardinality": 8, "expansion": 2}
 

@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from convnets.errors import (
-    CheckpointError,
-    InvalidArgumentError,
-    UnknownArgumentError,
-    UnknownModelError,
-    WeightsUnavailableError,
-)
+from convnets.errors import InvalidArgumentError, UnknownArgumentError, UnknownModelError, WeightsUnavailableError
 from convnets.models.resnet import ResNet
 from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, ModelInfo, list_models, registered_name
+from convnets.weights.checkpoint import ModelRecord
 from convnets.weights.download import fetch_weights
 from convnets.weights.layouts import infer_spec
 from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict
@@ -88,7 +83,7 @@ def _build(
     state_dict, metadata, layout = read_state_dict(source, key_map_fn=state_dict_key_map_fn, use_ema=use_ema)
     model = build_model(spec, state_dict, num_classes=num_classes, model_kwargs=model_kwargs,
                         model_name=name, source=str(source), layout=layout)
-    _apply_metadata(model, metadata)
+    _apply_metadata(model, ModelRecord.from_metadata(metadata))
     return _place(model, device, memory_format)
 
 
@@ -128,15 +123,12 @@ def _place(model: ResNet, device: torch.device | str | None, memory_format: torc
     return model
 
 
-def _apply_metadata(model: ResNet, metadata: Mapping[str, Any]) -> None:
+def _apply_metadata(model: ResNet, record: ModelRecord) -> None:
     """Keep what a self-describing checkpoint says about its head and input size."""
-    names = metadata.get("class_names")
-    if isinstance(names, (list, tuple)) and len(names) == model.num_classes and all(isinstance(n, str) for n in names):
-        model.class_names = list(names)
-    config = metadata.get("config")
-    size = config.get("image_size") if isinstance(config, Mapping) else None
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        model.input_size = size
+    if record.class_names is not None and len(record.class_names) == model.num_classes:
+        model.class_names = list(record.class_names)
+    if record.image_size is not None:
+        model.input_size = record.image_size
 
 
 _BUILDER_DOC = """
@@ -219,16 +211,14 @@ def load_model(path: str | os.PathLike[str], *, device: torch.device | str | Non
     Returns:
         The model in eval mode; ``model.class_names`` holds the class names if the file has them.
     """
+    # A training checkpoint (TrainingCheckpoint) records its architecture; any other layout has
+    # it read off the tensor shapes.
     state_dict, metadata, layout = read_state_dict(path, use_ema=use_ema)
-    spec_dict = metadata.get("arch_spec")
-    if isinstance(spec_dict, Mapping):
-        try:
-            spec = ArchSpec(**spec_dict)
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{path} has an invalid 'arch_spec' entry: {e}") from e
-    else:
+    record = ModelRecord.from_metadata(metadata)
+    spec = record.spec(source=str(path))
+    if spec is None:
         spec, _ = infer_spec(state_dict, source=str(path))
     name = registered_name(spec) or "custom ResNet"
     model = build_model(spec, state_dict, model_name=name, source=str(path), layout=layout)
-    _apply_metadata(model, metadata)
+    _apply_metadata(model, record)
     return _place(model, device, memory_format)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,8 @@ from reference import reference_forward
 
 import convnets
 from convnets.errors import CheckpointError
+from convnets.train.checkpoint import get_rng_state, set_rng_state
+from convnets.weights.checkpoint import FORMAT, STATE_DICT_EMA, TrainingCheckpoint
 
 SE = "se_resnext101_32x4d"
 X = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
@@ -294,3 +298,62 @@ def test_pickled_model_object_is_explained(tmp_path: Path) -> None:
     torch.save([1, 2, 3], tmp_path / "list.pth")
     with pytest.raises(CheckpointError, match="state_dict"):
         convnets.load_model(tmp_path / "list.pth")
+
+
+# The training checkpoint's schema (convnets.weights.checkpoint.TrainingCheckpoint).
+
+def _training_checkpoint(**changes: object) -> TrainingCheckpoint:
+    model = convnets.get_model(SE, num_classes=3, **TINY[SE])
+    fields: dict[str, object] = dict(state_dict=model.state_dict(), optimizer={"state": {}}, scheduler={"last_epoch": 4},
+                                     epoch=2, arch_spec=model.spec.to_dict(), class_names=["a", "b", "c"],
+                                     config={"image_size": 48})
+    return TrainingCheckpoint(**{**fields, **changes})
+
+
+def test_training_checkpoint_round_trip_and_load_model(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pth.tar"
+    written = _training_checkpoint(history=[{"epoch": 1, "val_top1": 50.0}], best_top1=50.0, best_epoch=1)
+    written.write(path)
+    assert not [p for p in tmp_path.iterdir() if p != path]  # no temporary file left behind
+    raw = torch.load(path, weights_only=True)
+    assert raw["format"] == FORMAT and STATE_DICT_EMA not in raw and "ema_updates" not in raw
+    read = TrainingCheckpoint.read(path)
+    assert read.epoch == 2 and read.history == written.history and read.best_top1 == 50.0
+    assert read.class_names == ["a", "b", "c"] and read.model_spec() == written.model_spec()
+    model = convnets.load_model(path)  # the registry reads the same file through the schema
+    assert model.class_names == ["a", "b", "c"] and model.input_size == 48 and model.spec == read.model_spec()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d.pop("optimizer"), "is not a convnets training checkpoint (no optimizer)"),
+    (lambda d: d.update(epoch="2"), "epoch (str, expected an int >= 0)"),
+    (lambda d: d.update(class_names=[1, 2, 3]), "class_names (list, expected a list of str)"),
+    (lambda d: d.update(format="convnets-train/2"), "format 'convnets-train/2'"),
+])
+def test_training_checkpoint_validation(damage: Callable[[dict[str, object]], object], message: str,
+                                        tmp_path: Path) -> None:
+    data = _training_checkpoint().to_dict()
+    damage(data)
+    torch.save(data, tmp_path / "bad.pth")
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        TrainingCheckpoint.read(tmp_path / "bad.pth", hint="use something else")
+    with pytest.raises(CheckpointError, match="use something else"):
+        TrainingCheckpoint.read(tmp_path / "bad.pth", hint="use something else")
+
+
+def test_rng_state_survives_a_checkpoint_file(tmp_path: Path) -> None:
+    """The global generators' state, written and read back through a real checkpoint file."""
+    torch.manual_seed(11), np.random.seed(11), random.seed(11)
+    np.random.standard_normal()  # leaves a cached Gaussian in numpy's state
+    random.gauss(0, 1)
+    state = get_rng_state()
+    expected = _draws()
+    _training_checkpoint(rng=state).write(tmp_path / "c.pth")
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+    set_rng_state(TrainingCheckpoint.read(tmp_path / "c.pth").rng)
+    assert _draws() == expected
+
+
+def _draws() -> tuple[list[float], ...]:
+    return (torch.rand(3).tolist(), np.random.rand(3).tolist(), [np.random.standard_normal() for _ in range(2)],
+            [random.random() for _ in range(3)], [random.gauss(0, 1) for _ in range(2)])

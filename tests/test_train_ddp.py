@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ import torch
 from train_support import REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics, tiny_args
 
 from convnets.train import TrainConfig, fit
+from convnets.train.dali import _epoch_order
+from convnets.train.data import SeededSampler
+from convnets.train.dist import DistContext
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -56,3 +60,43 @@ def test_every_rank_reports_an_error_and_the_job_fails(tmp_path: Path) -> None:
         assert f"convnets train: error: rank {rank}/2: data directory {tmp_path / 'missing'} does not exist" \
             in proc.stderr
     assert not (tmp_path / "out" / "checkpoint.pth.tar").exists()
+
+
+# Data order of a rank, without a process group: the PyTorch sampler and DALI's file order.
+N_IMAGES = 192
+
+
+def _ctx(rank: int) -> DistContext:
+    return DistContext(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"))
+
+
+def _sampler_order(rank: int, epoch: int, n: int = N_IMAGES) -> list[int]:
+    sampler = SeededSampler(list(range(n)), _ctx(rank), seed=7)
+    sampler.set_epoch(epoch)
+    return [index for index, _ in sampler]
+
+
+def _dali_order(rank: int, epoch: int, n: int = N_IMAGES) -> list[int]:
+    return _epoch_order(n, 7, epoch, _ctx(rank))
+
+
+@pytest.mark.parametrize("order", [_sampler_order, _dali_order], ids=["pytorch", "dali"])
+def test_two_ranks_partition_the_data_in_a_new_order_each_epoch(order: Callable[..., list[int]]) -> None:
+    shards = []
+    for epoch in (0, 1, 2):
+        a, b = order(0, epoch), order(1, epoch)
+        assert len(a) == len(b) == N_IMAGES // 2
+        assert not set(a) & set(b), f"epoch {epoch}: {len(set(a) & set(b))} images on both ranks"
+        assert sorted(a + b) == list(range(N_IMAGES)), f"epoch {epoch}: the ranks miss images"
+        shards.append((a, b))
+    for rank in (0, 1):  # each epoch reshuffles which images a rank sees, and their order
+        assert set(shards[0][rank]) != set(shards[1][rank]) != set(shards[2][rank])
+    # With padding (an odd count), every image is still seen, one of them twice.
+    a, b = order(0, 0, N_IMAGES + 1), order(1, 0, N_IMAGES + 1)
+    assert set(a) | set(b) == set(range(N_IMAGES + 1)) and len(a) == len(b) == N_IMAGES // 2 + 1
+
+
+def test_both_backends_train_on_the_same_order() -> None:
+    for rank in (0, 1):
+        for epoch in (0, 1):
+            assert _sampler_order(rank, epoch) == _dali_order(rank, epoch)

@@ -3,6 +3,8 @@ status, never a traceback. Each case is a real CLI subprocess (two run at a time
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -15,6 +17,9 @@ import torch
 from train_support import TINY_ARCH, make_digits, run_train, tiny_args
 
 import convnets
+import convnets.train
+from convnets.cli import build_parser
+from convnets.commands.train import add_arguments, config_from_args
 
 Case = Callable[[Path, Path], list[str]]  # (digits, scratch dir) -> CLI arguments
 
@@ -110,4 +115,23 @@ def test_bad_arch_kwargs_json_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_train("--data", str(tmp_path), "--output", str(tmp_path), "--arch-kwargs", "{layers: [1]}")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--arch-kwargs is not valid JSON" in proc.stderr.strip().splitlines()[-1]
-    assert json.dumps(TINY_ARCH)  # the valid spelling used elsewhere in these tests
+    # The valid spelling used elsewhere in these tests reaches the configuration unchanged.
+    args = build_parser().parse_args(["train", "--data", str(tmp_path), "--output", str(tmp_path),
+                                      "--arch-kwargs", json.dumps(TINY_ARCH)])
+    assert config_from_args(args).arch_kwargs == TINY_ARCH
+
+
+def test_every_config_field_has_a_flag(tmp_path: Path) -> None:
+    """``convnets train`` flags are generated from TrainConfig: each field is reachable from the CLI."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dests = {a.dest for a in parser._actions}
+    assert {f.name for f in dataclasses.fields(convnets.train.TrainConfig)} <= dests
+    args = build_parser().parse_args(["train", "--data", str(tmp_path), "--output", str(tmp_path),
+                                      "--max-nonfinite-steps", "3", "--no-amp", "--memory-format", "nhwc",
+                                      "--no-progress", "--ema", "0.5", "--pretrained"])
+    config = config_from_args(args)
+    assert (config.max_nonfinite_steps, config.amp, config.memory_format, config.progress, config.ema,
+            config.pretrained, config.data) == (3, False, "nhwc", False, 0.5, True, tmp_path)
+    assert config_from_args(build_parser().parse_args(["train", "--data", "d", "--output", "o"])) == \
+        convnets.train.TrainConfig(data="d", output="o")  # the flags' defaults are the config's

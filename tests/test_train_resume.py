@@ -1,16 +1,21 @@
 """A run killed mid-training and resumed from its last checkpoint ends exactly where an
-uninterrupted run ends: weights, EMA weights, optimizer, schedule and metrics."""
+uninterrupted run ends: weights, EMA weights, optimizer, schedule, metrics and global random state."""
 
 from __future__ import annotations
 
+import random
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from train_support import REPO, cli_env, make_digits, read_metrics, run_train, tiny_args, train_cmd
+from train_support import (REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics, run_train, tiny_args,
+                           train_cmd)
+
+from convnets.train import TrainConfig, fit
 
 EPOCHS = 3
 # MixUp and EMA on, so that their random draws and state are part of what must be restored.
@@ -66,3 +71,30 @@ def test_killed_and_resumed_run_matches_uninterrupted_run(tmp_path: Path) -> Non
     timing = {"img_per_s", "epoch_seconds"}
     strip = [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(broken)]
     assert strip == [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(whole)]
+
+
+def _seed_globals(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def _global_draws() -> tuple[list[float], list[float], list[float]]:
+    return torch.rand(4).tolist(), np.random.rand(4).tolist(), [random.random() for _ in range(4)]
+
+
+@pytest.mark.usefixtures(one_thread.__name__)
+def test_resume_restores_the_global_random_generators(tmp_path: Path) -> None:
+    """After a resume, the torch / numpy / ``random`` global generators continue as in an uninterrupted run."""
+    data = make_digits(tmp_path / "data", n_train=64, n_val=16)
+    common = dict(data=data, arch="resnet50", arch_kwargs=TINY_ARCH, image_size=32, batch_size=32, workers=0,
+                  amp=False, lr=0.1, progress=False)
+    _seed_globals(123)
+    fit(TrainConfig(output=tmp_path / "whole", epochs=2, **common))
+    expected = _global_draws()
+
+    _seed_globals(123)
+    fit(TrainConfig(output=tmp_path / "part", epochs=1, **common))
+    _seed_globals(999)  # as a new process would start: other states everywhere
+    fit(TrainConfig(output=tmp_path / "part", epochs=2, resume=tmp_path / "part" / "checkpoint.pth.tar", **common))
+    assert _global_draws() == expected

@@ -119,7 +119,7 @@ def _inference(args: argparse.Namespace, device: torch.device) -> tuple[list[Bat
 
 
 def _training(args: argparse.Namespace, device: torch.device) -> tuple[list[BatchResult], str, str, str]:
-    from convnets.train.engine import benchmark_training  # the training stack only when asked for
+    from convnets.train.benchmark import benchmark_training  # the training stack only when asked for
 
     if args.weights:
         raise ValueError("--mode training times the training step of a fresh model (weights do not change "

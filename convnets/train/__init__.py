@@ -19,14 +19,21 @@ from typing import TYPE_CHECKING, Any
 from convnets.train.config import TrainConfig
 
 if TYPE_CHECKING:
-    from convnets.train.engine import Trainer, TrainSummary, benchmark_training, evaluate, fit
+    from convnets.train.benchmark import benchmark_training
+    from convnets.train.loop import evaluate, fit
+    from convnets.train.metrics import TrainSummary
+    from convnets.train.step import Trainer
 
 __all__ = ["TrainConfig", "TrainSummary", "Trainer", "benchmark_training", "evaluate", "fit"]
 
+# Where each lazily imported name lives: the step, the loop, the metrics and the benchmark.
+_LAZY = {"Trainer": "step", "fit": "loop", "evaluate": "loop", "TrainSummary": "metrics",
+         "benchmark_training": "benchmark"}
+
 
 def __getattr__(name: str) -> Any:
-    # The engine pulls in torchvision, DDP and tqdm; import it on first use so that building the
+    # The loop pulls in torchvision, DDP and tqdm; import it on first use so that building the
     # `convnets` command line (which reads TrainConfig's defaults) stays fast.
-    if name in __all__:
-        return getattr(importlib.import_module("convnets.train.engine"), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"convnets.train.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

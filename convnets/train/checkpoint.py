@@ -1,15 +1,9 @@
-"""Training checkpoints: atomic files that ``torch.load(weights_only=True)`` reads back.
+"""The training run's files and global random state; the checkpoint's schema is
+:class:`convnets.weights.checkpoint.TrainingCheckpoint`.
 
-A checkpoint is a dict of tensors, plain containers and scalars:
-
-``state_dict`` (model weights, no ``module.`` prefix), ``state_dict_ema`` and ``ema_updates``
-(with EMA), ``optimizer``, ``scheduler``, ``scaler`` (GradScaler state or None), ``epoch``
-(epochs completed), ``step`` (optimizer steps), ``best_top1`` / ``best_epoch``, ``history`` (the
-per-epoch metrics so far), ``rng`` (torch / CUDA / numpy / Python generator states), ``config``
-(the run's :class:`~convnets.train.config.TrainConfig` as a dict), ``arch`` (model name),
-``arch_spec`` (``ArchSpec.to_dict()``), ``class_names``, ``world_size`` and ``format``.
-``arch_spec`` and ``class_names`` make it self-describing: ``convnets.load_model(path)`` rebuilds
-the model from it alone.
+``checkpoint.pth.tar`` is rewritten after every epoch, ``model_best.pth.tar`` is a copy of the
+best one so far. :func:`get_rng_state` is the random state a checkpoint records, so that a
+resumed run continues every global generator where the interrupted run left it.
 """
 
 from __future__ import annotations
@@ -23,22 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from convnets.errors import CheckpointError
 from convnets.fileio import atomic_write
-from convnets.weights.load import read_checkpoint
 
-__all__ = ["CHECKPOINT", "BEST", "FORMAT", "atomic_copy", "atomic_save", "get_rng_state",
-           "read_training_checkpoint", "set_rng_state"]
+__all__ = ["BEST", "CHECKPOINT", "atomic_copy", "get_rng_state", "set_rng_state"]
 
 CHECKPOINT = "checkpoint.pth.tar"
 BEST = "model_best.pth.tar"
-FORMAT = "convnets-train/1"
-REQUIRED = ("state_dict", "optimizer", "scheduler", "epoch", "arch_spec", "class_names")
-
-
-def atomic_save(obj: Mapping[str, Any], path: Path) -> None:
-    """``torch.save`` to ``path`` atomically (temporary file + fsync + ``os.replace``)."""
-    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def atomic_copy(src: Path, dst: Path) -> None:
@@ -72,17 +56,3 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
                          n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
-
-
-def read_training_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint written by ``convnets train`` (``weights_only``).
-
-    Raises:
-        CheckpointError: unreadable, or not a training checkpoint of this package.
-    """
-    ckpt = read_checkpoint(path)
-    missing = [k for k in REQUIRED if not isinstance(ckpt, Mapping) or k not in ckpt]
-    if missing:
-        raise CheckpointError(f"{path} is not a convnets training checkpoint (no {', '.join(missing)}); "
-                              "to fine-tune from its weights use --pretrained-from-file instead of --resume")
-    return dict(ckpt)

@@ -1,4 +1,15 @@
-"""The run configuration of ``convnets train``: one typed dataclass, checked on creation."""
+"""The run configuration of ``convnets train``: one typed dataclass, checked on creation.
+
+Each field also describes its command-line flag, in ``dataclasses.field(metadata=option(...))``;
+:mod:`convnets.commands.train` builds every flag from these, so a new hyperparameter is one field
+here plus the code that uses it. The metadata keys (see :func:`option`):
+
+``help`` (argparse help, ``%(default)s`` allowed), ``group`` (help section), ``metavar``,
+``choices``, ``parse`` (a ``str -> value`` function for a type that the annotation alone does not
+say, e.g. JSON; its ``ValueError`` becomes a usage error) and ``shared`` (the name of a shared
+command-line option to use instead of a generated one). The flag is ``--field-name``; a ``bool``
+field that defaults to ``True`` gets ``--no-field-name``, a ``bool | None`` field both spellings.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +17,58 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from convnets.models.specs import list_models
 from convnets.train.recipe import LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY
 
-__all__ = ["BACKENDS", "TrainConfig", "parse_arch_kwargs"]
+__all__ = ["BACKENDS", "OPTION_GROUPS", "TrainConfig", "option", "parse_arch_kwargs"]
 
 #: ``--data-backend`` choices (see :mod:`convnets.train.data`).
 BACKENDS = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")
+
+#: The sections of ``convnets train --help``, in this order.
+DATA, MODEL, RECIPE, DEVICES, RUN = OPTION_GROUPS = (
+    "data and output", "model", "recipe", "precision and devices", "run")
+
+
+def option(help: str, group: str, *, metavar: str | None = None, choices: Sequence[str] | None = None,
+           parse: Callable[[str], Any] | None = None, shared: str | None = None) -> dict[str, Any]:
+    """The metadata that makes a :class:`TrainConfig` field a ``convnets train`` flag.
+
+    Args:
+        help: help text (``%(default)s`` shows the default).
+        group: one of :data:`OPTION_GROUPS`.
+        metavar: placeholder in the usage line.
+        choices: the accepted values.
+        parse: converts the command-line text when the field's type is not a plain
+            ``int`` / ``float`` / ``str`` / ``Path`` / ``bool``.
+        shared: use the command line's shared option of this name instead of generating one.
+    """
+    if group not in OPTION_GROUPS:
+        raise ValueError(f"unknown option group {group!r}; choose one of {OPTION_GROUPS}")
+    meta: dict[str, Any] = {"help": help, "group": group}
+    for key, value in (("metavar", metavar), ("choices", choices), ("parse", parse), ("shared", shared)):
+        if value is not None:
+            meta[key] = tuple(value) if key == "choices" else value
+    return meta
+
+
+def parse_arch_kwargs(text: str) -> dict[str, Any]:
+    """``--arch-kwargs`` JSON, e.g. ``'{"layers": [1, 1, 1, 1], "cardinality": 8}'``.
+
+    Raises:
+        ValueError: not JSON, or not an object.
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--arch-kwargs is not valid JSON ({e}): {text!r}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"--arch-kwargs must be a JSON object such as '{{\"layers\": [1, 1, 1, 1]}}', got {text!r}")
+    return value
 
 
 @dataclass
@@ -57,34 +111,55 @@ class TrainConfig:
             non-finite loss or gradient.
     """
 
-    data: Path | None = None
-    output: Path | None = None
-    arch: str = "resnet50"
-    arch_kwargs: dict[str, Any] = field(default_factory=dict)
-    pretrained: bool = False
-    pretrained_from_file: Path | None = None
-    epochs: int = 90
-    batch_size: int = 128
-    grad_accum: int = 1
-    lr: float | None = None
-    warmup_epochs: float | None = None
-    momentum: float = MOMENTUM
-    weight_decay: float = WEIGHT_DECAY
-    label_smoothing: float = LABEL_SMOOTHING
-    mixup: float = 0.0
-    ema: float | None = None
-    image_size: int = 224
-    amp: bool | None = None
-    amp_dtype: str | None = None
-    memory_format: str | None = None
-    data_backend: str = "pytorch"
-    workers: int = 4
-    device: str | None = None
-    seed: int = 0
-    resume: Path | None = None
-    evaluate: bool = False
-    progress: bool = True
-    max_nonfinite_steps: int = 10
+    data: Path | None = field(default=None, metadata=option(
+        "directory with train/<class>/* and val/<class>/*", DATA, metavar="DIR"))
+    output: Path | None = field(default=None, metadata=option(
+        "directory for checkpoints and metrics.jsonl", DATA, metavar="OUT"))
+    arch: str = field(default="resnet50", metadata=option(
+        f"one of {', '.join(list_models())} (default: %(default)s)", MODEL, metavar="NAME"))
+    arch_kwargs: dict[str, Any] = field(default_factory=dict, metadata=option(
+        'architecture overrides, e.g. \'{"layers": [1,1,1,1], "widths": [32,64,128,256]}\'', MODEL,
+        metavar="JSON", parse=parse_arch_kwargs))
+    pretrained: bool = field(default=False, metadata=option("start from NVIDIA's ImageNet weights", MODEL))
+    pretrained_from_file: Path | None = field(default=None, metadata=option(
+        "start from the weights in this checkpoint", MODEL, metavar="PATH"))
+    epochs: int = field(default=90, metadata=option("default: %(default)s", RECIPE))
+    batch_size: int = field(default=128, metadata=option("per process (default: %(default)s)", RECIPE))
+    grad_accum: int = field(default=1, metadata=option(
+        "micro-batches per optimizer step (default: %(default)s)", RECIPE, metavar="N"))
+    lr: float | None = field(default=None, metadata=option(
+        "peak lr (default: 0.256 x batch-size x processes x grad-accum / 256)", RECIPE))
+    warmup_epochs: float | None = field(default=None, metadata=option(
+        "linear warmup (default: 0 below an optimizer batch of 512, else min(8, epochs/10))", RECIPE))
+    momentum: float = field(default=MOMENTUM, metadata=option("default: %(default)s", RECIPE))
+    weight_decay: float = field(default=WEIGHT_DECAY, metadata=option(
+        "on conv/linear weights only (default: 1/16384 = %(default)s)", RECIPE))
+    label_smoothing: float = field(default=LABEL_SMOOTHING, metadata=option("default: %(default)s", RECIPE))
+    mixup: float = field(default=0.0, metadata=option("MixUp alpha, 0 = off (default)", RECIPE, metavar="ALPHA"))
+    ema: float | None = field(default=None, metadata=option(
+        "keep and evaluate an EMA of the weights, e.g. 0.9999", RECIPE, metavar="DECAY"))
+    image_size: int = field(default=224, metadata=option("crop size (default: %(default)s)", DATA))
+    amp: bool | None = field(default=None, metadata=option(
+        "autocast (default: on for CUDA and for CPUs with native bf16; --no-amp: fp32)", DEVICES))
+    amp_dtype: str | None = field(default=None, metadata=option(
+        "default: fp16 on CUDA (GradScaler), bf16 on CPU", DEVICES, choices=("fp16", "bf16")))
+    memory_format: str | None = field(default=None, metadata=option(
+        "default: nhwc under AMP, else nchw", DEVICES, choices=("nhwc", "nchw")))
+    data_backend: str = field(default="pytorch", metadata=option(
+        "input pipeline (default: %(default)s; dali-* need nvidia-dali-cuda130)", DATA, choices=BACKENDS))
+    workers: int = field(default=4, metadata=option(
+        "loader processes / DALI threads per training process (default: %(default)s)", DATA))
+    device: str | None = field(default=None, metadata=option(
+        "default: cuda when available", DEVICES, choices=("cuda", "cpu")))
+    seed: int = field(default=0, metadata=option("default: %(default)s", RECIPE))
+    resume: Path | None = field(default=None, metadata=option(
+        "continue the run of this checkpoint", RUN, metavar="CHECKPOINT"))
+    evaluate: bool = field(default=False, metadata=option(
+        "only validate the weights of --resume or --pretrained / --pretrained-from-file", RUN))
+    progress: bool = field(default=True, metadata=option("no progress bar", RUN))
+    max_nonfinite_steps: int = field(default=10, metadata=option(
+        "stop after this many optimizer steps in a row skipped for a non-finite loss or gradient "
+        "(default: %(default)s)", RUN, metavar="N"))
 
     def __post_init__(self) -> None:
         for name in ("data", "output", "pretrained_from_file", "resume"):
@@ -125,18 +200,3 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (paths as strings), for checkpoints and logs."""
         return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
-
-
-def parse_arch_kwargs(text: str) -> dict[str, Any]:
-    """``--arch-kwargs`` JSON, e.g. ``'{"layers": [1, 1, 1, 1], "cardinality": 8}'``.
-
-    Raises:
-        ValueError: not JSON, or not an object.
-    """
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--arch-kwargs is not valid JSON ({e}): {text!r}") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"--arch-kwargs must be a JSON object such as '{{\"layers\": [1, 1, 1, 1]}}', got {text!r}")
-    return value

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from convnets.errors import CheckpointError
 from convnets.models.resnet import ArchSpec
+from convnets.weights.checkpoint import STATE_DICT, STATE_DICT_EMA
 
 __all__ = ["infer_spec", "split_checkpoint", "to_canonical"]
 
@@ -57,21 +58,21 @@ def split_checkpoint(obj: Any, *, use_ema: bool = False, source: str = "checkpoi
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{source} holds a {type(obj).__name__}, not a state dict or a training "
                               "checkpoint; save model.state_dict() rather than the model object")
-    key = next((k for k in ("state_dict", "model") if isinstance(obj.get(k), Mapping)), None)
+    key = next((k for k in (STATE_DICT, "model") if isinstance(obj.get(k), Mapping)), None)
     if key is None:
         if not obj or not all(isinstance(v, Tensor) for v in obj.values()):
             keys = ", ".join(map(str, list(obj)[:8]))
             raise CheckpointError(f"{source} has no model weights: expected a state dict or a dict with "
-                                  f"a 'state_dict' entry, found the keys [{keys}]")
+                                  f"a '{STATE_DICT}' entry, found the keys [{keys}]")
         if use_ema:
-            raise CheckpointError(f"{source} is a plain state dict; it has no 'state_dict_ema' to use")
+            raise CheckpointError(f"{source} is a plain state dict; it has no '{STATE_DICT_EMA}' to use")
         return dict(obj), {}
     if use_ema:
-        if not isinstance(obj.get("state_dict_ema"), Mapping):
-            raise CheckpointError(f"{source} has no 'state_dict_ema' (it was saved without EMA); "
+        if not isinstance(obj.get(STATE_DICT_EMA), Mapping):
+            raise CheckpointError(f"{source} has no '{STATE_DICT_EMA}' (it was saved without EMA); "
                                   "load it without use_ema")
-        key = "state_dict_ema"
-    metadata = {k: v for k, v in obj.items() if k not in ("state_dict", "state_dict_ema", "model")}
+        key = STATE_DICT_EMA
+    metadata = {k: v for k, v in obj.items() if k not in (STATE_DICT, STATE_DICT_EMA, "model")}
     return dict(obj[key]), metadata
 
 

@@ -1,0 +1,299 @@
+"""The fine-tuning loop: :func:`fit` trains and validates epoch after epoch, or resumes a run.
+
+Reads top to bottom: :func:`fit` (entry point) -> :func:`_train` (set-up, resume, epochs,
+checkpoints) -> :func:`_train_epoch` (one pass over this rank's shard, calling
+:meth:`~convnets.train.step.Trainer.step`) -> :func:`evaluate`. Runs on one CPU or GPU, or under
+``torchrun`` on several processes and machines (DDP; rank 0 logs and writes files). Checkpoints
+(:class:`~convnets.weights.checkpoint.TrainingCheckpoint`) are written atomically after every
+epoch, and a run resumed from one ends with the same weights as an uninterrupted run (see
+:mod:`convnets.train.data` for how data order and augmentation are seeded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from convnets.errors import CheckpointError, DataError
+from convnets.models.resnet import ResNet, count_parameters
+from convnets.registry import fetch_pretrained, get_model, load_model
+from convnets.train import dist
+from convnets.train.checkpoint import BEST, CHECKPOINT, atomic_copy, get_rng_state, set_rng_state
+from convnets.train.config import TrainConfig
+from convnets.train.data import Batch, DataSource, make_data, to_device
+from convnets.train.dist import DistContext
+from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_history
+from convnets.train.recipe import Precision, default_warmup_epochs, resolve_precision, scaled_lr
+from convnets.train.step import Trainer, configure_backends
+from convnets.weights.checkpoint import TrainingCheckpoint
+
+__all__ = ["evaluate", "fit"]
+
+log = logging.getLogger(__name__)
+
+
+def fit(config: TrainConfig) -> TrainSummary:
+    """Train (or with ``config.evaluate`` only validate) as :class:`TrainConfig` says.
+
+    Under ``torchrun`` every process calls this; rank 0 writes the files.
+
+    Returns:
+        The summary (on every rank; metrics are averaged over ranks).
+
+    Raises:
+        DataError, CheckpointError, UnknownModelError, TrainingDivergedError, ValueError: see their
+        messages; the command line turns them into one line and exit status 1.
+    """
+    ctx = dist.setup(config.device)
+    try:
+        configure_backends(ctx.device)
+        precision = resolve_precision(ctx.device, config.amp, config.amp_dtype, config.memory_format)
+        if config.evaluate:
+            return _evaluate_only(config, ctx, precision)
+        return _train(config, ctx, precision)
+    finally:
+        dist.teardown()
+
+
+def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *, init_only: bool) -> ResNet:
+    kwargs: dict[str, Any] = dict(cfg.arch_kwargs, num_classes=num_classes, progress=ctx.is_main)
+    try:
+        if init_only or not (cfg.pretrained or cfg.pretrained_from_file):
+            return get_model(cfg.arch, **kwargs)
+        if cfg.pretrained_from_file is not None:
+            return get_model(cfg.arch, pretrained_from_file=cfg.pretrained_from_file, **kwargs)
+        if ctx.local_rank == 0:
+            # One process per machine downloads and verifies; the others then read its cache (with
+            # a cache shared between machines, its file lock makes that one download per job).
+            fetch_pretrained(cfg.arch)
+        dist.barrier(ctx)
+        return get_model(cfg.arch, pretrained=True, **kwargs)
+    except TypeError as e:  # an unknown --arch-kwargs key
+        raise ValueError(f"--arch-kwargs: {e}") from e
+
+
+def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:
+    start = time.perf_counter()
+    data = make_data(cfg.data_backend, cfg.data, batch_size=cfg.batch_size, image_size=cfg.image_size,
+                     workers=cfg.workers, seed=cfg.seed, ctx=ctx, train=False)
+    models = {}
+    if cfg.resume is not None:
+        models["val"] = load_model(cfg.resume)
+        with contextlib.suppress(CheckpointError):  # a checkpoint without EMA weights
+            models["ema_val"] = load_model(cfg.resume, use_ema=True)
+    else:
+        models["val"] = _build_model(cfg, None, ctx, init_only=False)
+    metrics: dict[str, Any] = {}
+    for prefix, model in models.items():
+        _check_head(model, data.classes, cfg)
+        model.to(ctx.device, memory_format=precision.memory_format)
+        result = evaluate(model, data.val(), precision, ctx, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing))
+        metrics.update({f"{prefix}_{k}": v for k, v in result.items() if k in ("loss", "top1", "top5")})
+        metrics["images"], metrics["unreadable_images"] = result["images"], result["unreadable"]
+    return TrainSummary(0, metrics, unreadable_images=metrics["unreadable_images"],
+                        seconds=time.perf_counter() - start)
+
+
+def _check_head(model: ResNet, classes: list[str], cfg: TrainConfig) -> None:
+    source = cfg.resume or cfg.pretrained_from_file or f"the pretrained {cfg.arch}"
+    if model.num_classes != len(classes):
+        raise DataError(f"{source} classifies {model.num_classes} classes but {cfg.data}/val has "
+                        f"{len(classes)}; evaluate on a data set with the classes it was trained on")
+    if model.class_names is not None and model.class_names != classes:
+        raise DataError(f"the class names of {source} differ from the folders of {cfg.data}/val "
+                        f"(e.g. {model.class_names[:3]} vs {classes[:3]})")
+
+
+def _prepare_output(out: Path, resuming: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if not resuming and (out / CHECKPOINT).exists():
+        raise ValueError(f"{out} already holds {CHECKPOINT} of another run; continue it with --resume "
+                         f"{out / CHECKPOINT} or choose another --output")
+
+
+def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:
+    start = time.perf_counter()
+    out = cfg.output
+    if out is None:
+        raise ValueError("--output DIR is required for training")
+    ckpt = None
+    if cfg.resume is not None:
+        ckpt = TrainingCheckpoint.read(cfg.resume, hint="to fine-tune from its weights use --pretrained-from-file "
+                                                         "instead of --resume")
+    if ctx.is_main:
+        _prepare_output(out, resuming=ckpt is not None)
+    data = make_data(cfg.data_backend, cfg.data, batch_size=cfg.batch_size, image_size=cfg.image_size,
+                     workers=cfg.workers, seed=cfg.seed, ctx=ctx)
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank and every run
+    model = _build_model(cfg, len(data.classes), ctx, init_only=ckpt is not None)
+    model.class_names = list(data.classes)
+    if ckpt is not None:
+        _check_resume(ckpt, model, data.classes, cfg)
+    model.to(ctx.device, memory_format=precision.memory_format)
+
+    steps_per_epoch = data.steps_per_epoch // cfg.grad_accum
+    if steps_per_epoch == 0:
+        raise DataError(f"--grad-accum {cfg.grad_accum} needs at least that many batches per epoch; "
+                        f"there are {data.steps_per_epoch}")
+    if data.steps_per_epoch % cfg.grad_accum:
+        log.warning("%d batches per epoch are not a multiple of --grad-accum %d; the last %d are skipped",
+                    data.steps_per_epoch, cfg.grad_accum, data.steps_per_epoch % cfg.grad_accum)
+    global_batch = cfg.batch_size * ctx.world_size * cfg.grad_accum
+    lr = cfg.lr if cfg.lr is not None else scaled_lr(global_batch)
+    warmup_epochs = cfg.warmup_epochs if cfg.warmup_epochs is not None else default_warmup_epochs(global_batch, cfg.epochs)
+    trainer = Trainer.from_config(cfg, model, precision, lr=lr, total_steps=steps_per_epoch * cfg.epochs,
+                                  warmup_steps=round(warmup_epochs * steps_per_epoch), ddp=ctx.distributed)
+    history: list[dict[str, Any]] = []
+    first_epoch, best_top1, best_epoch = 0, -math.inf, 0
+    if ckpt is not None:
+        trainer.load_checkpoint(ckpt, str(cfg.resume))
+        if ckpt.rng is not None:
+            set_rng_state(ckpt.rng)
+        else:
+            log.warning("%s records no random state; the global generators are not restored", cfg.resume)
+        first_epoch, history = ckpt.epoch, list(ckpt.history)
+        best_top1, best_epoch = float(ckpt.best_top1), ckpt.best_epoch
+        if ctx.is_main:
+            write_history(out / METRICS, history)
+    elif ctx.is_main:
+        write_history(out / METRICS, [])
+    if ctx.is_main:
+        log.info("%s (%s parameters, %d classes), %s; %d x %d process(es) x %d accumulation = batch %d, "
+                 "lr %.4g, warmup %.3g epochs; %d train / %d val images; resuming at epoch %d",
+                 cfg.arch, f"{count_parameters(model):,}", len(data.classes), precision.describe(), cfg.batch_size,
+                 ctx.world_size, cfg.grad_accum, global_batch, lr, warmup_epochs, data.num_train, data.num_val,
+                 first_epoch)
+
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    for epoch in range(first_epoch, cfg.epochs):
+        epoch_start = time.perf_counter()
+        record: dict[str, Any] = {"epoch": epoch + 1}
+        record.update(_train_epoch(trainer, data, epoch, steps_per_epoch, cfg, ctx))
+        trainer.sync_buffers()
+        val = evaluate(model, data.val(), precision, ctx, criterion)
+        record.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"], val_images=val["images"])
+        record["unreadable_images"] += val["unreadable"]
+        if trainer.ema is not None:
+            ema = evaluate(trainer.ema.module, data.val(), precision, ctx, criterion)
+            record.update(ema_val_loss=ema["loss"], ema_val_top1=ema["top1"], ema_val_top5=ema["top5"])
+        record["epoch_seconds"] = time.perf_counter() - epoch_start
+        history.append(record)
+        if record["val_top1"] > best_top1:
+            best_top1, best_epoch = record["val_top1"], epoch + 1
+        if ctx.is_main:
+            trainer.to_checkpoint(
+                epoch=epoch + 1, best_top1=best_top1, best_epoch=best_epoch, history=history, rng=get_rng_state(),
+                config=cfg.to_dict(), arch=cfg.arch, arch_spec=model.spec.to_dict(), class_names=list(data.classes),
+                world_size=ctx.world_size).write(out / CHECKPOINT)
+            if best_epoch == epoch + 1:
+                atomic_copy(out / CHECKPOINT, out / BEST)
+            # After the checkpoint: a crash in between loses this line, and --resume rewrites
+            # metrics.jsonl from the checkpoint's history anyway.
+            append_metrics(out / METRICS, record)
+
+    last = history[-1] if history else {}
+    return TrainSummary(
+        epochs=len(history), metrics=last, best_top1=best_top1 if history else None, best_epoch=best_epoch or None,
+        checkpoint=out / CHECKPOINT, best_checkpoint=out / BEST, metrics_file=out / METRICS,
+        unreadable_images=sum(r.get("unreadable_images", 0) for r in history),
+        skipped_steps=sum(r.get("skipped_steps", 0) for r in history), seconds=time.perf_counter() - start,
+        history=history)
+
+
+def _check_resume(ckpt: TrainingCheckpoint, model: ResNet, classes: list[str], cfg: TrainConfig) -> None:
+    if ckpt.arch_spec != model.spec.to_dict():
+        raise CheckpointError(
+            f"{cfg.resume} was trained as {ckpt.arch or '?'} {ckpt.arch_spec}, but this run builds "
+            f"{cfg.arch} {model.spec.to_dict()}; pass the --arch / --arch-kwargs of that run (its config is "
+            "stored in the checkpoint), or start a new run with --pretrained-from-file")
+    if ckpt.class_names != list(classes):
+        raise CheckpointError(f"{cfg.resume} was trained on other classes ({len(ckpt.class_names)}, e.g. "
+                              f"{ckpt.class_names[:3]}) than {cfg.data} has ({len(classes)}, e.g. "
+                              f"{classes[:3]}); fine-tune from it with --pretrained-from-file instead")
+
+
+def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg: TrainConfig,
+                 ctx: DistContext) -> dict[str, Any]:
+    """One pass over this rank's shard; returns the epoch's training metrics (averaged over ranks)."""
+    precision = trainer.precision
+    rng = np.random.default_rng((cfg.seed, epoch, ctx.rank))  # MixUp draws: a function of (seed, epoch, rank)
+    batches = iter(data.train_epoch(epoch))
+    bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step", file=sys.stderr,
+               disable=not (ctx.is_main and cfg.progress), dynamic_ncols=True)
+    loss_sum = finite_steps = images = unreadable = skipped = 0
+    lr = trainer.lr
+    start = time.perf_counter()
+    with bar:
+        for _ in range(steps):
+            micro = []
+            for _ in range(cfg.grad_accum):
+                x, y, bad = next(batches)
+                unreadable += bad
+                if len(y) == 0:
+                    raise DataError(f"no image of a training batch of {cfg.data}/train could be read")
+                micro.append((to_device(x, precision.device, precision.memory_format),
+                              y.to(precision.device, non_blocking=True)))
+                images += len(y)
+            lr = trainer.lr
+            result = trainer.step(micro, rng)
+            if result.skipped:
+                skipped += 1
+            elif math.isfinite(result.loss):
+                loss_sum += result.loss
+                finite_steps += 1
+            rate = images * ctx.world_size / max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.4g}", img_s=f"{rate:.0f}", refresh=False)
+            bar.update()
+    seconds = time.perf_counter() - start
+    loss_sum, finite_steps, images, unreadable = dist.all_reduce_sum([loss_sum, finite_steps, images, unreadable], ctx)
+    return {"train_loss": loss_sum / finite_steps if finite_steps else float("nan"), "lr": lr,
+            "img_per_s": images / seconds, "train_images": int(images), "skipped_steps": skipped,
+            "unreadable_images": int(unreadable)}
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, batches: Iterable[Batch], precision: Precision, ctx: DistContext,
+             criterion: nn.Module | None = None) -> dict[str, float]:
+    """Validation loss, top-1 and top-5 accuracy (percent) over all processes' batches.
+
+    Sums (not means) are all-reduced, so the result is that of the whole validation set.
+
+    Returns:
+        ``{"loss", "top1", "top5", "images", "unreadable"}``.
+
+    Raises:
+        DataError: no validation image could be read.
+    """
+    model.eval()
+    criterion = criterion or nn.CrossEntropyLoss()
+    device = precision.device
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, top-1 hits, top-5 hits
+    images_seen = unreadable = 0
+    for images, targets, bad in batches:
+        unreadable += bad
+        if len(targets) == 0:
+            continue
+        x = to_device(images, device, precision.memory_format)
+        y = targets.to(device, non_blocking=True)
+        with precision.autocast():
+            out = model(x)
+        hits = out.topk(min(5, out.shape[1]), dim=1).indices == y[:, None]
+        sums += torch.stack([criterion(out.float(), y).double() * len(y), hits[:, 0].sum(), hits.any(1).sum()])
+        images_seen += len(y)
+    loss_sum, top1, top5 = sums.tolist()
+    loss_sum, top1, top5, n, unreadable = dist.all_reduce_sum([loss_sum, top1, top5, images_seen, unreadable], ctx)
+    if n == 0:
+        raise DataError("no validation image could be read")
+    return {"loss": loss_sum / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n, "images": int(n),
+            "unreadable": int(unreadable)}

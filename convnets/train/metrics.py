@@ -1,0 +1,70 @@
+"""What a run reports: ``metrics.jsonl`` (one JSON line per epoch) and :class:`TrainSummary`.
+
+``metrics.jsonl`` is appended after each epoch's checkpoint and rewritten from the checkpoint's
+history on ``--resume``, so it always describes the epochs that the checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from convnets.fileio import atomic_write
+
+__all__ = ["METRICS", "TrainSummary", "append_metrics", "write_history"]
+
+#: File name of the per-epoch metrics in the output directory.
+METRICS = "metrics.jsonl"
+
+
+def write_history(path: Path, history: Sequence[Mapping[str, Any]]) -> None:
+    """Rewrite ``metrics.jsonl`` from a checkpoint's history (on resume, drops later epochs)."""
+    text = "".join(json.dumps(r) + "\n" for r in history)
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def append_metrics(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one epoch's record, on disk before returning."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@dataclass
+class TrainSummary:
+    """What :func:`fit` returns (and ``convnets train`` prints as its last line)."""
+
+    epochs: int
+    metrics: dict[str, Any]
+    best_top1: float | None = None
+    best_epoch: int | None = None
+    checkpoint: Path | None = None
+    best_checkpoint: Path | None = None
+    metrics_file: Path | None = None
+    unreadable_images: int = 0
+    skipped_steps: int = 0
+    seconds: float = 0.0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def line(self) -> str:
+        """One human-readable line."""
+        m = self.metrics
+        if self.checkpoint is None:  # --evaluate
+            text = (f"evaluated {m['images']} images: loss {m['val_loss']:.4f}, top-1 {m['val_top1']:.2f}%, "
+                    f"top-5 {m['val_top5']:.2f}%")
+            if "ema_val_top1" in m:
+                text += f"; EMA top-1 {m['ema_val_top1']:.2f}%, top-5 {m['ema_val_top5']:.2f}%"
+        else:
+            text = (f"trained {self.epochs} epochs in {self.seconds:.0f} s: val top-1 {m.get('val_top1', 0):.2f}% "
+                    f"(best {self.best_top1 or 0:.2f}% at epoch {self.best_epoch}), "
+                    f"{m.get('img_per_s', 0):.0f} img/s; checkpoint {self.checkpoint}")
+            if self.skipped_steps:
+                text += f"; {self.skipped_steps} steps skipped (non-finite)"
+        if self.unreadable_images:
+            text += f"; {self.unreadable_images} unreadable images skipped"
+        return text

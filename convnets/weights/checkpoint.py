@@ -1,0 +1,207 @@
+"""The training checkpoint's schema, in one place: :class:`TrainingCheckpoint` writes, validates and reads it.
+
+``convnets train`` writes one after every epoch; ``--resume`` reads it back, and
+:func:`convnets.load_model` rebuilds the model from it alone. The file is a dict of tensors, plain
+containers and scalars (``torch.load(weights_only=True)`` reads it); its keys are the fields of
+:class:`TrainingCheckpoint`, and no other module spells them:
+
+``state_dict`` (model weights, no ``module.`` prefix), ``state_dict_ema`` and ``ema_updates``
+(only with EMA), ``optimizer``, ``scheduler``, ``scaler`` (GradScaler state or None), ``epoch``
+(epochs completed), ``step`` (optimizer steps), ``skipped_steps``, ``best_top1`` / ``best_epoch``,
+``history`` (the per-epoch metrics so far), ``rng`` (torch / CUDA / numpy / Python generator
+states), ``config`` (the run's ``TrainConfig`` as a dict), ``arch`` (model name), ``arch_spec``
+(``ArchSpec.to_dict()``), ``class_names``, ``world_size`` and ``format`` (:data:`FORMAT`).
+``arch_spec``, ``class_names`` and ``config["image_size"]`` make it self-describing; other
+checkpoint files may carry the same entries, which :class:`ModelRecord` reads leniently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from convnets.errors import CheckpointError
+from convnets.fileio import atomic_write
+from convnets.models.specs import ArchSpec
+
+__all__ = ["FORMAT", "STATE_DICT", "STATE_DICT_EMA", "ModelRecord", "TrainingCheckpoint"]
+
+#: Version of the schema; a file that names another one is refused rather than misread.
+FORMAT = "convnets-train/1"
+#: The entries holding model weights, for :func:`convnets.weights.layouts.split_checkpoint`.
+STATE_DICT = "state_dict"
+STATE_DICT_EMA = "state_dict_ema"
+# Written only when the run keeps an EMA of the weights (older readers expect them absent).
+_ONLY_WITH_EMA = (STATE_DICT_EMA, "ema_updates")
+
+
+@dataclass
+class TrainingCheckpoint:
+    """One training checkpoint: everything a run needs to continue, and to rebuild its model.
+
+    The fields without defaults are required in a file; the others default to a fresh run's
+    values. Attributes are the file's keys (see the module docstring).
+    """
+
+    state_dict: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    epoch: int
+    arch_spec: dict[str, Any]
+    class_names: list[str]
+    step: int = 0
+    scaler: dict[str, Any] | None = None
+    skipped_steps: int = 0
+    state_dict_ema: dict[str, Any] | None = None
+    ema_updates: int | None = None
+    best_top1: float = -math.inf
+    best_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    rng: dict[str, Any] | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    arch: str | None = None
+    world_size: int = 1
+    format: str = FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's contents: plain containers, ``weights_only``-loadable (tensors not copied)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.state_dict_ema is None:
+            for key in _ONLY_WITH_EMA:
+                del out[key]
+        return out
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """``torch.save`` to ``path`` atomically: readers see the old file or the new one, never a part."""
+        import torch
+
+        data = self.to_dict()
+        atomic_write(Path(path), lambda f: torch.save(data, f))
+
+    @classmethod
+    def validate(cls, obj: Any, source: str = "checkpoint") -> None:
+        """Check that ``obj`` (what ``torch.load`` returned) is a training checkpoint of this schema.
+
+        Raises:
+            CheckpointError: required entries missing, of the wrong type, or another ``format``.
+        """
+        if not isinstance(obj, Mapping):
+            raise CheckpointError(f"{source} is not a convnets training checkpoint (it holds a "
+                                  f"{type(obj).__name__}, not a dict)")
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        missing = [k for k in required if k not in obj]
+        if missing:
+            raise CheckpointError(f"{source} is not a convnets training checkpoint (no {', '.join(missing)})")
+        # A file without "format" is accepted: hand-made minimal checkpoints (and tests) omit it.
+        version = obj.get("format", FORMAT)
+        if version != FORMAT:
+            raise CheckpointError(f"{source} is a training checkpoint of format {version!r}; this version of "
+                                  f"convnets reads {FORMAT!r}")
+        wrong = [f"{k} ({type(obj[k]).__name__}, expected {what})" for k, what, ok in (
+            (STATE_DICT, "a dict", isinstance(obj[STATE_DICT], Mapping)),
+            ("optimizer", "a dict", isinstance(obj["optimizer"], Mapping)),
+            ("scheduler", "a dict", isinstance(obj["scheduler"], Mapping)),
+            ("epoch", "an int >= 0", _is_int(obj["epoch"]) and obj["epoch"] >= 0),
+            ("arch_spec", "a dict", isinstance(obj["arch_spec"], Mapping)),
+            ("class_names", "a list of str", _is_names(obj["class_names"])),
+        ) if not ok]
+        if wrong:
+            raise CheckpointError(f"{source} is a damaged convnets training checkpoint: {', '.join(wrong)}")
+
+    @classmethod
+    def from_dict(cls, obj: Any, source: str = "checkpoint") -> TrainingCheckpoint:
+        """Validate ``obj`` and wrap it (entries this schema does not know are dropped).
+
+        Raises:
+            CheckpointError: see :meth:`validate`.
+        """
+        cls.validate(obj, source)
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in obj.items() if k in names}
+        values["class_names"] = list(values["class_names"])
+        return cls(**values)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str], *, hint: str = "") -> TrainingCheckpoint:
+        """Read and validate a checkpoint file (``weights_only``, memory-mapped).
+
+        Args:
+            path: the file.
+            hint: appended to the message when the file is not a training checkpoint, e.g. what
+                option to use for other files.
+
+        Raises:
+            CheckpointError: missing or unreadable file, or not a training checkpoint of this schema.
+        """
+        # Reading sits in weights.load, which depends on layouts, which takes this module's key
+        # names: importing it here at call time keeps the modules' import order one-way.
+        from convnets.weights.load import read_checkpoint
+
+        obj = read_checkpoint(path)
+        try:
+            return cls.from_dict(obj, str(path))
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}{'; ' + hint if hint else ''}") from e
+
+    def model_spec(self, source: str = "checkpoint") -> ArchSpec:
+        """The architecture the weights belong to.
+
+        Raises:
+            CheckpointError: ``arch_spec`` is not a valid :class:`ArchSpec`.
+        """
+        spec = ModelRecord(arch_spec=self.arch_spec).spec(source)
+        if spec is None:  # validate() admits only mappings; this guards hand-built instances
+            raise CheckpointError(f"{source} has no 'arch_spec' entry")
+        return spec
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """What a checkpoint's metadata says about its model, read leniently from any checkpoint file.
+
+    Attributes:
+        arch_spec: the recorded ``arch_spec`` entry, unchecked (see :meth:`spec`), or ``None``.
+        class_names: the class names, if recorded as a list of strings.
+        image_size: the training crop size from the recorded run configuration, if valid.
+    """
+
+    arch_spec: Any = None
+    class_names: list[str] | None = None
+    image_size: int | None = None
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> ModelRecord:
+        """Read the non-weight entries of a checkpoint (``split_checkpoint``'s metadata)."""
+        names = metadata.get("class_names")
+        config = metadata.get("config")
+        size = config.get("image_size") if isinstance(config, Mapping) else None
+        return cls(arch_spec=metadata.get("arch_spec"),
+                   class_names=list(names) if _is_names(names) else None,
+                   image_size=size if _is_int(size) and size > 0 else None)
+
+    def spec(self, source: str = "checkpoint") -> ArchSpec | None:
+        """The recorded architecture, or ``None`` when the checkpoint records none.
+
+        Raises:
+            CheckpointError: the recorded ``arch_spec`` is not a valid :class:`ArchSpec`.
+        """
+        if not isinstance(self.arch_spec, Mapping):
+            return None
+        try:
+            return ArchSpec(**self.arch_spec)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{source} has an invalid 'arch_spec' entry: {e}") from e
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value)
