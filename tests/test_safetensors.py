@@ -16,7 +16,7 @@ from test_checkpoints import LAYOUTS, _tiny_state
 import convnets
 from convnets.cli import main
 from convnets.errors import CheckpointError, InvalidArgumentError
-from convnets.weights.load import read_checkpoint
+from convnets.weights.files import read_checkpoint
 from convnets.weights.safetensors_io import is_safetensors, save_safetensors
 
 SE = "se_resnext101_32x4d"

@@ -28,6 +28,7 @@ from typing import Any
 from convnets.errors import CheckpointError
 from convnets.fileio import atomic_write
 from convnets.models.specs import ArchSpec
+from convnets.weights.files import read_checkpoint
 
 __all__ = ["FORMAT", "STATE_DICT", "STATE_DICT_EMA", "ModelRecord", "TrainingCheckpoint"]
 
@@ -139,10 +140,6 @@ class TrainingCheckpoint:
         Raises:
             CheckpointError: missing or unreadable file, or not a training checkpoint of this schema.
         """
-        # Reading sits in weights.load, which depends on layouts, which takes this module's key
-        # names: importing it here at call time keeps the modules' import order one-way.
-        from convnets.weights.load import read_checkpoint
-
         obj = read_checkpoint(path)
         try:
             return cls.from_dict(obj, str(path))
