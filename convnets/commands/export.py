@@ -12,14 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from convnets.deploy.export import EXPORT_FORMATS, EXPORT_PRECISIONS, FILE_NAMES, ExportResult, export_model, sample_batch
-from convnets.deploy.loading import add_model_arguments, load_from_args
-from convnets.deploy.triton import check_model_name, model_version_dir, write_triton_files
+from convnets.commands.options import add_model_arguments, add_precision_argument, load_from_args
+from convnets.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from convnets.deploy.export import ExportResult
 
 DEFAULT_MAX_BATCH_SIZE = 64
 
-HELP = "export a model to ONNX or TorchScript (verified against PyTorch), optionally as a Triton repository"
+# The choices of convnets.deploy.export (EXPORT_FORMATS, EXPORT_PRECISIONS), spelled out here
+# because that module imports PyTorch and `--help` must not wait for it;
+# tests/test_cli_startup.py checks that the two agree.
+FORMATS: tuple[str, ...] = ("onnx", "torchscript")
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16")
 
 _FP16_NOTE = ("fp16 was verified on this machine's CPU: ONNX Runtime's CPU provider may run fp16 nodes "
               "through fp32 casts, and PyTorch's CPU fp16 kernels are not a GPU's; check accuracy on the "
@@ -29,11 +36,11 @@ _FP16_NOTE = ("fp16 was verified on this machine's CPU: ONNX Runtime's CPU provi
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     add_model_arguments(parser, default_weights="pretrained")
-    parser.add_argument("--format", choices=EXPORT_FORMATS, default="onnx",
+    parser.add_argument("--format", choices=FORMATS, default="onnx",
                         help="onnx (ONNX Runtime, TensorRT, Triton onnxruntime_onnx) or torchscript "
                              "(Triton pytorch_libtorch); default: onnx")
-    parser.add_argument("--precision", choices=EXPORT_PRECISIONS, default="fp32",
-                        help="weights and arithmetic; input and output stay float32 (default: fp32)")
+    add_precision_argument(parser, choices=PRECISIONS,
+                           help="weights and arithmetic; input and output stay float32 (default: fp32)")
     parser.add_argument("--output", required=True, metavar="DIR",
                         help="output directory (created); with --triton, the model repository")
     parser.add_argument("--triton", action="store_true",
@@ -50,11 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets export``."""
+    from convnets.deploy.export import FILE_NAMES, export_model, sample_batch
+    from convnets.deploy.triton import check_model_name, model_version_dir, write_triton_files
+
     if (args.name or args.max_batch_size is not None) and not args.triton:
-        raise ValueError("--name and --max-batch-size apply to --triton")
+        raise InvalidArgumentError("--name and --max-batch-size apply to --triton")
     max_batch_size = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     if max_batch_size < 1:
-        raise ValueError(f"--max-batch-size must be at least 1, got {max_batch_size}")
+        raise InvalidArgumentError(f"--max-batch-size must be at least 1, got {max_batch_size}")
     loaded = load_from_args(args)
     name = check_model_name(args.name or loaded.name)
     output = Path(args.output)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from convnets.registry import fetch_pretrained
-from convnets.weights.download import MIRROR_ENV, cache_dir, resolve_source
-from convnets.weights.manifest import load_manifest
+from convnets.errors import InvalidArgumentError
 
-HELP = "list pretrained weights and their cache state, or fetch them into the cache"
+# convnets.weights.download.MIRROR_ENV, spelled out because that module imports PyTorch and
+# `--help` must not wait for it; tests/test_cli_startup.py checks that the two agree.
+MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,13 +28,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets weights``."""
+    from convnets.registry import fetch_pretrained
+    from convnets.weights.download import cache_dir, resolve_source
+    from convnets.weights.manifest import load_manifest
+
     manifest = load_manifest()
     if args.action == "fetch":
         for name in args.models or sorted(manifest):
             print(fetch_pretrained(name))
         return 0
     if args.models:
-        raise ValueError("model names go with 'fetch'; 'list' shows all models")
+        raise InvalidArgumentError("model names go with 'fetch'; 'list' shows all models")
     rows = [{"model": name, "file": e.file_name, "cached": (cache_dir() / e.file_name).is_file(),
              "path": str(cache_dir() / e.file_name), "source": resolve_source(e), "sha256": e.sha256,
              "top1": e.top1} for name, e in sorted(manifest.items())]

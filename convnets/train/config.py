@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,15 +127,14 @@ class TrainConfig:
 
 
 def parse_arch_kwargs(text: str) -> dict[str, Any]:
-    """``--arch-kwargs`` JSON, e.g. ``'{"layers": [1, 1, 1, 1], "cardinality": 8}'``.
+    """``--arch-kwargs`` JSON: forwards to :func:`convnets.commands.options.parse_arch_kwargs`, its home.
+
+    Kept only for ``convnets/commands/train.py`` until it adds the option with
+    ``options.add_arch_kwargs_argument``; then delete this function (an upward import).
 
     Raises:
-        ValueError: not JSON, or not an object.
+        InvalidArgumentError: not JSON, or not an object (a ``ValueError``).
     """
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--arch-kwargs is not valid JSON ({e}): {text!r}") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"--arch-kwargs must be a JSON object such as '{{\"layers\": [1, 1, 1, 1]}}', got {text!r}")
-    return value
+    from convnets.commands.options import parse_arch_kwargs as parse
+
+    return parse(text)
