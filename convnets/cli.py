@@ -1,9 +1,14 @@
 """The ``convnets`` command line: one subcommand per feature module.
 
-Each module listed in :data:`COMMANDS` provides ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``. Errors that a user can fix (:class:`~convnets.errors.ConvnetsError`, bad
-files, bad values) end in one line on stderr and a non-zero exit status, never a traceback; set
-``CONVNETS_DEBUG=1`` to see the traceback anyway.
+Each module listed in :data:`COMMANDS` provides ``add_arguments(parser)`` and ``run(args) -> int``.
+Arguments are parsed before anything heavy is imported: this module lists the commands with their
+one-line help without importing them, only the command named on the command line is imported to
+add its options, and command modules import PyTorch inside ``run()``. So ``convnets --help``,
+``convnets predict --help`` and usage errors answer at once.
+
+Errors that a user can fix (:class:`~convnets.errors.ConvnetsError`, bad files, bad values) end in
+one line on stderr and a non-zero exit status, never a traceback; set ``CONVNETS_DEBUG=1`` to see
+the traceback anyway.
 """
 
 from __future__ import annotations
@@ -13,17 +18,33 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from convnets.errors import ConvnetsError
 
-#: subcommand -> module that implements it
-COMMANDS: dict[str, str] = {
-    "predict": "convnets.commands.predict",
-    "train": "convnets.commands.train",
-    "export": "convnets.commands.export",
-    "benchmark": "convnets.commands.benchmark",
-    "weights": "convnets.commands.weights",
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: the module that implements it and its one-line help."""
+
+    module: str
+    help: str
+
+
+#: subcommand -> its module and help line (the help lives here so that listing needs no import)
+COMMANDS: dict[str, Command] = {
+    "predict": Command("convnets.commands.predict", "classify images (files, directories of images, http(s) URLs)"),
+    "train": Command("convnets.commands.train",
+                     "fine-tune a model on an ImageFolder data set (NVIDIA's recipe; DDP under torchrun)"),
+    "export": Command("convnets.commands.export",
+                      "export a model to ONNX, TorchScript, ... (verified against PyTorch), optionally as a "
+                      "Triton repository"),
+    "benchmark": Command("convnets.commands.benchmark",
+                         "measure inference or training throughput (img/s) and latency percentiles per batch size"),
+    "weights": Command("convnets.commands.weights",
+                       "list pretrained weights and their cache state, fetch them, or convert a checkpoint to "
+                       "safetensors"),
 }
 
 EXIT_ERROR = 1
@@ -31,24 +52,42 @@ EXIT_USAGE = 2  # argparse's own status for bad arguments
 EXIT_INTERRUPTED = 130
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand."""
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser, listing every subcommand.
+
+    Args:
+        commands: the subcommands whose modules are imported to add their options (``None``: all
+            of them). The others are listed with their help line and have no options.
+    """
+    selected = set(COMMANDS) if commands is None else set(commands)
     parser = argparse.ArgumentParser(
         prog="convnets",
         description="NVIDIA's ResNet-family classifiers: predict, train, export, benchmark, manage weights.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module_name in COMMANDS.items():
-        module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        if name in selected:
+            module = importlib.import_module(command.module)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
     return parser
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv``: the first word that is not an option, if it is one.
+
+    The top-level options take no values, so the first such word is the subcommand's name.
+    """
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in COMMANDS else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_in(argv)
+    args = build_parser([command] if command else []).parse_args(argv)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

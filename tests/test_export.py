@@ -268,7 +268,7 @@ def test_json_report_describes_the_written_file(tmp_path: Path, checkpoint: Path
 
 
 def test_random_init_batchnorm_statistics_normalise_like_a_trained_network() -> None:
-    from convnets.deploy.loading import calibrate_batchnorm
+    from convnets.deploy.calibrate import calibrate_batchnorm
 
     model = convnets.get_model("se_resnext101_32x4d", **TINY_ARCH)  # as --random-init builds it
     calibrate_batchnorm(model, image_size=SIZE)

@@ -132,6 +132,6 @@ def test_every_config_field_has_a_flag(tmp_path: Path) -> None:
                                       "--no-progress", "--ema", "0.5", "--pretrained"])
     config = config_from_args(args)
     assert (config.max_nonfinite_steps, config.amp, config.memory_format, config.progress, config.ema,
-            config.pretrained, config.data) == (3, False, "nhwc", False, 0.5, True, tmp_path)
+            config.pretrained, config.data) == (3, False, "channels_last", False, 0.5, True, tmp_path)
     assert config_from_args(build_parser().parse_args(["train", "--data", "d", "--output", "o"])) == \
         convnets.train.TrainConfig(data="d", output="o")  # the flags' defaults are the config's

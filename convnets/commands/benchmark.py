@@ -16,22 +16,20 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
+                                       add_precision_argument, device_from_args, load_from_args)
+from convnets.errors import InvalidArgumentError
 
-from convnets.deploy.benchmark import (BatchResult, benchmark_inference, environment, format_table,
-                                       parse_batch_sizes, summarize)
-from convnets.deploy.loading import add_model_arguments, load_from_args
-from convnets.deploy.optimize import PRECISIONS, check_precision, optimize_for_inference, precision_dtype
+if TYPE_CHECKING:
+    import torch
 
-HELP = "measure inference or training throughput (img/s) and latency percentiles per batch size"
+    from convnets.deploy.benchmark import BatchResult
 
 #: inference: the model's forward pass (eager or optimized); training: the fine-tuning loop's real
 #: optimizer step (convnets.train.benchmark_training) on synthetic data.
 MODES: tuple[str, ...] = ("inference", "training")
-
-_MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,9 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inference (default): forward passes; training: the fine-tuning loop's optimizer "
                              "step (forward under autocast, loss, backward, SGD) with random weights and data; "
                              "--optimize/--compile apply to inference only")
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="fp32, bf16 (CPU with AVX512-BF16/AMX, GPU) or fp16 (GPU); eager runs use autocast")
+    add_device_argument(parser)
+    add_precision_argument(parser, help="fp32 (default), bf16 (CPU with AVX512-BF16/AMX, GPU) or fp16 (GPU); "
+                                        "eager runs use autocast")
     parser.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 16, 64, 256], metavar="B1,B2,...",
                         help="comma-separated batch sizes (default: 1,16,64,256, as NVIDIA's tables)")
     parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
@@ -51,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "compile); --no-optimize measures the plain eager model (default: optimize)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="torch.compile the optimized model (default: on; each batch size compiles once)")
-    parser.add_argument("--memory-format", choices=sorted(_MEMORY_FORMATS), default="contiguous",
-                        help="layout of the eager model and of the input batch (the optimized model "
-                             "always computes in channels_last); default: contiguous")
+    add_memory_format_argument(parser, help="layout of the eager model and of the input batch (the optimized "
+                                            "model always computes in channels_last); default: contiguous; "
+                                            "nchw / nhwc are aliases")
     parser.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed calls per batch size (default: 5)")
     parser.add_argument("--iterations", type=int, default=20, metavar="N",
                         help="timed calls per batch size (default: 20)")
@@ -62,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _batch_sizes(text: str) -> list[int]:
+    # Imported when --batch-sizes is given, not when the parser is built.
+    from convnets.deploy.benchmark import parse_batch_sizes
+
     try:
         return parse_batch_sizes(text)
     except ValueError as e:  # argparse shows an ArgumentTypeError's own message
@@ -70,10 +71,11 @@ def _batch_sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets benchmark``."""
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
-    check_precision(args.precision, device)
+    import torch
+
+    from convnets.deploy.benchmark import environment, format_table
+
+    device = device_from_args(args)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # pick the fastest convolution algorithms, as NVIDIA does
     measure = _training if args.mode == "training" else _inference
@@ -95,10 +97,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _inference(args: argparse.Namespace, device: torch.device) -> tuple[list[BatchResult], str, str, str]:
+    from convnets.deploy.benchmark import benchmark_inference
+    from convnets.deploy.optimize import optimize_for_inference
+    from convnets.runtime import parse_memory_format, precision_dtype
+
     if not args.optimize and not args.compile:
-        raise ValueError("--no-compile applies to the optimized model; --no-optimize is already eager")
+        raise InvalidArgumentError("--no-compile applies to the optimized model; --no-optimize is already eager")
     loaded = load_from_args(args)
-    memory_format = _MEMORY_FORMATS[args.memory_format]
+    memory_format = parse_memory_format(args.memory_format, option="--memory-format")
     autocast_dtype = None
     if args.optimize:
         model: Any = optimize_for_inference(loaded.model, args.precision, device=device, compile=args.compile)
@@ -119,18 +125,19 @@ def _inference(args: argparse.Namespace, device: torch.device) -> tuple[list[Bat
 
 
 def _training(args: argparse.Namespace, device: torch.device) -> tuple[list[BatchResult], str, str, str]:
+    from convnets.deploy.benchmark import summarize
     from convnets.train.benchmark import benchmark_training  # the training stack only when asked for
 
     if args.weights:
-        raise ValueError("--mode training times the training step of a fresh model (weights do not change "
-                         "its speed); drop --weights")
+        raise InvalidArgumentError("--mode training times the training step of a fresh model (weights do not "
+                                   "change its speed); drop --weights")
     if not args.model:
-        raise ValueError("--model is required")
+        raise InvalidArgumentError("--model is required")
     results = []
     for batch_size in args.batch_sizes:
         r = benchmark_training(args.model, batch_size=batch_size, device=device,
                                amp_dtype=None if args.precision == "fp32" else args.precision,
-                               memory_format="nhwc" if args.memory_format == "channels_last" else "nchw",
+                               memory_format=args.memory_format,
                                steps=args.iterations, warmup=args.warmup, arch_kwargs=args.arch_kwargs,
                                image_size=args.image_size)
         results.append(summarize(batch_size, r["step_ms"]))

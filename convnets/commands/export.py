@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from convnets.commands.options import add_model_arguments, add_precision_argument, load_from_args
 from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
-from convnets.deploy.loading import add_model_arguments, load_from_args
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_FORMAT = "onnx"
 
-HELP = "export a model to ONNX, TorchScript, ... (verified against PyTorch), optionally as a Triton repository"
 
 _FP16_NOTE = ("fp16 was verified on this machine's CPU: exporters' CPU runtimes may run fp16 nodes through "
               "fp32 casts, and PyTorch's CPU fp16 kernels are not a GPU's; check accuracy on the serving GPU too")
@@ -44,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     formats = export_formats()
     parser.add_argument("--format", choices=[f.name for f in formats], default=DEFAULT_FORMAT,
                         help="; ".join(_format_help(f) for f in formats) + f"; default: {DEFAULT_FORMAT}")
-    parser.add_argument("--precision", choices=EXPORT_PRECISIONS, default="fp32",
-                        help="weights and arithmetic; input and output stay float32 (default: fp32)")
+    add_precision_argument(parser, choices=EXPORT_PRECISIONS,
+                           help="weights and arithmetic; input and output stay float32 (default: fp32)")
     parser.add_argument("--output", required=True, metavar="DIR",
                         help="output directory (created); with --triton, the model repository")
     parser.add_argument("--triton", action="store_true",
@@ -89,18 +88,18 @@ def run(args: argparse.Namespace) -> int:
     fmt = get_format(args.format)
     options = fmt.resolve_options(_format_options(args, fmt))  # bad values fail before the model loads
     if (args.name or args.max_batch_size is not None) and not args.triton:
-        raise ValueError("--name and --max-batch-size apply to --triton")
+        raise InvalidArgumentError("--name and --max-batch-size apply to --triton")
     if args.triton:
         check_triton_format(fmt.name)
     max_batch_size = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     if max_batch_size < 1:
-        raise ValueError(f"--max-batch-size must be at least 1, got {max_batch_size}")
+        raise InvalidArgumentError(f"--max-batch-size must be at least 1, got {max_batch_size}")
     if args.image_size is not None and args.image_size < 1:
         raise InvalidArgumentError(f"--image-size must be a positive number of pixels, got {args.image_size}")
     fmt.check_dependencies()  # before loading (or downloading) the model
-    # --random-init measures its BatchNorm statistics at the export size: the one given, else the
-    # architecture's default (224), which is also what a freshly built model records.
-    loaded = load_from_args(argparse.Namespace(**{**vars(args), "image_size": args.image_size or 224}))
+    # --random-init measures its BatchNorm statistics at --image-size, else at 224, which is also
+    # what a freshly built model records.
+    loaded = load_from_args(args)
     # A checkpoint records the size it was trained at (model.input_size): export that graph unless
     # --image-size says otherwise.
     image_size = args.image_size or getattr(loaded.model, "input_size", 224)

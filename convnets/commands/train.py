@@ -14,10 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from convnets.commands import options
 from convnets.errors import ConvnetsError
 from convnets.train.config import OPTION_GROUPS, TrainConfig
-
-HELP = "fine-tune a model on an ImageFolder data set (NVIDIA's recipe; DDP under torchrun)"
 
 _EPILOG = """\
 examples:
@@ -51,8 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             groups[f.metadata["group"]].add_argument(*flags, **kwargs)
 
 
-#: Shared options a field may name in its ``shared`` metadata: ``name -> adder(group, field)``.
-_SHARED_OPTIONS: dict[str, Callable[[argparse._ArgumentGroup, dataclasses.Field[Any]], None]] = {}
+#: Shared options a field may name in its ``shared`` metadata: ``name -> adder(group, field)``. The
+#: adders come from convnets.commands.options, so these flags are spelled and parsed as in every
+#: other command. (``--arch`` is upstream's training-script option: checked when the model is
+#: built, it also takes upstream's spelling ``se-resnext101-32x4d``.)
+_SHARED_OPTIONS: dict[str, Callable[[argparse._ArgumentGroup, dataclasses.Field[Any]], None]] = {
+    "arch_kwargs": lambda g, f: options.add_arch_kwargs_argument(g, help=f.metadata["help"]),
+    "memory_format": lambda g, f: options.add_memory_format_argument(g, default=f.default, help=f.metadata["help"]),
+    "device": lambda g, f: options.add_device_argument(g, default=f.default, help=f.metadata["help"]),
+}
 
 
 def _flag(f: dataclasses.Field[Any], annotation: Any) -> tuple[list[str], dict[str, Any]]:

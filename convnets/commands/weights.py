@@ -17,8 +17,9 @@ import json
 
 from convnets.errors import InvalidArgumentError
 
-HELP = "list pretrained weights and their cache state, fetch them, or convert a checkpoint to safetensors"
-MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"  # the same name as convnets.weights.download.MIRROR_ENV (checked by a test)
+# convnets.weights.download.MIRROR_ENV, spelled out because that module imports PyTorch and
+# `--help` must not wait for it; tests/test_cli_startup.py checks that the two agree.
+MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

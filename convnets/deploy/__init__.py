@@ -1,12 +1,27 @@
-"""Deployment: a fast inference path, verified ONNX / TorchScript export with Triton model
+"""Deployment: a fast inference path, verified exports (a registry of formats) with Triton model
 repositories, and throughput benchmarks.
 
 * :func:`optimize_for_inference` (:mod:`convnets.deploy.optimize`)
-* :func:`~convnets.deploy.export.export_model` and :mod:`convnets.deploy.triton`
-  (``convnets export``; needs the ``export`` extra for ONNX)
+* :func:`~convnets.deploy.export.export_model`, :mod:`convnets.deploy.formats` (one module per
+  format) and :mod:`convnets.deploy.triton` (``convnets export``)
 * :mod:`convnets.deploy.benchmark` (``convnets benchmark``)
+
+Nothing is imported until used, so that the command line can list the export formats without
+importing PyTorch.
 """
 
-from convnets.deploy.optimize import OptimizedModel, fold_batchnorm, optimize_for_inference
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from convnets.deploy.optimize import OptimizedModel, fold_batchnorm, optimize_for_inference
 
 __all__ = ["OptimizedModel", "fold_batchnorm", "optimize_for_inference"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("convnets.deploy.optimize"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,22 +21,18 @@ import copy
 import functools
 import logging
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from convnets.errors import UnsupportedPrecisionError
+from convnets.errors import InvalidArgumentError
 from convnets.models.resnet import Bottleneck, ResNet
+from convnets.runtime import PrecisionName, check_precision, precision_dtype
 
-__all__ = ["PRECISIONS", "OptimizedModel", "Precision", "check_precision", "compile_unavailable_reason",
-           "error_summary", "fold_batchnorm", "optimize_for_inference", "precision_dtype"]
+__all__ = ["OptimizedModel", "compile_unavailable_reason", "error_summary", "fold_batchnorm",
+           "optimize_for_inference"]
 
 log = logging.getLogger(__name__)
-
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # (convolution, BatchNorm) attribute pairs where the forward pass applies the BatchNorm directly to
 # the convolution's output; only then is folding exact. nn.Sequential is handled by position.
@@ -50,14 +46,6 @@ def error_summary(error: BaseException) -> str:
     """``"Type: first line of the message"``, for one-line reports of long library errors."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
-
-
-def precision_dtype(precision: str) -> torch.dtype:
-    """The torch dtype of a precision name (``"fp32"``, ``"bf16"``, ``"fp16"``)."""
-    try:
-        return _DTYPES[precision]
-    except KeyError:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}") from None
 
 
 def _folded_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
@@ -105,8 +93,8 @@ def fold_batchnorm(model: nn.Module) -> nn.Module:
         ``model``, for chaining.
     """
     if model.training:
-        raise ValueError("fold_batchnorm needs a model in eval mode (call model.eval() first); folding "
-                         "replaces BatchNorm's batch statistics with its running statistics")
+        raise InvalidArgumentError("fold_batchnorm needs a model in eval mode (call model.eval() first); "
+                                   "folding replaces BatchNorm's batch statistics with its running statistics")
     folded = 0
     for module in list(model.modules()):
         pairs: list[tuple[str, str]] = []
@@ -164,11 +152,11 @@ class OptimizedModel(nn.Module):
     is therefore slow. If compilation fails, the module logs a warning and stays eager.
     """
 
-    def __init__(self, module: nn.Module, *, precision: Precision, device: torch.device,
+    def __init__(self, module: nn.Module, *, precision: PrecisionName, device: torch.device,
                  graph: Callable[[Tensor], Tensor] | None) -> None:
         super().__init__()
         self.module = module
-        self.precision: Precision = precision
+        self.precision: PrecisionName = precision
         self.device = device
         self.dtype = precision_dtype(precision)
         # A plain attribute, outside the module tree: a compiled wrapper holds the same parameters
@@ -237,26 +225,9 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    """Raise :class:`UnsupportedPrecisionError` if ``device`` cannot run ``precision``."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if precision == "fp16" and device.type != "cuda":
-        raise UnsupportedPrecisionError(
-            f"fp16 inference needs a CUDA device, not {device.type}: CPUs have no fast fp16 convolutions. "
-            "Use precision='bf16' on CPUs with bf16 support (AVX512-BF16 / AMX), or 'fp32'")
-    if precision == "bf16" and device.type == "cpu" and not torch.backends.mkldnn.is_available():
-        raise UnsupportedPrecisionError("bf16 on CPU needs PyTorch built with oneDNN (mkldnn); use 'fp32'")
-    if precision == "bf16" and device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        log.warning("this CPU has no native bf16 instructions (avx512_bf16 / AMX); bf16 will be emulated "
-                    "and probably slower than fp32")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UnsupportedPrecisionError("this GPU does not support bf16; use 'fp16' or 'fp32'")
-
-
 def optimize_for_inference(
     model: nn.Module,
-    precision: Precision = "fp32",
+    precision: PrecisionName = "fp32",
     device: torch.device | str | None = None,
     calibration_data: Tensor | None = None,
     compile: bool = True,
@@ -281,14 +252,16 @@ def optimize_for_inference(
 
     Raises:
         UnsupportedPrecisionError: fp16 on a CPU, or bf16 where the device cannot run it.
-        ValueError: ``model`` is in training mode, an unknown precision, or ``calibration_data``.
+        InvalidArgumentError: ``model`` is in training mode, an unknown precision, or
+            ``calibration_data`` (a ``ValueError``).
     """
     if calibration_data is not None:
-        raise ValueError("calibration_data is for int8 quantization, which optimize_for_inference does not "
-                         "offer (it was not both faithful and faster than bf16; see the README); use 'bf16'")
+        raise InvalidArgumentError("calibration_data is for int8 quantization, which optimize_for_inference does "
+                                   "not offer (it was not both faithful and faster than bf16; see the README); "
+                                   "use 'bf16'")
     if model.training:
-        raise ValueError("optimize_for_inference needs a model in eval mode: call model.eval() first "
-                         "(BatchNorm folding uses the running statistics)")
+        raise InvalidArgumentError("optimize_for_inference needs a model in eval mode: call model.eval() first "
+                                   "(BatchNorm folding uses the running statistics)")
     target = torch.device(device) if device is not None else _model_device(model)
     check_precision(precision, target)
     module = copy.deepcopy(model)

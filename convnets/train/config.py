@@ -14,7 +14,6 @@ field that defaults to ``True`` gets ``--no-field-name``, a ``bool | None`` fiel
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
@@ -22,9 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from convnets.models.specs import list_models
-from convnets.train.recipe import LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY
 
-__all__ = ["BACKENDS", "OPTION_GROUPS", "TrainConfig", "option", "parse_arch_kwargs"]
+__all__ = ["BACKENDS", "BASE_LR_PER_256", "LABEL_SMOOTHING", "MOMENTUM", "OPTION_GROUPS", "TrainConfig", "WEIGHT_DECAY",
+           "option"]
+
+# NVIDIA's recipe numbers (README "Default configuration"; convnets.train.recipe applies them). They
+# live here, with no PyTorch import, because they are TrainConfig's defaults and `convnets train
+# --help` shows them without importing PyTorch.
+BASE_LR_PER_256 = 0.256
+MOMENTUM = 0.875
+WEIGHT_DECAY = 1.0 / 16384  # 6.103515625e-05
+LABEL_SMOOTHING = 0.1
 
 #: ``--data-backend`` choices (see :mod:`convnets.train.data`).
 BACKENDS = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")
@@ -56,21 +63,6 @@ def option(help: str, group: str, *, metavar: str | None = None, choices: Sequen
     return meta
 
 
-def parse_arch_kwargs(text: str) -> dict[str, Any]:
-    """``--arch-kwargs`` JSON, e.g. ``'{"layers": [1, 1, 1, 1], "cardinality": 8}'``.
-
-    Raises:
-        ValueError: not JSON, or not an object.
-    """
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--arch-kwargs is not valid JSON ({e}): {text!r}") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"--arch-kwargs must be a JSON object such as '{{\"layers\": [1, 1, 1, 1]}}', got {text!r}")
-    return value
-
-
 @dataclass
 class TrainConfig:
     """Everything a run depends on; defaults are NVIDIA's recipe (see :mod:`convnets.train.recipe`).
@@ -99,10 +91,11 @@ class TrainConfig:
         image_size: training and validation crop size.
         amp: autocast on/off; ``None``: where it helps (CUDA; CPUs with native bf16).
         amp_dtype: ``"fp16"`` (CUDA default, with a GradScaler) or ``"bf16"``.
-        memory_format: ``"nhwc"`` or ``"nchw"``; ``None``: NHWC under AMP, else NCHW.
+        memory_format: ``"channels_last"`` or ``"contiguous"`` (``"nhwc"`` / ``"nchw"`` are
+            accepted for them); ``None``: channels_last under AMP, else contiguous.
         data_backend: ``"pytorch"``, ``"dali-cpu"``, ``"dali-gpu"`` or ``"synthetic"``.
         workers: data-loader processes (pytorch) or decoding threads (DALI) per training process.
-        device: ``"cuda"``, ``"cpu"`` or ``None`` (CUDA when available).
+        device: ``"auto"`` or ``None`` (CUDA when available), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         seed: seed of initialisation, data order and augmentation.
         resume: continue from this training checkpoint.
         evaluate: only validate the weights of ``resume`` / ``pretrained*``.
@@ -116,10 +109,11 @@ class TrainConfig:
     output: Path | None = field(default=None, metadata=option(
         "directory for checkpoints and metrics.jsonl", DATA, metavar="OUT"))
     arch: str = field(default="resnet50", metadata=option(
-        f"one of {', '.join(list_models())} (default: %(default)s)", MODEL, metavar="NAME"))
+        f"one of {', '.join(list_models())}, or upstream's spelling such as se-resnext101-32x4d (default: "
+        "%(default)s)", MODEL, metavar="NAME"))
     arch_kwargs: dict[str, Any] = field(default_factory=dict, metadata=option(
         'architecture overrides, e.g. \'{"layers": [1,1,1,1], "widths": [32,64,128,256]}\'', MODEL,
-        metavar="JSON", parse=parse_arch_kwargs))
+        metavar="JSON", shared="arch_kwargs"))
     pretrained: bool = field(default=False, metadata=option("start from NVIDIA's ImageNet weights", MODEL))
     pretrained_from_file: Path | None = field(default=None, metadata=option(
         "start from the weights in this checkpoint", MODEL, metavar="PATH"))
@@ -144,13 +138,15 @@ class TrainConfig:
     amp_dtype: str | None = field(default=None, metadata=option(
         "default: fp16 on CUDA (GradScaler), bf16 on CPU", DEVICES, choices=("fp16", "bf16")))
     memory_format: str | None = field(default=None, metadata=option(
-        "default: nhwc under AMP, else nchw", DEVICES, choices=("nhwc", "nchw")))
+        "layout of the model and its batches (default: channels_last under AMP, else contiguous; nhwc / nchw "
+        "are accepted for them)", DEVICES, shared="memory_format"))
     data_backend: str = field(default="pytorch", metadata=option(
         "input pipeline (default: %(default)s; dali-* need nvidia-dali-cuda130)", DATA, choices=BACKENDS))
     workers: int = field(default=4, metadata=option(
         "loader processes / DALI threads per training process (default: %(default)s)", DATA))
     device: str | None = field(default=None, metadata=option(
-        "default: cuda when available", DEVICES, choices=("cuda", "cpu")))
+        "auto (default): cuda when available, else cpu; or cpu, cuda, cuda:N (under torchrun each process "
+        "takes GPU LOCAL_RANK)", DEVICES, shared="device"))
     seed: int = field(default=0, metadata=option("default: %(default)s", RECIPE))
     resume: Path | None = field(default=None, metadata=option(
         "continue the run of this checkpoint", RUN, metavar="CHECKPOINT"))

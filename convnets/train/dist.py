@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from convnets.errors import InvalidArgumentError
+from convnets.runtime import resolve_device
+
 __all__ = ["DistContext", "all_reduce_sum", "barrier", "setup", "teardown"]
 
 log = logging.getLogger(__name__)
@@ -48,22 +51,25 @@ def setup(device: str | None = None) -> DistContext:
     """Join the ``torchrun`` process group, if any, and pick this process's device.
 
     Args:
-        device: ``"cuda"``, ``"cpu"`` or ``None`` (CUDA when available). Under torchrun each
-            process takes GPU ``LOCAL_RANK``.
+        device: ``"auto"`` or ``None`` (CUDA when available), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
+            (:func:`convnets.runtime.resolve_device`). Under torchrun each process takes GPU
+            ``LOCAL_RANK``.
 
     Raises:
-        ValueError: ``device`` is unknown, or CUDA was asked for and is not available.
+        InvalidArgumentError: ``device`` is unknown, or CUDA was asked for and is not available.
     """
-    if device not in (None, "cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was given but no CUDA GPU is available; use --device cpu")
-    use_cuda = device == "cuda" or (device is None and torch.cuda.is_available())
+    wanted = resolve_device(device, option="--device")
+    use_cuda = wanted.type == "cuda"
+    if wanted.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"--device {device}: training runs on cpu or cuda")
     rank, world, local_rank = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
-    if use_cuda:
+    if use_cuda and wanted.index is not None and world == 1:
+        torch.cuda.set_device(wanted.index)
+        dev = wanted
+    elif use_cuda:
         if local_rank >= torch.cuda.device_count():
-            raise ValueError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
-                             "start at most one process per GPU (torchrun --nproc_per_node)")
+            raise InvalidArgumentError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
+                                       "start at most one process per GPU (torchrun --nproc_per_node)")
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
     else:

@@ -12,18 +12,23 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from convnets.errors import InvalidArgumentError
+from convnets.train.config import BASE_LR_PER_256, LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY
+from convnets.runtime import (PRECISIONS, check_precision, cpu_has_bf16, parse_memory_format, precision_dtype,
+                              precision_name)
+
 __all__ = [
     "BASE_LR_PER_256",
+    "LABEL_SMOOTHING",
     "MOMENTUM",
     "WEIGHT_DECAY",
+    "AMP_DTYPES",
     "Precision",
-    "cpu_has_bf16",
     "default_warmup_epochs",
     "lr_at",
     "make_ema",
@@ -35,10 +40,6 @@ __all__ = [
     "scaled_lr",
 ]
 
-BASE_LR_PER_256 = 0.256
-MOMENTUM = 0.875
-WEIGHT_DECAY = 1.0 / 16384  # 6.103515625e-05
-LABEL_SMOOTHING = 0.1
 GRAD_SCALER_INIT = 128.0  # upstream's initial dynamic loss scale
 WARMUP_MIN_BATCH = 512  # upstream warms up only from this global batch on
 WARMUP_EPOCHS_LARGE_BATCH = 8.0
@@ -149,23 +150,6 @@ def make_ema(model: nn.Module, decay: float) -> torch.optim.swa_utils.AveragedMo
         model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has native bf16 arithmetic (x86 ``amx_bf16`` / ``avx512_bf16``, Arm ``bf16``).
-
-    oneDNN emulates bf16 on other CPUs, which is slower than fp32, so CPU autocast is only worth
-    it where this is true.
-    """
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:  # not Linux: we cannot tell, and fp32 is the safe choice
-        return False
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[-1].split())
-    return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
-
-
 @dataclass(frozen=True)
 class Precision:
     """How the forward pass runs: autocast dtype (None = fp32), loss scaling and memory layout."""
@@ -192,40 +176,48 @@ class Precision:
 
     def describe(self) -> str:
         """E.g. ``'cuda fp16 autocast, channels_last'``."""
-        dtype = {torch.float16: "fp16 autocast", torch.bfloat16: "bf16 autocast", None: "fp32"}[self.amp_dtype]
+        dtype = "fp32" if self.amp_dtype is None else f"{precision_name(self.amp_dtype)} autocast"
         layout = "channels_last" if self.memory_format == torch.channels_last else "contiguous (NCHW)"
         return f"{self.device.type} {dtype}, {layout}"
 
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: Autocast dtypes (of :data:`convnets.runtime.PRECISIONS`): fp32 means no autocast.
+AMP_DTYPES: tuple[str, ...] = tuple(p for p in PRECISIONS if p != "fp32")
 
 
 def resolve_precision(device: torch.device, amp: bool | None = None, amp_dtype: str | None = None,
-                      memory_format: str | None = None) -> Precision:
+                      memory_format: str | None = None, *, option: str = "--amp-dtype") -> Precision:
     """Choose autocast and layout; ``None`` means "where it helps".
 
     Rules: on CUDA, AMP is on by default with fp16 and a GradScaler (bf16 on request, without a
     scaler). On CPU, AMP (always bf16: CPU autocast has no fp16 training path) is on by default
-    only when :func:`cpu_has_bf16`. The layout defaults to NHWC (``channels_last``) under AMP,
-    where tensor cores and oneDNN's bf16 kernels want it, and to NCHW in fp32.
+    only when :func:`convnets.runtime.cpu_has_bf16`. The layout defaults to ``channels_last``
+    (NHWC) under AMP, where tensor cores and oneDNN's bf16 kernels want it, and to ``contiguous``
+    (NCHW) in fp32.
+
+    Args:
+        device: where the step runs.
+        amp: autocast on / off; ``None``: where it helps.
+        amp_dtype: ``"fp16"`` or ``"bf16"``; ``None``: fp16 on CUDA, bf16 elsewhere.
+        memory_format: ``"channels_last"`` / ``"contiguous"`` (or ``"nhwc"`` / ``"nchw"``); ``None``:
+            see above.
+        option: the name of ``amp_dtype`` in the caller's interface, for the messages.
 
     Raises:
-        ValueError: an unknown dtype / layout, or fp16 requested on a CPU.
+        InvalidArgumentError: an unknown dtype or layout.
+        UnsupportedPrecisionError: a dtype the device cannot run, e.g. fp16 on a CPU (both are
+            ``ValueError``).
     """
-    if amp_dtype is not None and amp_dtype not in _DTYPES:
-        raise ValueError(f"amp dtype must be one of {sorted(_DTYPES)}, got {amp_dtype!r}")
-    if memory_format not in (None, "nhwc", "nchw"):
-        raise ValueError(f"memory format must be 'nhwc' or 'nchw', got {memory_format!r}")
+    if amp_dtype is not None and amp_dtype not in AMP_DTYPES:
+        raise InvalidArgumentError(f"amp dtype must be one of {', '.join(AMP_DTYPES)}, got {amp_dtype!r}")
+    layout = None if memory_format is None else parse_memory_format(memory_format)
     if amp is None:
         amp = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) or amp_dtype is not None
     dtype: torch.dtype | None = None
     if amp:
         name = amp_dtype or ("fp16" if device.type == "cuda" else "bf16")
-        if device.type == "cpu" and name == "fp16":
-            raise ValueError("fp16 autocast is for GPUs; use --amp-dtype bf16 on a CPU (or --no-amp)")
-        dtype = _DTYPES[name]
-    if memory_format is None:
-        memory_format = "nhwc" if dtype is not None else "nchw"
-    layout = torch.channels_last if memory_format == "nhwc" else torch.contiguous_format
+        check_precision(name, device, option=option)
+        dtype = precision_dtype(name)
+    if layout is None:
+        layout = torch.channels_last if dtype is not None else torch.contiguous_format
     return Precision(device, dtype, layout)
-

@@ -1,0 +1,76 @@
+"""How fast the command line answers when it has nothing to compute, against ``import torch``.
+
+Times, in fresh processes and interleaved round by round (the machine is shared and noisy):
+
+* ``convnets --help``
+* ``convnets predict --help``
+* a usage error (``convnets predict --model resnet05 x.jpg``: exit status 2)
+* ``python -c "import torch"``, the reference
+
+and prints each median wall time and its ratio to the reference. Target (issue 11): help and
+usage errors take less than half of ``import torch``. tests/test_cli_startup.py checks the cause
+(no PyTorch imported) without timing anything.
+
+    python benchmarks/bench_cli.py [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = 0.5
+
+#: name -> (command line, expected exit status)
+CASES: dict[str, tuple[list[str], int]] = {
+    "convnets --help": ([sys.executable, "-m", "convnets", "--help"], 0),
+    "convnets predict --help": ([sys.executable, "-m", "convnets", "predict", "--help"], 0),
+    "usage error": ([sys.executable, "-m", "convnets", "predict", "--model", "resnet05", "x.jpg"], 2),
+    "import torch": ([sys.executable, "-c", "import torch"], 0),
+}
+REFERENCE = "import torch"
+
+
+def _time(cmd: list[str], expected: int, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, env=env, cwd=REPO)
+    seconds = time.perf_counter() - start
+    if proc.returncode != expected:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}, expected {expected}:\n"
+                         f"{proc.stderr.decode(errors='replace')}")
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="timed runs of each case (default: 7)")
+    args = parser.parse_args()
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for cmd, expected in CASES.values():  # untimed: fill the page cache with every module once
+        _time(cmd, expected, env)
+    times: dict[str, list[float]] = {name: [] for name in CASES}
+    for _ in range(args.rounds):
+        for name, (cmd, expected) in CASES.items():
+            times[name].append(_time(cmd, expected, env))
+    reference = statistics.median(times[REFERENCE])
+    print(f"median wall time over {args.rounds} interleaved rounds (fresh processes)")
+    print(f"{'case':<26} {'median (s)':>10} {'x import torch':>15}")
+    worst = 0.0
+    for name, values in times.items():
+        ratio = statistics.median(values) / reference
+        if name != REFERENCE:
+            worst = max(worst, ratio)
+        print(f"{name:<26} {statistics.median(values):>10.3f} {ratio:>15.2f}")
+    verdict = "meets" if worst < TARGET else "misses"
+    print(f"slowest CLI case: {worst:.2f}x import torch ({verdict} the target < {TARGET}x)")
+    return 0 if worst < TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Run settings shared by every feature and command: precision, device, memory format, CPU bf16.
+
+One home for the choices that training, ``predict``, ``export`` and ``benchmark`` all make, so
+that they are spelled, checked and explained the same way everywhere.
+
+``import convnets.runtime`` is cheap: the names and validation of the settings need no PyTorch
+(the command line parses its options with them before importing it); functions that return torch
+objects import torch when called.
+
+Every function that can reject an input takes ``option``: the input's name in the words of the
+caller's interface. A keyword name (``"precision"``) makes messages say ``precision='bf16'``; a
+command-line option (``"--precision"``) makes them say ``--precision bf16``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "PrecisionName", "check_precision",
+           "check_precision_name", "cpu_has_bf16", "memory_format_name", "parse_memory_format",
+           "precision_dtype", "precision_name", "resolve_device", "setting"]
+
+log = logging.getLogger(__name__)
+
+PrecisionName = Literal["fp32", "bf16", "fp16"]
+#: Precision names, in the order the help texts list them.
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+_DTYPE_ATTRS: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+#: Memory format names: PyTorch's own (``torch.contiguous_format``, ``torch.channels_last``).
+MEMORY_FORMATS: tuple[str, ...] = ("contiguous", "channels_last")
+#: Also accepted, for NVIDIA's training scripts (``--memory-format nhwc``).
+MEMORY_FORMAT_ALIASES: dict[str, str] = {"nchw": "contiguous", "nhwc": "channels_last"}
+_MEMORY_FORMAT_ATTRS: dict[str, str] = {"contiguous": "contiguous_format", "channels_last": "channels_last"}
+
+#: Native bf16 arithmetic in /proc/cpuinfo: x86 AVX512-BF16 and AMX-BF16, Arm's BF16 extension.
+_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+_CPUINFO = Path("/proc/cpuinfo")
+
+
+def setting(option: str, value: object) -> str:
+    """``option`` set to ``value`` as the user would write it: ``--device cpu`` or ``device='cpu'``."""
+    return f"{option} {value}" if option.startswith("-") else f"{option}={value!r}"
+
+
+# --- precision -----------------------------------------------------------------------------------
+
+
+def check_precision_name(name: str, *, option: str = "precision") -> str:
+    """Return ``name`` if it is one of :data:`PRECISIONS`, else raise :class:`InvalidArgumentError`."""
+    if name not in PRECISIONS:
+        raise InvalidArgumentError(f"unknown precision {setting(option, name)}; choose one of "
+                                   f"{', '.join(PRECISIONS)}")
+    return name
+
+
+def precision_dtype(name: str, *, option: str = "precision") -> torch.dtype:
+    """The torch dtype of a precision name: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+
+    Raises:
+        InvalidArgumentError: an unknown name (a ``ValueError``).
+    """
+    import torch
+
+    return getattr(torch, _DTYPE_ATTRS[check_precision_name(name, option=option)])
+
+
+def precision_name(dtype: torch.dtype) -> str:
+    """The precision name of a torch dtype (the inverse of :func:`precision_dtype`)."""
+    import torch
+
+    for name, attr in _DTYPE_ATTRS.items():
+        if getattr(torch, attr) == dtype:
+            return name
+    raise InvalidArgumentError(f"no precision name for {dtype}; the precisions are {', '.join(PRECISIONS)}")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU does bf16 arithmetic natively (x86 AVX512-BF16 / AMX-BF16, Arm BF16).
+
+    Elsewhere oneDNN emulates bf16 with fp32 instructions, which is slower than fp32 itself; so
+    training turns CPU autocast on by default only where this is true, and inference warns.
+    """
+    # The one detection for the package. Read from the CPU flags rather than from
+    # torch.ops.mkldnn._is_mkldnn_bf16_supported(): that private op answers "can oneDNN run bf16
+    # at all" and is True on every AVX512-BW/VL/DQ CPU (e.g. Skylake-X), which has no bf16
+    # instructions and runs bf16 slower than fp32 -- not the question either caller asks. It also
+    # covers Arm (the `bf16` Features flag) and needs no torch. Linux only: elsewhere we cannot
+    # tell, and False (fp32 by default) is the safe answer.
+    try:
+        text = _CPUINFO.read_text(errors="replace")
+    except OSError:
+        return False
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):  # x86 / Arm spelling of the flag list
+            flags.update(line.split(":", 1)[-1].split())
+    return bool(flags & _BF16_CPU_FLAGS)
+
+
+def check_precision(name: str, device: torch.device | str, *, option: str = "precision") -> None:
+    """Raise :class:`UnsupportedPrecisionError` if ``device`` cannot run precision ``name``.
+
+    fp16 needs a CUDA GPU (CPUs have no fast fp16 kernels); bf16 needs a GPU that supports it, or
+    a PyTorch built with oneDNN on a CPU (a CPU without native bf16 only gets a warning: it works,
+    slowly). Both errors are ``ValueError`` subclasses.
+
+    Args:
+        name: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        device: where it would run.
+        option: the precision's name in the caller's interface, for the messages.
+
+    Raises:
+        InvalidArgumentError: an unknown precision name.
+        UnsupportedPrecisionError: the device cannot run it.
+    """
+    import torch
+
+    check_precision_name(name, option=option)
+    kind = torch.device(device).type
+    if name == "fp16" and kind != "cuda":
+        raise UnsupportedPrecisionError(
+            f"fp16 needs a CUDA device, not {kind}: CPUs have no fast fp16 kernels. Use "
+            f"{setting(option, 'bf16')} on CPUs with native bf16 (AVX512-BF16 / AMX), or fp32")
+    if name == "bf16" and kind == "cpu":
+        if not torch.backends.mkldnn.is_available():
+            raise UnsupportedPrecisionError(f"{setting(option, 'bf16')} on a CPU needs PyTorch built with "
+                                            "oneDNN (mkldnn), which this one is not; use fp32")
+        if not cpu_has_bf16():
+            log.warning("this CPU has no native bf16 instructions (AVX512-BF16 / AMX); bf16 will be emulated "
+                        "and probably slower than fp32")
+    # Without CUDA there is no GPU to ask; whether the device exists is resolve_device's question.
+    if name == "bf16" and kind == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise UnsupportedPrecisionError(f"this GPU does not support bf16 ({setting(option, 'bf16')}); "
+                                        "use fp16 or fp32")
+
+
+# --- memory format -------------------------------------------------------------------------------
+
+
+def memory_format_name(name: str, *, option: str = "memory_format") -> str:
+    """The canonical name (``"contiguous"`` or ``"channels_last"``) of a memory format or alias.
+
+    Raises:
+        InvalidArgumentError: not one of :data:`MEMORY_FORMATS` or :data:`MEMORY_FORMAT_ALIASES`.
+    """
+    canonical = MEMORY_FORMAT_ALIASES.get(name, name)
+    if canonical not in MEMORY_FORMATS:
+        raise InvalidArgumentError(
+            f"unknown memory format {setting(option, name)}; choose {' or '.join(MEMORY_FORMATS)} "
+            f"(aliases: {', '.join(f'{a} = {c}' for a, c in MEMORY_FORMAT_ALIASES.items())})")
+    return canonical
+
+
+def parse_memory_format(name: str, *, option: str = "memory_format") -> torch.memory_format:
+    """``torch.contiguous_format`` or ``torch.channels_last`` for a name or alias (see
+    :func:`memory_format_name`)."""
+    import torch
+
+    return getattr(torch, _MEMORY_FORMAT_ATTRS[memory_format_name(name, option=option)])
+
+
+# --- device --------------------------------------------------------------------------------------
+
+
+def resolve_device(value: str | torch.device | None, *, option: str = "device") -> torch.device:
+    """The device that ``value`` asks for, checked to exist here.
+
+    Args:
+        value: ``"auto"`` or ``None`` (CUDA when available, else the CPU), ``"cpu"``, ``"cuda"``,
+            ``"cuda:N"``, any other name :class:`torch.device` accepts, or a device.
+        option: the device's name in the caller's interface, for the messages.
+
+    Raises:
+        InvalidArgumentError: not a device name, or a CUDA device that this machine does not have.
+    """
+    import torch
+
+    if value is None or value == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"{setting(option, value)} is not a device: use auto, cpu, cuda or "
+                                   f"cuda:N") from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgumentError(f"{setting(option, value)} was given but no CUDA GPU is available here; "
+                                       f"use {setting(option, 'cpu')}")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise InvalidArgumentError(f"{setting(option, value)}: this machine has {count} CUDA device(s), "
+                                       f"cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise InvalidArgumentError(f"{setting(option, value)} was given but MPS is not available here; "
+                                   f"use {setting(option, 'cpu')}")
+    return device
