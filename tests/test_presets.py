@@ -35,6 +35,7 @@ from convnets.preprocessing.pipeline import load_image, prepare_batch, prepare_i
 from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_for_model
 from convnets.predict import predict
 from convnets.registry import _apply_metadata
+from convnets.weights.checkpoint import ModelRecord
 from convnets.train.data import make_data, scan_split, to_device, val_transform
 from convnets.train.dist import DistContext
 from convnets.weights.manifest import load_manifest
@@ -116,7 +117,8 @@ def test_preset_for_model() -> None:
 def test_training_checkpoint_image_size_gives_the_preset() -> None:
     # What load_model does with a `convnets train` checkpoint's metadata.
     model = SimpleNamespace(num_classes=2, class_names=None, input_size=224)
-    _apply_metadata(model, {"config": {"image_size": 96}, "class_names": ["a", "b"]})  # type: ignore[arg-type]
+    record = ModelRecord.from_metadata({"config": {"image_size": 96}, "class_names": ["a", "b"]})
+    _apply_metadata(model, record)  # type: ignore[arg-type]
     assert preset_for_model(model) == EvalPreset(crop_size=96, resize_size=110)
 
 
