@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from convnets.errors import CheckpointError, DataError
+from convnets.errors import CheckpointError, DataError, InvalidArgumentError
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import fetch_pretrained, get_model, load_model
 from convnets.train import dist
@@ -52,7 +52,7 @@ def fit(config: TrainConfig) -> TrainSummary:
         The summary (on every rank; metrics are averaged over ranks).
 
     Raises:
-        DataError, CheckpointError, UnknownModelError, TrainingDivergedError, ValueError: see their
+        DataError, CheckpointError, UnknownModelError, TrainingDivergedError, InvalidArgumentError: see their
         messages; the command line turns them into one line and exit status 1.
     """
     ctx = dist.setup(config.device)
@@ -80,7 +80,7 @@ def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *,
         dist.barrier(ctx)
         return get_model(cfg.arch, pretrained=True, **kwargs)
     except TypeError as e:  # an unknown --arch-kwargs key
-        raise ValueError(f"--arch-kwargs: {e}") from e
+        raise InvalidArgumentError(f"--arch-kwargs: {e}") from e
 
 
 def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:
@@ -118,7 +118,7 @@ def _check_head(model: ResNet, classes: list[str], cfg: TrainConfig) -> None:
 def _prepare_output(out: Path, resuming: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not resuming and (out / CHECKPOINT).exists():
-        raise ValueError(f"{out} already holds {CHECKPOINT} of another run; continue it with --resume "
+        raise InvalidArgumentError(f"{out} already holds {CHECKPOINT} of another run; continue it with --resume "
                          f"{out / CHECKPOINT} or choose another --output")
 
 
@@ -126,7 +126,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
     start = time.perf_counter()
     out = cfg.output
     if out is None:
-        raise ValueError("--output DIR is required for training")
+        raise InvalidArgumentError("--output DIR is required for training")
     ckpt = None
     if cfg.resume is not None:
         ckpt = TrainingCheckpoint.read(cfg.resume, hint="to fine-tune from its weights use --pretrained-from-file "
