@@ -71,8 +71,8 @@ class TrainConfig:
     Attributes:
         data: directory with ``train/<class>/*`` and ``val/<class>/*`` (ImageFolder layout);
             not needed with ``data_backend="synthetic"``.
-        output: directory for ``checkpoint.pth.tar``, ``model_best.pth.tar`` and ``metrics.jsonl``
-            (not needed with ``evaluate``).
+        output: directory for ``checkpoint.pth.tar``, ``model_best.pth.tar``,
+            ``model_best.safetensors`` and ``metrics.jsonl`` (not needed with ``evaluate``).
         arch: a registered model name (:func:`convnets.list_models`).
         arch_kwargs: architecture overrides for :func:`convnets.get_model`, e.g.
             ``{"layers": [1, 1, 1, 1], "widths": [32, 64, 128, 256]}``.

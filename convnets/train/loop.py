@@ -29,7 +29,7 @@ from convnets.errors import CheckpointError, DataError, InvalidArgumentError
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import fetch_pretrained, get_model, load_model
 from convnets.train import dist
-from convnets.train.checkpoint import BEST, CHECKPOINT, atomic_copy, get_rng_state, set_rng_state
+from convnets.train.checkpoint import BEST, BEST_SAFETENSORS, CHECKPOINT, atomic_copy, get_rng_state, set_rng_state
 from convnets.train.config import TrainConfig
 from convnets.train.data import Batch, DataSource, make_data, to_device
 from convnets.train.dist import DistContext
@@ -37,6 +37,7 @@ from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_
 from convnets.train.recipe import Precision, default_warmup_epochs, resolve_precision, scaled_lr
 from convnets.train.step import Trainer, configure_backends
 from convnets.weights.checkpoint import TrainingCheckpoint
+from convnets.weights.safetensors_io import save_safetensors
 
 __all__ = ["evaluate", "fit"]
 
@@ -198,6 +199,10 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
                 world_size=ctx.world_size).write(out / CHECKPOINT)
             if best_epoch == epoch + 1:
                 atomic_copy(out / CHECKPOINT, out / BEST)
+                # The same weights as BEST's state_dict (the unwrapped model, not its EMA), pickle-free
+                # and self-describing. image_size is explicit: the model's input_size stays 224.
+                save_safetensors(trainer.model, out / BEST_SAFETENSORS, arch_spec=model.spec,
+                                 class_names=list(data.classes), image_size=cfg.image_size)
             # After the checkpoint: a crash in between loses this line, and --resume rewrites
             # metrics.jsonl from the checkpoint's history anyway.
             append_metrics(out / METRICS, record)
