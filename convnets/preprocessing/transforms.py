@@ -137,7 +137,7 @@ def preprocess_image(image: Image.Image, *, image_size: int = DEFAULT_PRESET.cro
     """
     if image.mode != "RGB":
         raise InvalidArgumentError(f"preprocess_image needs an RGB image, got mode {image.mode!r}; convert "
-                         f"it with to_rgb() first.")
+                                   f"it with to_rgb() first.")
     if preset is None:
         preset = EvalPreset(crop_size=image_size, resize_size=resize_size)
     image = resize_and_crop(image, preset)

@@ -53,8 +53,9 @@ def fit(config: TrainConfig) -> TrainSummary:
         The summary (on every rank; metrics are averaged over ranks).
 
     Raises:
-        DataError, CheckpointError, UnknownModelError, TrainingDivergedError, InvalidArgumentError: see their
-        messages; the command line turns them into one line and exit status 1.
+        DataError, CheckpointError, UnknownModelError, TrainingDivergedError, InvalidArgumentError,
+        MissingDependencyError: see their messages; the command line turns them into one line and
+        exit status 1.
     """
     ctx = dist.setup(config.device)
     try:
@@ -119,8 +120,8 @@ def _check_head(model: ResNet, classes: list[str], cfg: TrainConfig) -> None:
 def _prepare_output(out: Path, resuming: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not resuming and (out / CHECKPOINT).exists():
-        raise InvalidArgumentError(f"{out} already holds {CHECKPOINT} of another run; continue it with --resume "
-                         f"{out / CHECKPOINT} or choose another --output")
+        raise InvalidArgumentError(f"{out} already holds {CHECKPOINT} of another run; continue it with "
+                                   f"--resume {out / CHECKPOINT} or choose another --output")
 
 
 def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:

@@ -88,7 +88,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object
                 no_decay.append(p)  # biases, BN gamma and beta
             else:
                 raise InvalidArgumentTypeError(f"no weight-decay rule for parameter {module_name}.{name} of a "
-                                f"{type(module).__name__}")
+                                               f"{type(module).__name__}")
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
