@@ -24,6 +24,14 @@ class UnknownArgumentError(ConvnetsError, TypeError):
     """A keyword that the function does not take (a ``TypeError``, as Python raises for one)."""
 
 
+class InvalidArgumentTypeError(ConvnetsError, TypeError):
+    """An argument of the wrong type (a ``TypeError``, as Python raises for one).
+
+    For instance a number where a list of images is expected, or a model with a layer type a
+    training recipe has no rule for. The message names the argument and the accepted types.
+    """
+
+
 class UnknownModelError(ConvnetsError, ValueError):
     """A model name that is not in the registry; the message lists the valid names."""
 

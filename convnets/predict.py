@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from convnets.errors import ImageLoadError
+from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.io import is_url
@@ -127,14 +127,18 @@ def predict(
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
+
+    Raises:
+        InvalidArgumentError: ``topk`` or ``batch_size`` is not a positive integer, or ``labels``
+            is missing for a model that is not a convnets ResNet (checked on the first ``next``).
     """
     if not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk must be a positive integer, got {topk!r}")
+        raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
     if labels is None:
         if not isinstance(model, ResNet):
-            raise ValueError("pass labels= when the model is not a convnets ResNet")
+            raise InvalidArgumentError("pass labels= when the model is not a convnets ResNet")
         labels = class_labels(model)
     topk = min(topk, len(labels))
     preset = _resolve_preset(model, preset, image_size, resize_size)

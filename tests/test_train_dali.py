@@ -11,7 +11,7 @@ import pytest
 import torch
 from train_support import TINY_ARCH, make_digits, one_thread
 
-from convnets.errors import DataError
+from convnets.errors import DataError, MissingDependencyError
 from convnets.train import TrainConfig, fit
 from convnets.train.data import DataSource, make_data, to_device
 from convnets.train.dist import DistContext
@@ -78,8 +78,11 @@ def test_dali_cpu_backend_trains(digits: Path, tmp_path: Path) -> None:
 
 def test_missing_dali_names_the_pip_package(digits: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # makes `import nvidia.dali` fail
-    with pytest.raises(DataError, match="pip install nvidia-dali-cuda130"):
+    # A missing optional package is a MissingDependencyError (an ImportError), not a DataError:
+    # the data are fine, the installation is not.
+    with pytest.raises(MissingDependencyError, match="pip install nvidia-dali-cuda130") as info:
         source("dali-cpu", digits)
+    assert isinstance(info.value, ImportError) and not isinstance(info.value, DataError)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a GPU")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from train_support import REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics, tiny_args
 
 from convnets.train import TrainConfig, fit
@@ -36,7 +37,12 @@ def test_two_process_run_writes_once_and_averages_over_ranks(tmp_path: Path) -> 
     records = read_metrics(out)
     assert [r["epoch"] for r in records] == [1, 2]  # one line per epoch: only rank 0 writes
     assert all(r["train_images"] == 192 and r["val_images"] == 81 for r in records)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pth.tar", "metrics.jsonl", "model_best.pth.tar"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pth.tar", "metrics.jsonl", "model_best.pth.tar",
+                                                     "model_best.safetensors"]
+    # Under DDP too, model_best.safetensors holds model_best's unwrapped weights (no "module." prefix).
+    best = torch.load(out / "model_best.pth.tar", weights_only=True)["state_dict"]
+    saved = load_file(out / "model_best.safetensors")
+    assert saved.keys() == best.keys() and all(torch.equal(saved[k], best[k]) for k in best)
     ckpt = torch.load(out / "checkpoint.pth.tar", weights_only=True)
     assert ckpt["world_size"] == 2
     assert ckpt["scheduler"]["base_lrs"] == [0.256 * 32 / 256] * 2  # global batch 2 x 16

@@ -109,6 +109,37 @@ def test_checkpoint_is_self_describing(trained: tuple[Path, str], digits: Path) 
     assert best["epoch"] == top1s.index(max(top1s)) + 1 and best["best_top1"] == max(top1s)
 
 
+def test_model_best_safetensors_rebuilds_the_best_model_alone(trained: tuple[Path, str], digits: Path) -> None:
+    from safetensors import safe_open
+
+    out, _ = trained
+    best = torch.load(out / "model_best.pth.tar", weights_only=True)
+    from_pth = convnets.load_model(out / "model_best.pth.tar")
+    from_st = convnets.load_model(out / "model_best.safetensors")
+    assert from_st.spec == from_pth.spec and from_st.num_classes == 4
+    assert from_st.class_names == from_pth.class_names == CLASSES
+    assert from_st.input_size == from_pth.input_size == 32
+    batch = torch.stack([transforms.ToTensor()(Image.open(p).convert("RGB"))
+                         for p in sorted((digits / "val" / "digit2").iterdir())[:8]])
+    # The run trained channels_last, and torch.save keeps those strides; safetensors stores every
+    # tensor contiguous. Same values (checked below), so the same layout gives the same logits.
+    from_pth.to(memory_format=torch.contiguous_format)
+    with torch.no_grad():
+        assert torch.equal(from_st(batch), from_pth(batch))
+
+    # Read back independently of convnets: the best epoch's model weights (not the EMA's) and the
+    # metadata that make the file self-describing.
+    with safe_open(str(out / "model_best.safetensors"), framework="pt") as f:
+        metadata = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    assert json.loads(metadata["arch_spec"]) == best["arch_spec"]
+    assert json.loads(metadata["class_names"]) == CLASSES and metadata["image_size"] == "32"
+    assert tensors.keys() == best["state_dict"].keys()
+    for k, v in best["state_dict"].items():
+        assert torch.equal(tensors[k], v), k
+    assert not torch.equal(tensors["fc.weight"], best["state_dict_ema"]["fc.weight"])
+
+
 def test_evaluate_reports_the_checkpoint_accuracy(trained: tuple[Path, str], digits: Path) -> None:
     out, _ = trained
     last = read_metrics(out)[-1]

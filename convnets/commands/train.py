@@ -26,7 +26,7 @@ examples:
   convnets train --data DIR --output runs/a --resume runs/a/checkpoint.pth.tar
   torchrun --nproc_per_node 8 -m convnets.train --data DIR --output runs/a --pretrained
 DIR holds train/<class>/* and val/<class>/*. OUT gets checkpoint.pth.tar (every epoch),
-model_best.pth.tar and metrics.jsonl; convnets.load_model(OUT/model_best.pth.tar) rebuilds the model.
+model_best.pth.tar, model_best.safetensors and metrics.jsonl; convnets.load_model of either rebuilds the model.
 """
 
 

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from convnets.errors import InvalidArgumentError
+
 __all__ = ["BatchResult", "benchmark_inference", "environment", "format_table", "summarize",
            "parse_batch_sizes"]
 
@@ -54,13 +56,14 @@ class BatchResult:
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    """``"1,16,64"`` -> ``[1, 16, 64]``; raises ValueError on anything but positive integers."""
+    """``"1,16,64"`` -> ``[1, 16, 64]``; raises InvalidArgumentError (a ValueError) on anything but
+    positive integers."""
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"batch sizes must be comma-separated positive integers, got {text!r}") from None
+        raise InvalidArgumentError(f"batch sizes must be comma-separated positive integers, got {text!r}") from None
     if not sizes or any(s < 1 for s in sizes):
-        raise ValueError(f"batch sizes must be comma-separated positive integers, got {text!r}")
+        raise InvalidArgumentError(f"batch sizes must be comma-separated positive integers, got {text!r}")
     return sizes
 
 
@@ -102,7 +105,7 @@ def benchmark_inference(
         One :class:`BatchResult` per batch size.
     """
     if warmup < 1 or iterations < 1:
-        raise ValueError(f"warmup and iterations must be at least 1, got {warmup} and {iterations}")
+        raise InvalidArgumentError(f"warmup and iterations must be at least 1, got {warmup} and {iterations}")
     device = torch.device(device)
     results = []
     for batch_size in batch_sizes:

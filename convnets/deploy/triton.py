@@ -32,9 +32,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 def check_model_name(name: str) -> str:
-    """Return ``name`` if it is usable as a Triton model (directory) name, else raise ValueError."""
+    """Return ``name`` if it is usable as a Triton model (directory) name, else raise InvalidArgumentError."""
     if not _NAME.match(name) or name in (".", ".."):
-        raise ValueError(f"invalid Triton model name {name!r}: use letters, digits, '_', '-', '.'")
+        raise InvalidArgumentError(f"invalid Triton model name {name!r}: use letters, digits, '_', '-', '.'")
     return name
 
 
@@ -74,11 +74,15 @@ def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
 
     Returns:
         The configuration text.
+
+    Raises:
+        InvalidArgumentError: ``max_batch_size`` below 1, an export without a dynamic batch axis,
+            a bad name, or a format Triton cannot serve.
     """
     if max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        raise InvalidArgumentError(f"max_batch_size must be at least 1, got {max_batch_size}")
     if export.input_shape[0] != -1 or export.output_shape[0] != -1:
-        raise ValueError("the exported model has no dynamic batch axis; Triton batching needs one")
+        raise InvalidArgumentError("the exported model has no dynamic batch axis; Triton batching needs one")
     fmt = check_triton_format(export.format)
     label = '\n    label_filename: "labels.txt"' if has_labels else ""
     # Triton names a model's runtime either by platform (onnxruntime_onnx, pytorch_libtorch) or by
@@ -157,16 +161,20 @@ def write_triton_files(repository: str | Path, name: str, export: ExportResult, 
 
     Returns:
         The files written.
+
+    Raises:
+        InvalidArgumentError: the model file is not where Triton looks for it, or ``class_names``
+            does not match the number of outputs (and see :func:`triton_config`).
     """
     repository = Path(repository)
     model_dir = repository / check_model_name(name)
     expected = model_version_dir(repository, name) / check_triton_format(export.format).file_names[0]
     if export.path.resolve() != expected.resolve():
-        raise ValueError(f"the model file must be {expected} for Triton, not {export.path}")
+        raise InvalidArgumentError(f"the model file must be {expected} for Triton, not {export.path}")
     written = []
     labels = list(class_names or [])
     if labels and len(labels) != export.output_shape[-1]:
-        raise ValueError(f"{len(labels)} class names for {export.output_shape[-1]} outputs")
+        raise InvalidArgumentError(f"{len(labels)} class names for {export.output_shape[-1]} outputs")
     if labels:
         written.append(model_dir / "labels.txt")
         written[-1].write_text("\n".join(labels) + "\n", encoding="utf-8")

@@ -28,6 +28,7 @@ from convnets.errors import (
     ImageDownloadError,
     ImageLoadError,
     ImageNotFoundError,
+    InvalidArgumentTypeError,
 )
 
 __all__ = [
@@ -288,7 +289,7 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
         The decoded (first frame of the) image.
 
     Raises:
-        TypeError: ``source`` is none of the accepted types.
+        InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
         ImageNotFoundError: a path that does not exist.
         ImageDownloadError: a URL that cannot be fetched (see :func:`download`).
         ImageDecodeError: data that is empty, not an image, corrupt, truncated or too large.
@@ -315,6 +316,6 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
         if os.fspath(source) == "":
             raise ImageNotFoundError("Cannot load image '': the path is empty.")
         return _open_path(Path(source), label, max_pixels)
-    raise TypeError(
+    raise InvalidArgumentTypeError(
         f"Cannot load image {label}: expected a path, an http(s) URL, bytes or a PIL image, got "
         f"{type(source).__name__}.")

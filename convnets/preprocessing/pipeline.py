@@ -19,7 +19,7 @@ from typing import Literal, NamedTuple, TypeVar
 import torch
 from PIL import Image
 
-from convnets.errors import ImageDecodeError, ImageLoadError, InvalidArgumentError
+from convnets.errors import ImageDecodeError, ImageLoadError, InvalidArgumentError, InvalidArgumentTypeError
 
 from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, is_url, open_image
 from .presets import DEFAULT_PRESET, EvalPreset
@@ -50,7 +50,7 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
 
     Raises:
         ImageLoadError: or a subclass, for any input that cannot be used; see ``open_image``.
-        TypeError: ``source`` is none of the accepted types.
+        InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
     """
     image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels)
     try:
@@ -117,7 +117,7 @@ def _options(preset: EvalPreset, timeout: float, max_bytes: int, max_pixels: int
 def _target(cuda: bool, device: str | torch.device | None, dtype: torch.dtype,
             memory_format: torch.memory_format) -> torch.device:
     if not isinstance(cuda, bool):
-        raise TypeError(f"cuda must be True or False, got {cuda!r}.")
+        raise InvalidArgumentTypeError(f"cuda must be True or False, got {cuda!r}.")
     try:
         target = torch.device(device if device is not None else ("cuda" if cuda else "cpu"))
     except (RuntimeError, TypeError) as exc:
@@ -137,12 +137,12 @@ def _target(cuda: bool, device: str | torch.device | None, dtype: torch.dtype,
 
 def _check_inputs(inputs: object) -> list[ImageInput]:
     if not isinstance(inputs, (list, tuple)):
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"inputs must be a list or tuple of images, got {type(inputs).__name__}; wrap a single "
             f"input in a list.")
     for index, source in enumerate(inputs):
         if not isinstance(source, _INPUT_TYPES):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"input {index} has type {type(source).__name__}; expected a path, an http(s) "
                 f"URL, bytes or a PIL image.")
     return list(inputs)
@@ -230,7 +230,8 @@ def prepare_batch(
 
     Raises:
         ImageLoadError: (or a subclass) with ``on_error="raise"``, for the first failing input.
-        TypeError: ``inputs`` is not a list/tuple, or holds an unsupported type.
+        InvalidArgumentTypeError: ``inputs`` is not a list/tuple, or holds an unsupported type
+            (a ``TypeError``).
         InvalidArgumentError: an invalid option (a ``ValueError``).
     """
     if on_error not in ("raise", "collect"):
@@ -307,7 +308,7 @@ def prepare_input_from_uri(
         ImageDownloadError: a URL cannot be fetched as an image.
         ImageDecodeError: data that is empty, not an image, corrupt, truncated or too large.
         ImageLoadError: any other unusable input (base class of the above).
-        TypeError: an unsupported input type.
+        InvalidArgumentTypeError: an unsupported input type (a ``TypeError``).
         InvalidArgumentError: an invalid option (a ``ValueError``).
     """
     target = _target(cuda, device, dtype, memory_format)

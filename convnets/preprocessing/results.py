@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from convnets.errors import InvalidArgumentError, InvalidArgumentTypeError
+
 from .classes import _table
 
 __all__ = ["pick_n_best"]
@@ -27,23 +29,25 @@ def pick_n_best(predictions: torch.Tensor | np.ndarray, n: int = 5, *,
         Per sample, a list of ``n`` tuples ``(class_name, "87.3%")``.
 
     Raises:
-        TypeError: ``predictions`` is not a tensor or array of real numbers.
-        ValueError: ``n`` is out of range, or the shape does not end in ``num_classes``.
+        InvalidArgumentTypeError: ``predictions`` is not a tensor or array of real numbers (a
+            ``TypeError``).
+        InvalidArgumentError: ``n`` is out of range, or the shape does not end in ``num_classes``
+            (a ``ValueError``).
     """
     names = _table()[1]
     if isinstance(predictions, np.ndarray):
         predictions = torch.from_numpy(predictions)
     if not isinstance(predictions, torch.Tensor):
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"predictions must be a torch.Tensor or numpy array, got {type(predictions).__name__}.")
     if predictions.dtype == torch.bool or predictions.is_complex():
-        raise TypeError(f"predictions must hold real scores, got dtype {predictions.dtype}.")
+        raise InvalidArgumentTypeError(f"predictions must hold real scores, got dtype {predictions.dtype}.")
     if predictions.ndim not in (1, 2) or predictions.shape[-1] != len(names):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"predictions must have shape [N, {len(names)}] or [{len(names)}] (softmax over the "
             f"ImageNet classes), got {list(predictions.shape)}.")
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(names):
-        raise ValueError(f"n must be an int from 1 to {len(names)}, got {n!r}.")
+        raise InvalidArgumentError(f"n must be an int from 1 to {len(names)}, got {n!r}.")
     scores = predictions.detach().float().cpu().reshape(-1, len(names)).numpy()
     top = np.argsort(-scores, axis=-1, kind="stable")[:, :n]
     results = []

@@ -20,6 +20,8 @@ import torchvision.transforms.functional as F
 from PIL import ExifTags, Image, ImageOps
 from torchvision.transforms import InterpolationMode
 
+from convnets.errors import InvalidArgumentError
+
 from .presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "normalize_uint8", "preprocess_image", "resize_and_crop", "to_rgb"]
@@ -131,11 +133,11 @@ def preprocess_image(image: Image.Image, *, image_size: int = DEFAULT_PRESET.cro
         A float32 tensor ``[3, crop, crop]`` normalised with the preset's mean and std.
 
     Raises:
-        ValueError: ``image`` is not in RGB mode.
+        InvalidArgumentError: ``image`` is not in RGB mode (a ``ValueError``).
     """
     if image.mode != "RGB":
-        raise ValueError(f"preprocess_image needs an RGB image, got mode {image.mode!r}; convert "
-                         f"it with to_rgb() first.")
+        raise InvalidArgumentError(f"preprocess_image needs an RGB image, got mode {image.mode!r}; convert "
+                                   f"it with to_rgb() first.")
     if preset is None:
         preset = EvalPreset(crop_size=image_size, resize_size=resize_size)
     image = resize_and_crop(image, preset)

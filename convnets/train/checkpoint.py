@@ -2,7 +2,11 @@
 :class:`convnets.weights.checkpoint.TrainingCheckpoint`.
 
 ``checkpoint.pth.tar`` is rewritten after every epoch, ``model_best.pth.tar`` is a copy of the
-best one so far. :func:`get_rng_state` is the random state a checkpoint records, so that a
+best one so far (best validation top-1 of the model, not of its EMA), and ``model_best.safetensors``
+holds that checkpoint's model weights (``state_dict``, what ``convnets.load_model`` reads from it by
+default; the EMA weights stay in ``model_best.pth.tar``, ``load_model(..., use_ema=True)``) with the
+architecture, class names and image size, so that ``convnets.load_model`` rebuilds the model from it
+alone, without pickle. :func:`get_rng_state` is the random state a checkpoint records, so that a
 resumed run continues every global generator where the interrupted run left it.
 """
 
@@ -19,10 +23,11 @@ import torch
 
 from convnets.fileio import atomic_write
 
-__all__ = ["BEST", "CHECKPOINT", "atomic_copy", "get_rng_state", "set_rng_state"]
+__all__ = ["BEST", "BEST_SAFETENSORS", "CHECKPOINT", "atomic_copy", "get_rng_state", "set_rng_state"]
 
 CHECKPOINT = "checkpoint.pth.tar"
 BEST = "model_best.pth.tar"
+BEST_SAFETENSORS = "model_best.safetensors"
 
 
 def atomic_copy(src: Path, dst: Path) -> None:

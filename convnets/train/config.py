@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from convnets.errors import InvalidArgumentError
 from convnets.models.specs import list_models
 
 __all__ = ["BACKENDS", "BASE_LR_PER_256", "LABEL_SMOOTHING", "MOMENTUM", "OPTION_GROUPS", "TrainConfig", "WEIGHT_DECAY",
@@ -70,8 +71,8 @@ class TrainConfig:
     Attributes:
         data: directory with ``train/<class>/*`` and ``val/<class>/*`` (ImageFolder layout);
             not needed with ``data_backend="synthetic"``.
-        output: directory for ``checkpoint.pth.tar``, ``model_best.pth.tar`` and ``metrics.jsonl``
-            (not needed with ``evaluate``).
+        output: directory for ``checkpoint.pth.tar``, ``model_best.pth.tar``,
+            ``model_best.safetensors`` and ``metrics.jsonl`` (not needed with ``evaluate``).
         arch: a registered model name (:func:`convnets.list_models`).
         arch_kwargs: architecture overrides for :func:`convnets.get_model`, e.g.
             ``{"layers": [1, 1, 1, 1], "widths": [32, 64, 128, 256]}``.
@@ -102,6 +103,10 @@ class TrainConfig:
         progress: show a progress bar per epoch (rank 0, stderr).
         max_nonfinite_steps: stop after this many optimizer steps in a row skipped for a
             non-finite loss or gradient.
+
+    Raises:
+        InvalidArgumentError: a value out of range or a missing ``data`` / ``output`` (one message
+            listing every problem; a ``ValueError``).
     """
 
     data: Path | None = field(default=None, metadata=option(
@@ -191,7 +196,7 @@ class TrainConfig:
         elif self.output is None:
             problems.append("output (--output DIR) is required for training")
         if problems:
-            raise ValueError("invalid training configuration: " + "; ".join(problems))
+            raise InvalidArgumentError("invalid training configuration: " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (paths as strings), for checkpoints and logs."""

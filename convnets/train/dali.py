@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from convnets.errors import DataError
+from convnets.errors import DataError, MissingDependencyError
 from convnets.preprocessing.presets import EvalPreset
 from convnets.train.batches import Batch, DataSource, sample_seed
 from convnets.train.dist import DistContext
@@ -35,8 +35,8 @@ def _import_dali() -> Any:
         import nvidia.dali as dali
         import nvidia.dali.plugin.pytorch  # noqa: F401  (the iterator lives there)
     except ImportError as e:
-        raise DataError(f"the DALI data backends need NVIDIA DALI, which is not installed: "
-                        f"pip install {DALI_PACKAGE} (or use --data-backend pytorch)") from e
+        raise MissingDependencyError(f"the DALI data backends need NVIDIA DALI, which is not installed: "
+                                     f"pip install {DALI_PACKAGE} (or use --data-backend pytorch)") from e
     return dali
 
 
@@ -60,7 +60,8 @@ def make_dali_data(classes: list[str], train_samples: list[tuple[str, int]], val
             :meth:`EvalPreset.for_image_size` of ``image_size``.
 
     Raises:
-        DataError: DALI is not installed, or ``dali-gpu`` was asked for without a GPU.
+        MissingDependencyError: DALI is not installed (an ``ImportError``).
+        DataError: ``dali-gpu`` was asked for without a GPU.
     """
     dali = _import_dali()
     from nvidia.dali import fn, types

@@ -220,7 +220,8 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
         train: also set up the training split (``False`` for ``--evaluate``).
 
     Raises:
-        DataError: missing or empty directories, differing classes, DALI not installed.
+        DataError: missing or empty directories, differing classes.
+        MissingDependencyError: a DALI backend without DALI installed.
     """
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"unknown data backend {backend!r}; choose one of {', '.join(BACKENDS)}")

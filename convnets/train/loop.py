@@ -25,11 +25,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from convnets.errors import CheckpointError, DataError
+from convnets.errors import CheckpointError, DataError, InvalidArgumentError
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import fetch_pretrained, get_model, load_model
 from convnets.train import dist
-from convnets.train.checkpoint import BEST, CHECKPOINT, atomic_copy, get_rng_state, set_rng_state
+from convnets.train.checkpoint import BEST, BEST_SAFETENSORS, CHECKPOINT, atomic_copy, get_rng_state, set_rng_state
 from convnets.train.config import TrainConfig
 from convnets.train.data import Batch, DataSource, make_data, to_device
 from convnets.train.dist import DistContext
@@ -37,6 +37,7 @@ from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_
 from convnets.train.recipe import Precision, default_warmup_epochs, resolve_precision, scaled_lr
 from convnets.train.step import Trainer, configure_backends
 from convnets.weights.checkpoint import TrainingCheckpoint
+from convnets.weights.safetensors_io import save_safetensors
 
 __all__ = ["evaluate", "fit"]
 
@@ -52,8 +53,9 @@ def fit(config: TrainConfig) -> TrainSummary:
         The summary (on every rank; metrics are averaged over ranks).
 
     Raises:
-        DataError, CheckpointError, UnknownModelError, TrainingDivergedError, ValueError: see their
-        messages; the command line turns them into one line and exit status 1.
+        DataError, CheckpointError, UnknownModelError, TrainingDivergedError, InvalidArgumentError,
+        MissingDependencyError: see their messages; the command line turns them into one line and
+        exit status 1.
     """
     ctx = dist.setup(config.device)
     try:
@@ -80,7 +82,7 @@ def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *,
         dist.barrier(ctx)
         return get_model(cfg.arch, pretrained=True, **kwargs)
     except TypeError as e:  # an unknown --arch-kwargs key
-        raise ValueError(f"--arch-kwargs: {e}") from e
+        raise InvalidArgumentError(f"--arch-kwargs: {e}") from e
 
 
 def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:
@@ -118,15 +120,15 @@ def _check_head(model: ResNet, classes: list[str], cfg: TrainConfig) -> None:
 def _prepare_output(out: Path, resuming: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not resuming and (out / CHECKPOINT).exists():
-        raise ValueError(f"{out} already holds {CHECKPOINT} of another run; continue it with --resume "
-                         f"{out / CHECKPOINT} or choose another --output")
+        raise InvalidArgumentError(f"{out} already holds {CHECKPOINT} of another run; continue it with "
+                                   f"--resume {out / CHECKPOINT} or choose another --output")
 
 
 def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:
     start = time.perf_counter()
     out = cfg.output
     if out is None:
-        raise ValueError("--output DIR is required for training")
+        raise InvalidArgumentError("--output DIR is required for training")
     ckpt = None
     if cfg.resume is not None:
         ckpt = TrainingCheckpoint.read(cfg.resume, hint="to fine-tune from its weights use --pretrained-from-file "
@@ -198,6 +200,10 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
                 world_size=ctx.world_size).write(out / CHECKPOINT)
             if best_epoch == epoch + 1:
                 atomic_copy(out / CHECKPOINT, out / BEST)
+                # The same weights as BEST's state_dict (the unwrapped model, not its EMA), pickle-free
+                # and self-describing. image_size is explicit: the model's input_size stays 224.
+                save_safetensors(trainer.model, out / BEST_SAFETENSORS, arch_spec=model.spec,
+                                 class_names=list(data.classes), image_size=cfg.image_size)
             # After the checkpoint: a crash in between loses this line, and --resume rewrites
             # metrics.jsonl from the checkpoint's history anyway.
             append_metrics(out / METRICS, record)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from convnets.errors import InvalidArgumentError
+from convnets.errors import InvalidArgumentError, InvalidArgumentTypeError
 from convnets.train.config import BASE_LR_PER_256, LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY
 from convnets.runtime import (PRECISIONS, check_precision, cpu_has_bf16, parse_memory_format, precision_dtype,
                               precision_name)
@@ -73,7 +73,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object
     (``downsample.1``), the SE biases and ``fc.bias``; classifying by module type avoids that.
 
     Raises:
-        TypeError: the model has trainable parameters in a layer type this recipe does not know.
+        InvalidArgumentTypeError: the model has trainable parameters in a layer type this recipe
+            does not know (a ``TypeError``).
     """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
@@ -86,8 +87,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object
             elif isinstance(module, (nn.Conv2d, nn.Linear, nn.modules.batchnorm._NormBase)):
                 no_decay.append(p)  # biases, BN gamma and beta
             else:
-                raise TypeError(f"no weight-decay rule for parameter {module_name}.{name} of a "
-                                f"{type(module).__name__}")
+                raise InvalidArgumentTypeError(f"no weight-decay rule for parameter {module_name}.{name} of a "
+                                               f"{type(module).__name__}")
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from convnets.errors import CheckpointError, TrainingDivergedError
+from convnets.errors import CheckpointError, InvalidArgumentError, TrainingDivergedError
 from convnets.train.config import TrainConfig
 from convnets.train.recipe import (LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY, Precision, make_ema, make_optimizer,
                                    make_scheduler, mixup)
@@ -102,7 +102,7 @@ class Trainer:
         with self.precision.autocast():
             if self.mixup_alpha > 0:
                 if rng is None:
-                    raise ValueError("MixUp needs a random generator")
+                    raise InvalidArgumentError("MixUp needs a random generator")
                 images, targets_a, targets_b, lam = mixup(images, targets, self.mixup_alpha, rng)
                 out = self.net(images)
                 return lam * self.criterion(out, targets_a) + (1 - lam) * self.criterion(out, targets_b)
