@@ -87,6 +87,12 @@ def test_a_format_option_is_named_as_a_flag(tmp_path: Path) -> None:
     assert line.startswith("convnets export: error: --opset 3: ") and "17 or newer" in line
 
 
+def test_a_bad_triton_name_names_the_option(tmp_path: Path) -> None:
+    line = _error_line(run_cli("export", "--random-init", "--model", "resnet50", "--format", "torchscript", "--triton",
+                               "--name", "bad name", "--output", str(tmp_path)))
+    assert line.startswith("convnets export: error: --name 'bad name': ")
+
+
 def test_topk_below_one_names_topk_alone(five_classes: Path) -> None:
     line = _error_line(run_cli("predict", "--weights", str(five_classes), "--topk", "0", IMAGE))
     assert line == "convnets predict: error: --topk must be a positive integer, got 0"

@@ -98,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--name and --max-batch-size apply to --triton")
     if args.triton:
         check_triton_format(fmt.name)
+    if args.name is not None:  # before the model loads, and named as the option
+        try:
+            check_model_name(args.name)
+        except ValueError as e:
+            raise InvalidArgumentError(f"--name {args.name!r}: {message_for(e, 'cli')}") from e
     max_batch_size = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     if max_batch_size < 1:
         raise InvalidArgumentError(f"--max-batch-size must be at least 1, got {max_batch_size}")
