@@ -1,5 +1,9 @@
 """Packaging for convnets: the ``convnets`` and ``processing_utils`` packages, one console script.
 
+The distribution is ``convnets-hub``: the name ``convnets`` on the package index belongs to another
+project, so ``pip install 'convnets-hub[export]'`` is what every install hint says (checked by
+``tests/test_packaging_name.py``). The import names stay ``convnets`` and ``processing_utils``.
+
 The torch / torchvision pair is not pinned here (a library should not pin); ``constraints.txt``
 names the pair that CI and the README install.
 """
@@ -10,7 +14,7 @@ from setuptools import find_packages, setup
 HERE = Path(__file__).parent
 
 setup(
-    name="convnets",
+    name="convnets-hub",
     version="0.1.0",
     description=(
         "NVIDIA's ResNeXt101-32x4d, SE-ResNeXt101-32x4d and ResNet-50 with verified NGC weights, "
@@ -19,6 +23,7 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
+    license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["convnets", "convnets.*", "processing_utils", "processing_utils.*"]),
     # weights_manifest.json inside the package is a symlink to the repository's one source of truth;

@@ -8,7 +8,8 @@ add its options, and command modules import PyTorch inside ``run()``. So ``convn
 
 Errors that a user can fix (:class:`~convnets.errors.ConvnetsError`, bad files, bad values) end in
 one line on stderr and a non-zero exit status, never a traceback; set ``CONVNETS_DEBUG=1`` to see
-the traceback anyway.
+the traceback anyway. The line is the error's message in command-line words
+(:func:`convnets.errors.message_for` ``(error, "cli")``): options, never Python keywords or calls.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from convnets.errors import ConvnetsError
+from convnets.errors import ConvnetsError, message_for
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConvnetsError, OSError, ValueError) as e:
         if os.environ.get("CONVNETS_DEBUG"):
             raise
-        print(f"convnets {args.command}: error: {e}", file=sys.stderr)
+        print(f"convnets {args.command}: error: {message_for(e, 'cli')}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -3,13 +3,69 @@
 Each subclasses :class:`ConvnetsError` and also the built-in type a caller would already catch
 (``ValueError`` for bad arguments or files, ``OSError`` for missing resources), so that existing
 ``except ValueError`` code keeps working. Messages name the input and say what to do.
+
+One error, two interfaces
+-------------------------
+The message (``str(error)``) speaks Python: it names keywords (``timeout=10``) and calls
+(``convnets.resnet50(...)``). The command line must never print that advice, so an error whose
+message names a keyword or a call also carries its message in command-line words (``--timeout``,
+``--arch resnet50``, or no advice where the command line has no such option): ``error.cli``,
+passed as ``cli=`` when raised. Where only the command knows its own options (the same library error
+can reach ``predict`` and ``export``, which offer different options), the raising code states the
+problem in neutral words as ``cli`` and the facts a command needs as attributes
+(``error.keyword``: the Python keyword the advice is about; ``CheckpointError.architecture``), and the
+command adds its advice with :meth:`ConvnetsError.add_cli_advice`. The command line prints
+:func:`message_for` ``(error, "cli")``; everything else prints ``str(error)``.
+
+(Names of run settings are the other half of this: :mod:`convnets.runtime` functions take
+``option`` and spell a setting ``--precision bf16`` or ``precision='bf16'`` accordingly.)
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
+__all__ = ["CheckpointError", "ConvnetsError", "DataError", "ExportError", "ImageDecodeError", "ImageDownloadError",
+           "ImageLoadError", "ImageNotFoundError", "Interface", "InvalidArgumentError", "ManifestError",
+           "MissingDependencyError", "TrainingDivergedError", "UnknownArgumentError", "UnknownModelError",
+           "UnsupportedPrecisionError", "WeightsUnavailableError", "message_for"]
+
+#: The interfaces a message can be written for: Python (keywords, calls) or the command line (options).
+Interface = Literal["python", "cli"]
+
 
 class ConvnetsError(Exception):
-    """Base class of every error that convnets raises on purpose."""
+    """Base class of every error that convnets raises on purpose.
+
+    Args:
+        *args: as for :class:`Exception`; the first is the message, in Python's words.
+        cli: the same message in command-line words, when the message names a keyword or a call
+            (see the module docstring); ``None``: the message reads the same on the command line.
+        keyword: the Python keyword whose value the message asks to change (e.g. ``"timeout"``), so
+            that a command offering it as an option can say which option (``add_cli_advice``).
+    """
+
+    def __init__(self, *args: object, cli: str | None = None, keyword: str | None = None) -> None:
+        super().__init__(*args)
+        self.cli = cli
+        self.keyword = keyword
+
+    def message_for(self, interface: Interface) -> str:
+        """The message in the words of ``interface``: ``"python"`` (``str(self)``) or ``"cli"``."""
+        if interface == "cli" and self.cli is not None:
+            return self.cli
+        return str(self)
+
+    def add_cli_advice(self, advice: str) -> None:
+        """Append ``advice`` (command-line words, e.g. ``"Retry, or pass a larger --timeout."``) to
+        the command-line message; the Python message is unchanged."""
+        self.cli = f"{self.message_for('cli')} {advice}"
+
+
+def message_for(error: BaseException, interface: Interface) -> str:
+    """The message of any exception in the words of ``interface`` (``str(error)`` unless it is a
+    :class:`ConvnetsError` that carries a command-line message)."""
+    return error.message_for(interface) if isinstance(error, ConvnetsError) else str(error)
 
 
 class InvalidArgumentError(ConvnetsError, ValueError):
@@ -41,7 +97,18 @@ class ManifestError(ConvnetsError, ValueError):
 
 
 class CheckpointError(ConvnetsError, ValueError):
-    """A checkpoint file cannot be read, or its tensors do not fit the requested model."""
+    """A checkpoint file cannot be read, or its tensors do not fit the requested model.
+
+    Args:
+        *args, cli, keyword: as for :class:`ConvnetsError`.
+        architecture: the registered model whose tensors the file holds, when that is not the
+            model asked for (so that a command can say which ``--model`` / ``--arch`` to use).
+    """
+
+    def __init__(self, *args: object, cli: str | None = None, keyword: str | None = None,
+                 architecture: str | None = None) -> None:
+        super().__init__(*args, cli=cli, keyword=keyword)
+        self.architecture = architecture
 
 
 class WeightsUnavailableError(ConvnetsError, OSError):

@@ -20,7 +20,7 @@ import torch
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
-from convnets.preprocessing.io import is_url
+from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
 from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
@@ -107,6 +107,7 @@ def predict(
     image_size: int | None = None,
     resize_size: int | None = None,
     preset: EvalPreset | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[Prediction]:
     """Classify images, a batch at a time, yielding one :class:`Prediction` per input in order.
@@ -123,6 +124,7 @@ def predict(
             preset's. ``image_size`` alone scales the resize as :meth:`EvalPreset.for_image_size`.
         preset: the evaluation preset; default :func:`~convnets.preprocessing.presets.preset_for_model`
             of ``model`` (224 / 256 for the NGC weights, a checkpoint's recorded image size).
+        timeout: total seconds allowed for each URL download.
         on_batch: called with the number of inputs handled after each batch (progress bars).
 
     Yields:
@@ -147,7 +149,7 @@ def predict(
         chunk = items[start:start + batch_size]
         readable = [i for i, (_, error) in enumerate(chunk) if error is None]
         batch = prepare_batch([chunk[i][0] for i in readable], on_error="collect", device=device,
-                              preset=preset)
+                              preset=preset, timeout=timeout)
         errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
         errors.update({readable[pos]: error for pos, error in batch.errors})
         tops: dict[int, list[TopClass]] = {}

@@ -62,9 +62,9 @@ def _build(
     for k in _IGNORED_KWARGS:
         kwargs.pop(k, None)
     if kwargs:
-        raise UnknownArgumentError(
-            f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; architecture fields are "
-            f"{list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}")
+        fields = f"architecture fields are {list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}"
+        raise UnknownArgumentError(f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; {fields}",
+                                   cli=f"unknown field(s) {sorted(kwargs)}; {fields}")
     published = MODEL_SPECS[name]
     spec = published.replace(**overrides)
 
@@ -101,10 +101,11 @@ def fetch_pretrained(name: str, *, progress: bool = True,
     name = _canonical_name(name)
     manifest = load_manifest()
     if name not in manifest:
+        problem = f"no pretrained weights are published for {name} (weights exist for: {', '.join(sorted(manifest))})"
         raise WeightsUnavailableError(
-            f"no pretrained weights are published for {name} (weights exist for: {', '.join(sorted(manifest))}); "
-            "build it with pretrained=False (command line: --random-init) or load your own checkpoint with "
-            "pretrained_from_file=PATH (--weights PATH)")
+            f"{problem}; build it with pretrained=False (command line: --random-init) or load your own checkpoint "
+            "with pretrained_from_file=PATH (--weights PATH)",
+            cli=f"{problem}; use --random-init, or load your own checkpoint with --weights FILE")
     validate = functools.partial(_validate, name=name, spec=MODEL_SPECS[name], key_map_fn=key_map_fn)
     return fetch_weights(manifest[name], progress=progress, validate=validate)
 

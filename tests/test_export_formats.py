@@ -212,7 +212,7 @@ def test_wheel_ships_the_example_photos(tmp_path: Path) -> None:
         ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "tests", "benchmarks"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path), str(source)], check=True, capture_output=True, timeout=300)
-    (wheel,) = tmp_path.glob("convnets-*.whl")
+    (wheel,) = tmp_path.glob("convnets_hub-*.whl")  # the distribution is convnets-hub
     with zipfile.ZipFile(wheel) as zf:
         shipped = {n: zf.read(n) for n in zf.namelist() if n.startswith("convnets/assets/examples/")}
     assert sorted(Path(n).name for n in shipped) == ["LICENSES.md", *PHOTOS]

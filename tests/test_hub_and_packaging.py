@@ -113,7 +113,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # No build isolation: the test must not need the network to fetch setuptools.
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
-    (wheel,) = out.glob("convnets-*.whl")
+    (wheel,) = out.glob("convnets_hub-*.whl")  # the distribution convnets-hub (tests/test_packaging_name.py)
     return wheel
 
 
@@ -124,6 +124,7 @@ def test_wheel_contains_manifest_and_class_names(wheel: Path) -> None:
     assert manifest == json.loads((REPO / "weights_manifest.json").read_text())
     assert "convnets/preprocessing/imagenet_classes.tsv" in names
     assert "hubconf.py" not in names and not any(n.startswith("tests/") for n in names)
+    assert any(n.startswith("convnets_hub-") and n.endswith("/LICENSE") for n in names)  # license_files
 
 
 def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args)
+                                       add_precision_argument, device_from_args, load_from_args, positive_int)
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -52,10 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_memory_format_argument(parser, help="layout of the eager model and of the input batch (the optimized "
                                             "model always computes in channels_last); default: contiguous; "
                                             "nchw / nhwc are aliases")
-    parser.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed calls per batch size (default: 5)")
-    parser.add_argument("--iterations", type=int, default=20, metavar="N",
+    parser.add_argument("--warmup", type=positive_int, default=5, metavar="N",
+                        help="untimed calls per batch size (default: 5)")
+    parser.add_argument("--iterations", type=positive_int, default=20, metavar="N",
                         help="timed calls per batch size (default: 20)")
-    parser.add_argument("--image-size", type=int, default=224, metavar="PX", help="input size (default: 224)")
+    parser.add_argument("--image-size", type=positive_int, default=224, metavar="PX", help="input size (default: 224)")
     parser.add_argument("--json", metavar="FILE", help="also write the environment and results as JSON")
 
 

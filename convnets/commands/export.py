@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.options import add_model_arguments, add_precision_argument, load_from_args
 from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
-from convnets.errors import InvalidArgumentError
+from convnets.errors import InvalidArgumentError, message_for
 
 if TYPE_CHECKING:
     from convnets.deploy.export import ExportResult
@@ -77,7 +77,14 @@ def _format_options(args: argparse.Namespace, fmt: ExportFormat) -> dict[str, An
         for option in other.options:
             if other is not fmt and getattr(args, _dest(other, option.name), None) is not None:
                 raise InvalidArgumentError(f"{option.flag} applies to --format {other.name}, not {fmt.name}")
-    return {o.name: value for o in fmt.options if (value := getattr(args, _dest(fmt, o.name), None)) is not None}
+    given = {o.name: value for o in fmt.options if (value := getattr(args, _dest(fmt, o.name), None)) is not None}
+    for option in fmt.options:
+        if option.name in given and option.check:
+            try:
+                option.check(given[option.name])
+            except InvalidArgumentError as e:  # the format's message names the keyword: name the flag too
+                raise InvalidArgumentError(f"{option.flag} {given[option.name]}: {message_for(e, 'cli')}") from e
+    return given
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--name and --max-batch-size apply to --triton")
     if args.triton:
         check_triton_format(fmt.name)
+    if args.name is not None:  # before the model loads, and named as the option
+        try:
+            check_model_name(args.name)
+        except ValueError as e:
+            raise InvalidArgumentError(f"--name {args.name!r}: {message_for(e, 'cli')}") from e
     max_batch_size = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     if max_batch_size < 1:
         raise InvalidArgumentError(f"--max-batch-size must be at least 1, got {max_batch_size}")

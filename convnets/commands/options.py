@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from convnets.errors import InvalidArgumentError
+from convnets.errors import CheckpointError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models, registered_name
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
                               resolve_device)
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_argument", "add_device_argument",
            "add_memory_format_argument", "add_model_argument", "add_model_arguments", "add_precision_argument",
-           "device_from_args", "load_from_args", "parse_arch_kwargs"]
+           "device_from_args", "load_from_args", "parse_arch_kwargs", "positive_int", "positive_seconds"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,29 @@ def _argparse_type(parse: Callable[[str], Any], name: str) -> Callable[[str], An
             raise argparse.ArgumentTypeError(str(e)) from e
     convert.__name__ = name
     return convert
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` for a count such as ``--batch-size``: an integer of at least 1 (else a
+    usage error that names the option: ``argument --batch-size: must be a positive integer, got '0'``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse ``type=`` for a duration such as ``--timeout``: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 # --- model and weights ---------------------------------------------------------------------------
@@ -174,7 +198,13 @@ def load_from_args(args: argparse.Namespace, *, device: torch.device | str | Non
         if args.arch_kwargs:
             raise InvalidArgumentError("--arch-kwargs does not apply to --weights: the checkpoint defines the "
                                        "architecture")
-        model = load_model(args.weights, device=device)
+        try:
+            model = load_model(args.weights, device=device)
+        except CheckpointError as e:
+            if e.architecture:  # the file records an architecture that its tensors are not
+                e.add_cli_advice(f"Its recorded architecture is wrong, so no --model can load it; save it again "
+                                 f"with the {e.architecture} architecture recorded, or with none.")
+            raise
         if args.model and model.spec != MODEL_SPECS[args.model]:
             raise InvalidArgumentError(f"{args.weights} holds a different architecture than --model {args.model} "
                                        f"({model.spec}); drop --model to use the checkpoint as it is")
@@ -192,7 +222,7 @@ def load_from_args(args: argparse.Namespace, *, device: torch.device | str | Non
     try:
         model = get_model(name, **args.arch_kwargs)
     except (TypeError, ValueError) as e:  # an unknown field name, or a value the spec refuses
-        raise InvalidArgumentError(f"--arch-kwargs: {e}") from e
+        raise InvalidArgumentError(f"--arch-kwargs: {message_for(e, 'cli')}") from e
     from convnets.deploy.calibrate import calibrate_batchnorm
 
     calibrate_batchnorm(model, image_size=getattr(args, "image_size", None) or 224)

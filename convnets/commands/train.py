@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from convnets.commands import options
-from convnets.errors import ConvnetsError
+from convnets.errors import CheckpointError, ConvnetsError, message_for
 from convnets.train.config import OPTION_GROUPS, TrainConfig
 
 _EPILOG = """\
@@ -99,6 +99,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
 
 
+def _add_cli_advice(error: BaseException, config: TrainConfig) -> None:
+    """Advice in this command's words for an error whose Python advice names a call (see
+    :mod:`convnets.errors`): a ``--pretrained-from-file`` checkpoint of another architecture."""
+    if (isinstance(error, CheckpointError) and error.architecture and config.pretrained_from_file is not None
+            and config.resume is None and error.architecture != config.arch):
+        error.add_cli_advice(f"To fine-tune it, use --arch {error.architecture}.")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets train``."""
     from convnets.train import fit  # torch.distributed and friends only when training
@@ -108,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = fit(config)
     except (ConvnetsError, OSError, ValueError) as e:
+        _add_cli_advice(e, config)
         if world > 1:  # say which process failed; torchrun interleaves their stderr
-            raise ConvnetsError(f"rank {rank}/{world}: {e}") from e
+            raise ConvnetsError(f"rank {rank}/{world}: {e}",
+                                cli=f"rank {rank}/{world}: {message_for(e, 'cli')}") from e
         raise
     if rank == 0:
         print(summary.line(), flush=True)

@@ -121,10 +121,13 @@ def _set_read_timeout(response: requests.Response, seconds: float) -> None:
 
 
 def _timed_out(label: str, timeout: float) -> ImageDownloadError:
+    # cli: the command that offers the timeout adds its option (see convnets.errors).
     return ImageDownloadError(
         f"Cannot load image {label}: the download did not finish within timeout={timeout:g} s "
         f"(the limit for connecting and receiving the whole image). Retry, or pass a larger "
-        f"timeout.")
+        f"timeout.",
+        cli=f"Cannot load image {label}: the download did not finish within {timeout:g} s (the limit "
+            f"for connecting and receiving the whole image).", keyword="timeout")
 
 
 def _read_body(response: requests.Response, label: str, deadline: float, timeout: float,
@@ -133,7 +136,9 @@ def _read_body(response: requests.Response, label: str, deadline: float, timeout
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ImageDownloadError(
             f"Cannot load image {label}: the server announces {int(declared)} bytes, more than "
-            f"max_bytes={max_bytes}. Pass a larger max_bytes if the image is really that big.")
+            f"max_bytes={max_bytes}. Pass a larger max_bytes if the image is really that big.",
+            cli=f"Cannot load image {label}: the server announces {int(declared)} bytes, more than "
+                f"the limit of {max_bytes}.", keyword="max_bytes")
     # read1 returns after a single network read, so a server that drips bytes slowly is still
     # stopped at the deadline; read() would block until a whole chunk had arrived.
     read = getattr(response.raw, "read1", response.raw.read)
@@ -151,7 +156,9 @@ def _read_body(response: requests.Response, label: str, deadline: float, timeout
         if received > max_bytes:
             raise ImageDownloadError(
                 f"Cannot load image {label}: the response is larger than max_bytes={max_bytes}; "
-                f"stopped reading. Pass a larger max_bytes if the image is really that big.")
+                f"stopped reading. Pass a larger max_bytes if the image is really that big.",
+                cli=f"Cannot load image {label}: the response is larger than the limit of {max_bytes} "
+                    f"bytes; stopped reading.", keyword="max_bytes")
         chunks.append(chunk)
     encoded = response.headers.get("Content-Encoding", "identity").lower() != "identity"
     if declared is not None and declared.isdigit() and not encoded and received < int(declared):
@@ -232,10 +239,11 @@ def _decode(fp: BinaryIO, label: str, max_pixels: int | None) -> Image.Image:
         # Image.open reads only the header, so the pixel count is known before any decoding.
         limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
         if limit is not None and image.width * image.height > limit:
-            raise ImageDecodeError(
-                f"Cannot load image {label}: {image.width}x{image.height} = "
-                f"{image.width * image.height} pixels is more than the limit of {limit} (a possible "
-                f"decompression bomb). Pass a larger max_pixels if the image is trusted.")
+            problem = (f"Cannot load image {label}: {image.width}x{image.height} = "
+                       f"{image.width * image.height} pixels is more than the limit of {limit} (a possible "
+                       f"decompression bomb).")
+            raise ImageDecodeError(f"{problem} Pass a larger max_pixels if the image is trusted.", cli=problem,
+                                   keyword="max_pixels")
         image.load()
     except ImageLoadError:
         raise

@@ -36,7 +36,8 @@ def _import_dali() -> Any:
         import nvidia.dali.plugin.pytorch  # noqa: F401  (the iterator lives there)
     except ImportError as e:
         raise MissingDependencyError(f"the DALI data backends need NVIDIA DALI, which is not installed: "
-                                     f"pip install {DALI_PACKAGE} (or use --data-backend pytorch)") from e
+                                     f"pip install 'convnets-hub[dali]' (or pip install {DALI_PACKAGE}; or use the "
+                                     f"pytorch data backend)") from e
     return dali
 
 

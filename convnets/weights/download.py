@@ -269,11 +269,12 @@ def fetch_weights(entry: WeightsEntry, *, progress: Progress = True,
             return dst
     except _FetchError as e:
         via = f" (from {MIRROR_ENV})" if os.environ.get(MIRROR_ENV, "").strip() else ""
+        failed = (f"could not get {entry.file_name}, the pretrained weights of {entry.model}, from "
+                  f"{source}{via}: {e}. {cached} To work offline, pass ")
+        mirror = f"or set {MIRROR_ENV} to a directory or URL that holds {entry.file_name}."
         raise WeightsUnavailableError(
-            f"could not get {entry.file_name}, the pretrained weights of {entry.model}, from "
-            f"{source}{via}: {e}. {cached} To work offline, pass "
-            f"pretrained_from_file=PATH (--weights FILE on the command line; any checkpoint layout), "
-            f"or set {MIRROR_ENV} to a directory or URL that holds {entry.file_name}.") from e
+            f"{failed}pretrained_from_file=PATH (--weights FILE on the command line; any checkpoint layout), {mirror}",
+            cli=f"{failed}--weights FILE (any checkpoint layout), {mirror}") from e
     except TimeoutError as e:
         raise WeightsUnavailableError(
             f"waited {LOCK_TIMEOUT_S:.0f} s for another process to finish downloading {dst}: {e}") from e

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,23 +68,39 @@ def check_fits(model: torch.nn.Module, state_dict: Mapping[str, Tensor], *, mode
         if keys:
             more = f", ... ({len(keys) - _SHOWN} more)" if len(keys) > _SHOWN else ""
             lines.append(f"{len(keys)} {label}: {', '.join(keys[:_SHOWN])}{more}.")
-    lines.append(_diagnose(state_dict, model_name))
-    raise CheckpointError(" ".join(lines))
+    diagnosis = _diagnose(state_dict, model_name)
+    problem = " ".join(lines)
+    # The advice names Python calls; on the command line the diagnosis alone, and the command that
+    # knows its model option adds its own advice from `architecture` (see convnets.errors).
+    raise CheckpointError(f"{problem} {diagnosis.text}{diagnosis.python}",
+                          cli=f"{problem} {diagnosis.text}{diagnosis.neutral}", architecture=diagnosis.architecture)
 
 
-def _diagnose(state_dict: Mapping[str, Tensor], model_name: str) -> str:
+@dataclass(frozen=True)
+class _Diagnosis:
+    """What a misfitting checkpoint holds: ``text``, then ``python`` advice or ``neutral`` words."""
+
+    text: str
+    python: str = ""
+    neutral: str = ""
+    architecture: str | None = None
+
+
+def _diagnose(state_dict: Mapping[str, Tensor], model_name: str) -> _Diagnosis:
     if any(".se.fc1." in k for k in state_dict):
-        return ("Keys like 'layer1.0.se.fc1.weight' come from timm's seresnext101_32x4d, a different "
-                "network (SE squeeze of C/16 channels, other placement) whose weights cannot be "
-                "converted; use timm for it, or NVIDIA's se_resnext101_32x4d weights here.")
+        return _Diagnosis("Keys like 'layer1.0.se.fc1.weight' come from timm's seresnext101_32x4d, a different "
+                          "network (SE squeeze of C/16 channels, other placement) whose weights cannot be "
+                          "converted; use timm for it, or NVIDIA's se_resnext101_32x4d weights here.")
     try:
         spec, _ = infer_spec(state_dict)
     except CheckpointError:
-        return "It does not look like a ResNet-family checkpoint."
+        return _Diagnosis("It does not look like a ResNet-family checkpoint.")
     named = registered_name(spec)
     if named and named != model_name:
-        return f"The file holds a {named}: load it with convnets.{named}(...) or convnets.load_model(path)."
-    return f"The file holds this architecture: {spec}; convnets.load_model(path) rebuilds it."
+        return _Diagnosis(f"The file holds a {named}", python=f": load it with convnets.{named}(...) or "
+                          "convnets.load_model(path).", neutral=".", architecture=named)
+    return _Diagnosis(f"The file holds this architecture: {spec}", python="; convnets.load_model(path) rebuilds it.",
+                      neutral=".")
 
 
 def meta_model(spec: ArchSpec, state_dict: Mapping[str, Tensor],

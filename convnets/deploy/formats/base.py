@@ -46,14 +46,14 @@ def require(module: str, *, extra: str = "export", purpose: str = "this export")
 
     Args:
         module: the module to import, e.g. ``"onnxruntime"``.
-        extra: the ``convnets`` extra that installs it.
+        extra: the extra of the ``convnets-hub`` distribution that installs it.
         purpose: what needs it, for the message.
     """
     try:
         return importlib.import_module(module)
     except ImportError as e:
         raise MissingDependencyError(f"{module} is needed for {purpose} but cannot be imported ({e}); "
-                                     f"install the '{extra}' extra: pip install 'convnets[{extra}]'") from e
+                                     f"install the '{extra}' extra: pip install 'convnets-hub[{extra}]'") from e
 
 
 @contextmanager
