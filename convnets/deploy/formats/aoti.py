@@ -49,7 +49,7 @@ class AotiFormat(ExportFormat):
     """An AOTInductor package with a dynamic batch axis, run with ``torch._inductor.aoti_load_package``."""
 
     name = "aoti"
-    description = "AOTInductor package for Python-free deployment (torch._inductor.aoti_load_package, C++)"
+    description = "AOTInductor .pt2 package: runs from Python or C++ without the model code"
     file_names = ("model.pt2",)
     runtime = "torch._inductor.aoti_load_package"
     # Triton has no AOTInductor backend (its libtorch backend reads TorchScript).

@@ -31,7 +31,7 @@ class OpenVinoFormat(ExportFormat):
     """OpenVINO IR with a dynamic batch axis, checked with OpenVINO Runtime on the CPU in f32."""
 
     name = "openvino"
-    description = "OpenVINO IR (model.xml + model.bin): OpenVINO Runtime, Triton openvino backend"
+    description = "OpenVINO IR, model.xml + model.bin: OpenVINO Runtime, Triton openvino backend"
     file_names = ("model.xml", "model.bin")
     input_name = "input"
     output_name = "output"
