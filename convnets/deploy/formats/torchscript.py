@@ -28,8 +28,8 @@ class TorchScriptFormat(ExportFormat):
     triton_platform = "pytorch_libtorch"
     # torch.jit is deprecated upstream (it warns on every trace and load); kept for Triton's
     # libtorch backend, which reads nothing else.
-    deprecated = ("torch.jit is deprecated; use --format aoti for deployment without Python, "
-                  "--format onnx (or openvino) for Triton")
+    deprecated = ("PyTorch is retiring torch.jit; use --format aoti for deployment without Python, "
+                  "--format onnx or --format openvino for Triton")
 
     def write(self, module: nn.Module, path: Path, example: Tensor) -> None:
         import torch
