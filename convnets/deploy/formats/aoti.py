@@ -67,7 +67,7 @@ class AotiFormat(ExportFormat):
             get_cpp_compiler()
         except exc.InvalidCxxCompiler as e:
             raise MissingDependencyError(
-                "the aoti export compiles C++ and no C++ compiler was found (looked for g++, or $CXX); install "
+                "the aoti export compiles C++ and no C++ compiler was found ($CXX, else g++); install "
                 "one (e.g. apt-get install g++) or set CXX to it, or use --format onnx") from e
 
     def write(self, module: nn.Module, path: Path, example: Tensor) -> None:

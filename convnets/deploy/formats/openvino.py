@@ -65,18 +65,21 @@ class OpenVinoFormat(ExportFormat):
         return run
 
     def triton_notes(self, *, input_name: str, max_batch_size: int, image_size: int) -> str:
-        return """
+        return f"""
 ## OpenVINO backend
 
 Triton's [openvino backend](https://github.com/triton-inference-server/openvino_backend) reads
-`1/model.xml` (its default file name) and `1/model.bin` next to it, and runs on the CPU only
-(`instance_group [ { kind: KIND_CPU } ]` in `config.pbtxt`; no `--gpus` needed). The batch axis of the IR is
-dynamic, so requests of any size up to `max_batch_size` run without padding.
+`1/model.xml` (its default file name) with `1/model.bin` beside it, and runs on the CPU only:
+hence `instance_group [ {{ kind: KIND_CPU }} ]` in `config.pbtxt` (the server needs no `--gpus`).
+The IR's batch axis is dynamic (`[?, 3, {image_size}, {image_size}]`), which the backend uses for
+batches up to `max_batch_size` ({max_batch_size}). (No Triton server was run where this was
+written: the configuration is checked against Triton's ModelConfig schema and the IR, not served.)
 
 OpenVINO computes in bfloat16 by default on CPUs that support it (AVX512-BF16, AMX): faster, but
 the logits then move away from the fp32 ones verified here (by about 5e-3 relative on a small
-network on this machine); `convnets export` verifies with `INFERENCE_PRECISION_HINT=f32`. Add
-`parameters { key: "PERFORMANCE_HINT" value { string_value: "LATENCY" } }` (or `"THROUGHPUT"`)
+network, measured where this package was written); `convnets export` verifies with
+`INFERENCE_PRECISION_HINT=f32`. Add
+`parameters {{ key: "PERFORMANCE_HINT" value {{ string_value: "LATENCY" }} }}` (or `"THROUGHPUT"`)
 to tune it for your clients (see the backend's README).
 """
 
