@@ -52,6 +52,7 @@ setup(
     ],
     extras_require={
         "export": ["onnx>=1.15", "onnxruntime>=1.17"],
+        "openvino": ["openvino>=2025.0"],
         "dali": ["nvidia-dali-cuda130>=1.40"],
         "test": [
             "pytest>=8",
@@ -60,6 +61,7 @@ setup(
             "scikit-learn>=1.3",
             "onnx>=1.15",
             "onnxruntime>=1.17",
+            "openvino>=2025.0",
             "tritonclient>=2.40",  # its ModelConfig protobuf parses the generated config.pbtxt back
             "protobuf>=4",
             # The DALI backend's CPU pipelines are tested too; wheels exist for Linux x86-64 only.

@@ -5,7 +5,7 @@ Layout (https://github.com/triton-inference-server/server/blob/main/docs/user_gu
     DIR/<name>/README.md          how to serve and query it, TensorRT command
     DIR/<name>/config.pbtxt       platform, max_batch_size, input/output, dynamic batching
     DIR/<name>/labels.txt         class names, when the model has them (Triton's classification extension)
-    DIR/<name>/1/model.onnx       the format's file(s): model.onnx, model.pt (TorchScript, libtorch), ...
+    DIR/<name>/1/model.onnx       the format's file(s): model.onnx, model.xml + model.bin (OpenVINO), model.pt, ...
 
 Each export format (:mod:`convnets.deploy.formats`) names its Triton ``platform`` or ``backend``
 and its file names; a format with neither cannot be served this way.
@@ -88,6 +88,7 @@ def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
     # Triton names a model's runtime either by platform (onnxruntime_onnx, pytorch_libtorch) or by
     # backend (openvino, python).
     runtime = f'platform: "{fmt.triton_platform}"' if fmt.triton_platform else f'backend: "{fmt.triton_backend}"'
+    instances = f"instance_group [ {{ kind: {fmt.triton_instance_kind} }} ]\n" if fmt.triton_instance_kind else ""
     return f"""\
 # Written by `convnets export --triton` ({export.format}, {export.precision} weights; float32 in and out).
 name: "{check_model_name(name)}"
@@ -112,7 +113,7 @@ output [
 dynamic_batching {{
   max_queue_delay_microseconds: 100
 }}
-"""
+{instances}"""
 
 
 def _readme(repository: Path, name: str, export: ExportResult, max_batch_size: int, image_size: int) -> str:

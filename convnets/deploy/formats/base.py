@@ -106,6 +106,8 @@ class ExportFormat(abc.ABC):
         runtime: what verification runs the file with, in words (``"ONNX Runtime"``).
         triton_platform: Triton's ``platform`` for this format (``"onnxruntime_onnx"``), or None.
         triton_backend: Triton's ``backend`` when it is named by backend instead (``"openvino"``), or None.
+        triton_instance_kind: Triton's ``instance_group`` kind when the backend runs on one kind of
+            device only (``"KIND_CPU"``), or None for Triton's default (GPUs when there are any).
         extra: the pip extra that brings :attr:`requires`.
         requires: modules that must import before export starts.
         precisions: the precisions it can export.
@@ -122,6 +124,7 @@ class ExportFormat(abc.ABC):
     runtime: ClassVar[str]
     triton_platform: ClassVar[str | None] = None
     triton_backend: ClassVar[str | None] = None
+    triton_instance_kind: ClassVar[str | None] = None
     extra: ClassVar[str] = "export"
     requires: ClassVar[tuple[str, ...]] = ()
     precisions: ClassVar[tuple[str, ...]] = EXPORT_PRECISIONS

@@ -26,6 +26,10 @@ class TorchScriptFormat(ExportFormat):
     output_name = "OUTPUT__0"
     runtime = "torch.jit.load"
     triton_platform = "pytorch_libtorch"
+    # torch.jit is deprecated upstream (it warns on every trace and load); kept for Triton's
+    # libtorch backend, which reads nothing else.
+    deprecated = ("PyTorch is retiring torch.jit; use --format aoti for deployment without Python, "
+                  "--format onnx or --format openvino for Triton")
 
     def write(self, module: nn.Module, path: Path, example: Tensor) -> None:
         import torch
