@@ -6,7 +6,8 @@ in :mod:`convnets.deploy.formats`; this module knows none of them by name.
 Examples::
 
     convnets export --model se_resnext101_32x4d --format onnx --output exported/
-    convnets export --model resnext101_32x4d --format torchscript --triton --max-batch-size 64 --output models/
+    convnets export --model resnext101_32x4d --format openvino --triton --max-batch-size 64 --output models/
+    convnets export --weights checkpoint.pth.tar --format aoti --output exported/
     convnets export --weights checkpoint.pth.tar --format onnx --precision fp16 --output exported/
 """
 
