@@ -39,8 +39,8 @@ COMMANDS: dict[str, Command] = {
     "train": Command("convnets.commands.train",
                      "fine-tune a model on an ImageFolder data set (NVIDIA's recipe; DDP under torchrun)"),
     "export": Command("convnets.commands.export",
-                      "export a model to ONNX, OpenVINO IR, AOTInductor, ... (verified against PyTorch), optionally as a "
-                      "Triton repository"),
+                      "export a model to ONNX, OpenVINO IR, AOTInductor, ... (verified against PyTorch), "
+                      "optionally as a Triton repository"),
     "benchmark": Command("convnets.commands.benchmark",
                          "measure inference or training throughput (img/s) and latency percentiles per batch size"),
     "weights": Command("convnets.commands.weights",

@@ -159,3 +159,23 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
 
 
 Factory = Callable[..., torch.nn.Module]
+
+
+@pytest.fixture
+def patch_inductor(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """Change ``torch._inductor.config`` keys (dotted, e.g. ``"cpp.cxx"``) for one test.
+
+    Through the config's own ``patch()``, which restores each key exactly: ``monkeypatch.setattr``
+    on ``config.cpp`` (a proxy object) makes pytest >= 9 *delete* the key on undo, which breaks
+    inductor for every later test in the process.
+    """
+    import contextlib
+
+    import torch._inductor.config as config
+
+    stack = contextlib.ExitStack()
+    request.addfinalizer(stack.close)
+
+    def patch(changes: dict[str, object]) -> None:
+        stack.enter_context(config.patch(changes))
+    return patch

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -97,10 +98,8 @@ def test_aoti_package_round_trips_at_batch_1_and_3(tmp_path: Path) -> None:
         assert max_rel_error(out, reference(model, batch)) < 1e-4
 
 
-def test_aoti_without_a_cpp_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch._inductor import config
-
-    monkeypatch.setattr(config.cpp, "cxx", (None, str(tmp_path / "no-such-g++")))
+def test_aoti_without_a_cpp_compiler_is_a_clear_error(tmp_path: Path, patch_inductor: Callable[..., None]) -> None:
+    patch_inductor({"cpp.cxx": (None, str(tmp_path / "no-such-g++"))})
     with pytest.raises(MissingDependencyError, match=r"no C\+\+ compiler.*set CXX"):
         export_model(tiny("resnet50", seed=0), tmp_path / "model.pt2", format="aoti", batch=verification_batch(),
                      image_size=SIZE)
@@ -172,7 +171,7 @@ def test_an_openvino_export_that_disagrees_leaves_neither_file(tmp_path: Path,
 
 def test_missing_openvino_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "openvino", None)  # makes `import openvino` fail
-    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets\[openvino\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[openvino\]'"):
         export_model(tiny("resnet50", seed=0), tmp_path / "model.xml", format="openvino",
                      batch=verification_batch(), image_size=SIZE)
     assert list(tmp_path.iterdir()) == []

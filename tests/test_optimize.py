@@ -220,25 +220,25 @@ def test_an_input_error_is_raised_not_mistaken_for_a_compile_failure(monkeypatch
     assert optimized.compiled
 
 
-def _torch_compile_raises(monkeypatch: pytest.MonkeyPatch) -> str:
+def _torch_compile_raises(monkeypatch: pytest.MonkeyPatch, patch_inductor: Callable[..., None]) -> str:
     def broken_compile(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated: compiler backend missing")
     monkeypatch.setattr(torch, "compile", broken_compile)
     return "simulated: compiler backend missing"
 
 
-def _no_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> str:
-    import torch._inductor.config as inductor_config
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("convnets-test-no-such-compiler",))
+def _no_cpp_compiler(monkeypatch: pytest.MonkeyPatch, patch_inductor: Callable[..., None]) -> str:
+    patch_inductor({"cpp.cxx": ("convnets-test-no-such-compiler",)})
     assert compile_unavailable_reason(torch.device("cpu")) is not None
     return "unavailable"
 
 
 @pytest.mark.parametrize("break_compilation", [_torch_compile_raises, _no_cpp_compiler])
-def test_unavailable_compilation_means_eager_with_a_warning(break_compilation: Callable[[pytest.MonkeyPatch], str],
+def test_unavailable_compilation_means_eager_with_a_warning(break_compilation: Callable[..., str],
                                                              monkeypatch: pytest.MonkeyPatch,
+                                                             patch_inductor: Callable[..., None],
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    expected_message = break_compilation(monkeypatch)
+    expected_message = break_compilation(monkeypatch, patch_inductor)
     model, x = tiny_model(), images()
     with caplog.at_level(logging.WARNING, logger="convnets.deploy.optimize"):
         optimized = convnets.optimize_for_inference(model)
