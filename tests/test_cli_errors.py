@@ -17,6 +17,7 @@ from conftest import REPO, TINY, LoopbackServer, Route, run_cli
 from PIL import Image
 
 import convnets
+import convnets.train
 from convnets.errors import (CheckpointError, ConvnetsError, ImageDownloadError, ImageNotFoundError,
                              UnknownArgumentError, message_for)
 from convnets.models.specs import MODEL_SPECS
@@ -150,6 +151,25 @@ def test_unknown_arch_kwargs_field_is_not_a_keyword_argument() -> None:
     line = _error_line(run_cli("predict", "--random-init", "--model", "resnet50", "--arch-kwargs", '{"depth": 3}',
                                IMAGE))
     assert line.startswith("convnets predict: error: --arch-kwargs: unknown field(s) ['depth']")
+
+
+def test_train_configuration_errors_name_the_flags(tmp_path: Path) -> None:
+    """TrainConfig's checks speak in flags on the command line, in field names in Python."""
+    line = _error_line(run_cli("train", "--data", str(tmp_path), "--output", str(tmp_path / "out"),
+                               "--batch-size", "0", "--label-smoothing", "1.5"))
+    assert line == ("convnets train: error: invalid training configuration: --batch-size must be a positive "
+                    "integer, got 0; --label-smoothing is out of range: 1.5")
+    with pytest.raises(ValueError, match=r"configuration: batch_size must be a positive integer, got 0$"):
+        convnets.train.TrainConfig(data=tmp_path, output=tmp_path, batch_size=0)
+
+
+def test_train_unknown_arch_kwargs_field_names_the_flag(tmp_path: Path) -> None:
+    from train_support import make_digits
+
+    data = make_digits(tmp_path / "digits", n_train=16, n_val=16)
+    line = _error_line(run_cli("train", "--data", str(data), "--output", str(tmp_path / "out"), "--epochs", "1",
+                               "--batch-size", "4", "--workers", "0", "--arch-kwargs", '{"depth": 3}'))
+    assert line.startswith("convnets train: error: --arch-kwargs: unknown field(s) ['depth']"), line
 
 
 def test_offline_advice_names_the_weights_option(closed_port_url: str, tmp_path: Path) -> None:

@@ -190,7 +190,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[ConvnetsError], type[Exceptio
     ("step.Trainer.loss", _trainer_mixup_without_rng, InvalidArgumentError, ValueError, "MixUp needs a random"),
     ("loop.fit output", _fit_over_another_run, InvalidArgumentError, ValueError, "already holds checkpoint.pth.tar"),
     ("loop.fit arch_kwargs", lambda t: _fit(t, arch_kwargs={**TINY_ARCH, "depth": 3}), InvalidArgumentError,
-     ValueError, "--arch-kwargs"),
+     ValueError, "arch_kwargs: resnet50() got unexpected keyword argument(s) ['depth']"),
     ("data.make_data", _make_data, InvalidArgumentError, ValueError, "unknown data backend"),
     ("data.make_data directory", lambda t: _fit(t, data_backend="pytorch", data=t / "missing"), DataError,
      ValueError, "does not exist"),

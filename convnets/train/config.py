@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,6 +63,16 @@ def option(help: str, group: str, *, metavar: str | None = None, choices: Sequen
         if value is not None:
             meta[key] = tuple(value) if key == "choices" else value
     return meta
+
+
+def _flag(name: str) -> str:
+    """The ``convnets train`` flag of a config field."""
+    return "--" + name.replace("_", "-")
+
+
+def _flag_words(text: str) -> str:
+    # Field names mentioned inside a message, in command-line spelling (one pass: no re-replacing).
+    return re.sub(r"\b(pretrained_from_file|pretrained|resume)\b", lambda m: _flag(m.group(1)), text)
 
 
 @dataclass
@@ -168,13 +179,13 @@ class TrainConfig:
             if value is not None:
                 setattr(self, name, Path(value))
         self.arch_kwargs = dict(self.arch_kwargs)
-        problems = []
+        problems: list[tuple[str, str]] = []  # (field, what is wrong): named per interface below
         for name in ("epochs", "batch_size", "grad_accum", "image_size", "max_nonfinite_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                problems.append(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+                problems.append((name, f"must be a positive integer, got {getattr(self, name)!r}"))
         for name in ("workers", "seed"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                problems.append(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+                problems.append((name, f"must be a non-negative integer, got {getattr(self, name)!r}"))
         for name, value, ok in (
             ("lr", self.lr, self.lr is None or (math.isfinite(self.lr) and self.lr > 0)),
             ("warmup_epochs", self.warmup_epochs, self.warmup_epochs is None or 0 <= self.warmup_epochs <= self.epochs),
@@ -185,18 +196,23 @@ class TrainConfig:
             ("ema", self.ema, self.ema is None or 0 < self.ema < 1),
         ):
             if not ok:
-                problems.append(f"{name} is out of range: {value!r}")
+                problems.append((name, f"is out of range: {value!r}"))
         if self.data_backend not in BACKENDS:
-            problems.append(f"data_backend must be one of {', '.join(BACKENDS)}, got {self.data_backend!r}")
+            problems.append(("data_backend", f"must be one of {', '.join(BACKENDS)}, got {self.data_backend!r}"))
         if self.data_backend != "synthetic" and self.data is None:
-            problems.append(f"data (--data DIR) is required with the {self.data_backend} backend")
+            problems.append(("data", f"(a directory) is required with the {self.data_backend} backend"))
         if self.evaluate:
             if self.resume is None and not self.pretrained and self.pretrained_from_file is None:
-                problems.append("evaluate needs weights: --resume CHECKPOINT, --pretrained or --pretrained-from-file")
+                problems.append(("evaluate", "needs weights: resume, pretrained or pretrained_from_file"))
         elif self.output is None:
-            problems.append("output (--output DIR) is required for training")
+            problems.append(("output", "(a directory) is required for training"))
         if problems:
-            raise InvalidArgumentError("invalid training configuration: " + "; ".join(problems))
+            # Each field is a flag of `convnets train` (--field-name), so the command line gets the
+            # same message in its own words.
+            raise InvalidArgumentError(
+                "invalid training configuration: " + "; ".join(f"{name} {what}" for name, what in problems),
+                cli="invalid training configuration: " + "; ".join(
+                    f"{_flag(name)} {_flag_words(what)}" for name, what in problems))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (paths as strings), for checkpoints and logs."""

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from convnets.errors import CheckpointError, DataError, InvalidArgumentError
+from convnets.errors import CheckpointError, DataError, InvalidArgumentError, message_for
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import fetch_pretrained, get_model, load_model
 from convnets.train import dist
@@ -81,8 +81,9 @@ def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *,
             fetch_pretrained(cfg.arch)
         dist.barrier(ctx)
         return get_model(cfg.arch, pretrained=True, **kwargs)
-    except TypeError as e:  # an unknown --arch-kwargs key
-        raise InvalidArgumentError(f"--arch-kwargs: {e}") from e
+    except TypeError as e:  # an unknown arch_kwargs key
+        raise InvalidArgumentError(f"arch_kwargs: {message_for(e, 'python')}",
+                                   cli=f"--arch-kwargs: {message_for(e, 'cli')}") from e
 
 
 def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:
