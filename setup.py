@@ -54,6 +54,9 @@ setup(
         "export": ["onnx>=1.15", "onnxruntime>=1.17"],
         "openvino": ["openvino>=2025.0"],
         "dali": ["nvidia-dali-cuda130>=1.40"],
+        # convnets train: OUT/tensorboard/ event files; OUT/curves.png and `convnets plot`.
+        "tensorboard": ["tensorboard>=2.14"],
+        "plots": ["matplotlib>=3.7"],
         "test": [
             "pytest>=8",
             "timm>=1.0",
@@ -64,6 +67,8 @@ setup(
             "openvino>=2025.0",
             "tritonclient>=2.40",  # its ModelConfig protobuf parses the generated config.pbtxt back
             "protobuf>=4",
+            "tensorboard>=2.14",  # its EventAccumulator reads the training run's event files back
+            "matplotlib>=3.7",
             # The DALI backend's CPU pipelines are tested too; wheels exist for Linux x86-64 only.
             "nvidia-dali-cuda130>=2.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
         ],

@@ -46,6 +46,8 @@ COMMANDS: dict[str, Command] = {
     "weights": Command("convnets.commands.weights",
                        "list pretrained weights and their cache state, fetch them, or convert a checkpoint to "
                        "safetensors"),
+    "plot": Command("convnets.commands.plot",
+                    "draw a training run's loss and top-1 curves (OUT/curves.png) from its metrics.jsonl"),
 }
 
 EXIT_ERROR = 1

@@ -37,8 +37,10 @@ def test_two_process_run_writes_once_and_averages_over_ranks(tmp_path: Path) -> 
     records = read_metrics(out)
     assert [r["epoch"] for r in records] == [1, 2]  # one line per epoch: only rank 0 writes
     assert all(r["train_images"] == 192 and r["val_images"] == 81 for r in records)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pth.tar", "metrics.jsonl", "model_best.pth.tar",
-                                                     "model_best.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pth.tar", "curves.png", "metrics.jsonl",
+                                                     "model_best.pth.tar", "model_best.safetensors", "tensorboard"]
+    events = list((out / "tensorboard").iterdir())
+    assert len(events) == 1 and events[0].name.startswith("events.out.tfevents.")  # rank 0's writer only
     # Under DDP too, model_best.safetensors holds model_best's unwrapped weights (no "module." prefix).
     best = torch.load(out / "model_best.pth.tar", weights_only=True)["state_dict"]
     saved = load_file(out / "model_best.safetensors")

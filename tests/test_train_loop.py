@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
+from strict_skips import require_module
 from torchvision import datasets, transforms
 from train_support import (N_TRAIN, N_VAL, REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics, run_train,
                            tiny_args)
@@ -239,3 +241,45 @@ def test_predict_cli_uses_the_training_checkpoint(trained: tuple[Path, str], dig
     assert {r["top"][0]["label"] for r in results} <= set(CLASSES)
     correct = sum(r["top"][0]["label"] == Path(r["input"]).parent.name for r in results)
     assert correct / len(results) >= 0.85
+
+
+def test_tensorboard_events_equal_the_metrics(trained: tuple[Path, str]) -> None:
+    """The event files, read by TensorBoard's own reader, hold metrics.jsonl's numbers (float32)."""
+    require_module("tensorboard", extra="tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = trained
+    ea = EventAccumulator(str(out / "tensorboard"))
+    ea.Reload()
+    keys = {"train/loss": "train_loss", "train/lr": "lr", "train/images_per_s": "img_per_s", "val/loss": "val_loss",
+            "val/top1": "val_top1", "val/top5": "val_top5", "ema_val/loss": "ema_val_loss",
+            "ema_val/top1": "ema_val_top1", "ema_val/top5": "ema_val_top5"}
+    assert set(ea.Tags()["scalars"]) == set(keys)  # no train/loss_scale: no fp16 loss scaling here
+    records = read_metrics(out)
+    for tag, key in keys.items():
+        assert [(e.step, e.value) for e in ea.Scalars(tag)] == [
+            (r["epoch"], pytest.approx(r[key], rel=1e-6)) for r in records], tag
+
+
+def _curve_pixels(png: Path) -> np.ndarray:
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size == (1000, 400)
+        return np.asarray(image.convert("RGB"))
+
+
+def test_curves_are_drawn_at_the_end_and_by_convnets_plot(trained: tuple[Path, str], tmp_path: Path) -> None:
+    require_module("matplotlib", extra="plots")
+    out, _ = trained
+    pixels = _curve_pixels(out / "curves.png")
+    flat = pixels.reshape(-1, 3).astype(int)
+    for colour in ((31, 119, 180), (255, 127, 14), (44, 160, 44)):  # train, validation, EMA validation
+        assert (np.abs(flat - colour).sum(1) < 30).sum() > 100, colour
+    # `convnets plot` in a fresh process: the same figure, and no PyTorch imported.
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "convnets", "plot", str(out), "--output",
+                           str(tmp_path / "again.png")], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(tmp_path / "again.png")
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "matplotlib" in imported and not any(m == "torch" or m.startswith("torch.") for m in imported)
+    assert np.array_equal(_curve_pixels(tmp_path / "again.png"), pixels)

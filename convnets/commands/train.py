@@ -27,6 +27,8 @@ examples:
   torchrun --nproc_per_node 8 -m convnets.train --data DIR --output runs/a --pretrained
 DIR holds train/<class>/* and val/<class>/*. OUT gets checkpoint.pth.tar (every epoch),
 model_best.pth.tar, model_best.safetensors and metrics.jsonl; convnets.load_model of either rebuilds the model.
+Also tensorboard/ (event files; tensorboard --logdir OUT) and, at the end, curves.png (convnets plot OUT
+redraws it), when the tensorboard / matplotlib packages are installed.
 """
 
 

@@ -112,6 +112,8 @@ class TrainConfig:
         resume: continue from this training checkpoint.
         evaluate: only validate the weights of ``resume`` / ``pretrained*``.
         progress: show a progress bar per epoch (rank 0, stderr).
+        tensorboard: also write the per-epoch metrics as TensorBoard events in
+            ``output/tensorboard/`` (rank 0; when the ``tensorboard`` package is installed).
         max_nonfinite_steps: stop after this many optimizer steps in a row skipped for a
             non-finite loss or gradient.
 
@@ -169,6 +171,8 @@ class TrainConfig:
     evaluate: bool = field(default=False, metadata=option(
         "only validate the weights of --resume or --pretrained / --pretrained-from-file", RUN))
     progress: bool = field(default=True, metadata=option("no progress bar", RUN))
+    tensorboard: bool = field(default=True, metadata=option(
+        "write no TensorBoard events (default: OUT/tensorboard/ when the tensorboard package is installed)", RUN))
     max_nonfinite_steps: int = field(default=10, metadata=option(
         "stop after this many optimizer steps in a row skipped for a non-finite loss or gradient "
         "(default: %(default)s)", RUN, metavar="N"))

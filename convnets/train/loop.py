@@ -31,11 +31,13 @@ from convnets.registry import fetch_pretrained, get_model, load_model
 from convnets.train import dist
 from convnets.train.checkpoint import BEST, BEST_SAFETENSORS, CHECKPOINT, atomic_copy, get_rng_state, set_rng_state
 from convnets.train.config import TrainConfig
+from convnets.train.curves import CURVES, write_curves
 from convnets.train.data import Batch, DataSource, make_data, to_device
 from convnets.train.dist import DistContext
 from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_history
 from convnets.train.recipe import Precision, default_warmup_epochs, resolve_precision, scaled_lr
 from convnets.train.step import Trainer, configure_backends
+from convnets.train.tensorboard import TENSORBOARD_DIR, open_tensorboard
 from convnets.weights.checkpoint import TrainingCheckpoint
 from convnets.weights.safetensors_io import save_safetensors
 
@@ -179,35 +181,47 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
                  first_epoch)
 
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    for epoch in range(first_epoch, cfg.epochs):
-        epoch_start = time.perf_counter()
-        record: dict[str, Any] = {"epoch": epoch + 1}
-        record.update(_train_epoch(trainer, data, epoch, steps_per_epoch, cfg, ctx))
-        trainer.sync_buffers()
-        val = evaluate(model, data.val(), precision, ctx, criterion)
-        record.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"], val_images=val["images"])
-        record["unreadable_images"] += val["unreadable"]
-        if trainer.ema is not None:
-            ema = evaluate(trainer.ema.module, data.val(), precision, ctx, criterion)
-            record.update(ema_val_loss=ema["loss"], ema_val_top1=ema["top1"], ema_val_top5=ema["top5"])
-        record["epoch_seconds"] = time.perf_counter() - epoch_start
-        history.append(record)
-        if record["val_top1"] > best_top1:
-            best_top1, best_epoch = record["val_top1"], epoch + 1
-        if ctx.is_main:
-            trainer.to_checkpoint(
-                epoch=epoch + 1, best_top1=best_top1, best_epoch=best_epoch, history=history, rng=get_rng_state(),
-                config=cfg.to_dict(), arch=cfg.arch, arch_spec=model.spec.to_dict(), class_names=list(data.classes),
-                world_size=ctx.world_size).write(out / CHECKPOINT)
-            if best_epoch == epoch + 1:
-                atomic_copy(out / CHECKPOINT, out / BEST)
-                # The same weights as BEST's state_dict (the unwrapped model, not its EMA), pickle-free
-                # and self-describing. image_size is explicit: the model's input_size stays 224.
-                save_safetensors(trainer.model, out / BEST_SAFETENSORS, arch_spec=model.spec,
-                                 class_names=list(data.classes), image_size=cfg.image_size)
-            # After the checkpoint: a crash in between loses this line, and --resume rewrites
-            # metrics.jsonl from the checkpoint's history anyway.
-            append_metrics(out / METRICS, record)
+    # Fed the very records of metrics.jsonl (after each is appended), so the two cannot disagree.
+    board = open_tensorboard(out / TENSORBOARD_DIR, history) if ctx.is_main and cfg.tensorboard else None
+    try:
+        for epoch in range(first_epoch, cfg.epochs):
+            epoch_start = time.perf_counter()
+            record: dict[str, Any] = {"epoch": epoch + 1}
+            record.update(_train_epoch(trainer, data, epoch, steps_per_epoch, cfg, ctx))
+            trainer.sync_buffers()
+            val = evaluate(model, data.val(), precision, ctx, criterion)
+            record.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"], val_images=val["images"])
+            record["unreadable_images"] += val["unreadable"]
+            if trainer.ema is not None:
+                ema = evaluate(trainer.ema.module, data.val(), precision, ctx, criterion)
+                record.update(ema_val_loss=ema["loss"], ema_val_top1=ema["top1"], ema_val_top5=ema["top5"])
+            if trainer.scaler is not None:  # fp16 loss scaling: the scale after the epoch's last step
+                record["loss_scale"] = float(trainer.scaler.get_scale())
+            record["epoch_seconds"] = time.perf_counter() - epoch_start
+            history.append(record)
+            if record["val_top1"] > best_top1:
+                best_top1, best_epoch = record["val_top1"], epoch + 1
+            if ctx.is_main:
+                trainer.to_checkpoint(
+                    epoch=epoch + 1, best_top1=best_top1, best_epoch=best_epoch, history=history, rng=get_rng_state(),
+                    config=cfg.to_dict(), arch=cfg.arch, arch_spec=model.spec.to_dict(), class_names=list(data.classes),
+                    world_size=ctx.world_size).write(out / CHECKPOINT)
+                if best_epoch == epoch + 1:
+                    atomic_copy(out / CHECKPOINT, out / BEST)
+                    # The same weights as BEST's state_dict (the unwrapped model, not its EMA), pickle-free
+                    # and self-describing. image_size is explicit: the model's input_size stays 224.
+                    save_safetensors(trainer.model, out / BEST_SAFETENSORS, arch_spec=model.spec,
+                                     class_names=list(data.classes), image_size=cfg.image_size)
+                # After the checkpoint: a crash in between loses this line, and --resume rewrites
+                # metrics.jsonl from the checkpoint's history anyway.
+                append_metrics(out / METRICS, record)
+                if board is not None:
+                    board.add_record(record)
+    finally:
+        if board is not None:
+            board.close()
+    if ctx.is_main and history:
+        _draw_curves(out)
 
     last = history[-1] if history else {}
     return TrainSummary(
@@ -216,6 +230,16 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
         unreadable_images=sum(r.get("unreadable_images", 0) for r in history),
         skipped_steps=sum(r.get("skipped_steps", 0) for r in history), seconds=time.perf_counter() - start,
         history=history)
+
+
+def _draw_curves(out: Path) -> None:
+    """``OUT/curves.png`` from ``OUT/metrics.jsonl``; a convenience that never fails the finished run."""
+    try:
+        write_curves(out)
+    except ImportError:  # MissingDependencyError too
+        log.warning("%s not drawn: matplotlib is not installed (pip install 'convnets-hub[plots]')", CURVES)
+    except Exception as e:  # the checkpoints and metrics are complete; a figure problem must not fail the run
+        log.warning("%s not drawn: %s", CURVES, e)
 
 
 def _check_resume(ckpt: TrainingCheckpoint, model: ResNet, classes: list[str], cfg: TrainConfig) -> None:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from convnets.errors import DataError
 from convnets.fileio import atomic_write
 
-__all__ = ["METRICS", "TrainSummary", "append_metrics", "write_history"]
+__all__ = ["METRICS", "TrainSummary", "append_metrics", "read_metrics", "write_history"]
 
 #: File name of the per-epoch metrics in the output directory.
 METRICS = "metrics.jsonl"
@@ -33,6 +34,32 @@ def append_metrics(path: Path, record: Mapping[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file, in order.
+
+    A last line without its newline is being appended by a running ``convnets train`` (or was cut
+    by a crash) and is left out.
+
+    Raises:
+        DataError: a complete line is not a JSON object.
+        OSError: the file cannot be read (``FileNotFoundError`` when it does not exist).
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    lines = text.split("\n")[:-1]  # the part after the last newline is incomplete (or empty)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {number}: not a JSON record ({e.msg})") from e
+        if not isinstance(record, dict):
+            raise DataError(f"{path}, line {number}: not a JSON object")
+        records.append(record)
+    return records
 
 
 @dataclass

@@ -1,0 +1,25 @@
+"""``convnets plot OUT``: draw ``OUT/curves.png`` (loss and top-1 against epoch) from ``OUT/metrics.jsonl``.
+
+The same figure ``convnets train`` draws at its end; run it during training to see the epochs so
+far. Needs matplotlib (``pip install 'convnets-hub[plots]'``); imports no PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add this command's options."""
+    parser.add_argument("run_dir", type=Path, metavar="OUT", help="the --output directory of a convnets train run")
+    parser.add_argument("--output", "-o", type=Path, default=None, metavar="PNG",
+                        help="where to write the figure (default: OUT/curves.png)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``convnets plot``."""
+    from convnets.train.curves import write_curves
+
+    print(write_curves(args.run_dir, args.output))
+    return 0
