@@ -40,7 +40,7 @@ from convnets.preprocessing import prepare_input_from_uri
 from convnets.preprocessing.presets import EvalPreset
 
 __all__ = ["EXPORT_PRECISIONS", "ExportFormat", "ExportResult", "Verification", "export_formats",
-           "export_model", "get_format", "require", "sample_batch", "verification_tolerance"]
+           "export_model", "get_format", "require", "sample_batch", "verification_tolerance", "verify_runner"]
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,12 @@ def verification_tolerance(precision: str) -> str:
     return f"min_cosine >= {FP16_MIN_COSINE:g} per sample"
 
 
-def _verify(runner: Runner, reference: nn.Module, batch: Tensor, precision: str, inputs: str) -> Verification:
+def verify_runner(runner: Runner, reference: nn.Module, batch: Tensor, precision: str, inputs: str) -> Verification:
+    """Compare ``runner`` (float32 batch -> float32 logits) with ``reference`` on ``batch`` and on its first image.
+
+    The check that exports pass (fp32: relative error <= 1e-4; otherwise: per-sample cosine >= 0.99),
+    also applied by ``optimize_for_inference(engine="auto")`` to the engine it picks.
+    """
     with torch.no_grad():
         expected = reference(batch).float()
     chunks = [(batch, expected), (batch[:1], expected[:1])] if len(batch) > 1 else [(batch, expected)]
@@ -244,7 +249,7 @@ def export_model(
         try:
             fmt.write(module, tmp, batch[:2], **options)
             runner = fmt.load_runner(tmp)
-            verification = _verify(runner, reference, batch, precision, batch_description or f"{len(batch)} images")
+            verification = verify_runner(runner, reference, batch, precision, batch_description or f"{len(batch)} images")
             input_name, input_shape, output_name, output_shape = fmt.signature(tmp, runner, batch)
         except ConvnetsError:
             raise

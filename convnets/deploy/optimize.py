@@ -27,10 +27,10 @@ from torch import Tensor, nn
 
 from convnets.errors import InvalidArgumentError
 from convnets.models.resnet import Bottleneck, ResNet
-from convnets.runtime import PrecisionName, check_precision, precision_dtype
+from convnets.runtime import PrecisionName, check_precision, check_precision_name, precision_dtype
 
 __all__ = ["OptimizedModel", "compile_unavailable_reason", "error_summary", "fold_batchnorm",
-           "optimize_for_inference"]
+           "optimize_for_inference", "optimize_with_torch"]
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +146,13 @@ class OptimizedModel(nn.Module):
     without autograd, and returns float32 logits. Attributes: ``module`` (the folded eager network
     in the compute dtype), ``precision``, ``device``, ``compiled`` (whether calls go through the
     compiled graph) and, copied from the source model, ``num_classes`` / ``class_names`` /
-    ``spec`` when present.
+    ``spec`` when present; ``engine`` is ``"torch"``.
 
     A compiled graph is specialised to each new input shape (batch size) at its first call, which
     is therefore slow. If compilation fails, the module logs a warning and stays eager.
     """
+
+    engine = "torch"
 
     def __init__(self, module: nn.Module, *, precision: PrecisionName, device: torch.device,
                  graph: Callable[[Tensor], Tensor] | None) -> None:
@@ -225,13 +227,39 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
+def optimize_with_torch(model: nn.Module, precision: PrecisionName, device: torch.device, *,
+                        compile: bool = True) -> OptimizedModel:
+    """The ``torch`` engine: a folded copy of ``model`` in the compute dtype, channels_last, compiled.
+
+    Args:
+        model: a classifier in eval mode (not modified).
+        precision: checked for ``device`` here.
+        device: where to run.
+        compile: use ``torch.compile`` (falls back to eager, with a warning, when unavailable).
+    """
+    check_precision(precision, device)
+    module = copy.deepcopy(model)
+    fold_batchnorm(module)
+    module.requires_grad_(False)
+    # The whole network in the target dtype: weights are converted once here instead of by
+    # autocast on every call (which also leaves nothing for autocast to decide per op).
+    module.to(device=device, dtype=precision_dtype(precision), memory_format=torch.channels_last)
+    optimized = OptimizedModel(module, precision=precision, device=device,
+                               graph=_compiled(module, device) if compile else None)
+    for attr in ("num_classes", "class_names", "spec", "input_size"):
+        if hasattr(model, attr):
+            setattr(optimized, attr, getattr(model, attr))
+    return optimized
+
+
 def optimize_for_inference(
     model: nn.Module,
     precision: PrecisionName = "fp32",
     device: torch.device | str | None = None,
+    engine: str = "torch",
     calibration_data: Tensor | None = None,
     compile: bool = True,
-) -> OptimizedModel:
+) -> nn.Module:
     """A faster copy of ``model`` for inference; ``model`` itself is not modified.
 
     Args:
@@ -241,20 +269,33 @@ def optimize_for_inference(
             AVX512-BF16 / AMX, and GPUs) or ``"fp16"`` (CUDA only). The logits are float32 in all
             cases.
         device: where to run; default: where ``model``'s parameters are.
+        engine: what runs it (:mod:`convnets.deploy.engines`): ``"torch"`` (default: folded
+            BatchNorm, channels_last, ``torch.compile``; every device), ``"onnxruntime"`` (CPU,
+            fp32; the ``export`` extra), ``"openvino"`` (CPU, fp32 or bf16; the ``openvino``
+            extra), or ``"auto"``: the fastest installed engine for the device and precision by
+            the measured rule :data:`~convnets.deploy.engines.AUTO_ORDER`, checked against
+            ``model`` on a small batch and skipped if it disagrees; ``torch`` when none qualifies.
         calibration_data: reserved for int8 quantization, which is not offered: measured here it
             was neither faithful nor faster than bf16 for SE-ResNeXt101 (see the README's
             inference section). Must be ``None``.
-        compile: use ``torch.compile`` (falls back to eager, with a warning, when unavailable).
+        compile: use ``torch.compile`` (torch engine; falls back to eager, with a warning, when
+            unavailable). The other engines always compile their own graph.
 
     Returns:
-        An :class:`OptimizedModel`: call it on a ``[N, 3, H, W]`` float batch (any device; it is
-        moved) to get ``[N, num_classes]`` float32 logits.
+        A module: call it on a ``[N, 3, H, W]`` float batch (any device; it is moved) to get
+        ``[N, num_classes]`` float32 logits. Its ``engine`` attribute names the engine that runs
+        it; the torch engine returns an :class:`OptimizedModel`, the others a
+        :class:`~convnets.deploy.engines.runner.RunnerModel` (CPU).
 
     Raises:
-        UnsupportedPrecisionError: fp16 on a CPU, or bf16 where the device cannot run it.
-        InvalidArgumentError: ``model`` is in training mode, an unknown precision, or
+        UnsupportedPrecisionError: fp16 on a CPU, bf16 where the device cannot run it, or a
+            precision / device the chosen engine does not run.
+        MissingDependencyError: the engine's optional packages are missing (names the pip extra).
+        InvalidArgumentError: ``model`` is in training mode, an unknown precision or engine, or
             ``calibration_data`` (a ``ValueError``).
     """
+    from convnets.deploy.engines import AUTO, build_auto, get_engine
+
     if calibration_data is not None:
         raise InvalidArgumentError("calibration_data is for int8 quantization, which optimize_for_inference does "
                                    "not offer (it was not both faithful and faster than bf16; see the README); "
@@ -263,16 +304,11 @@ def optimize_for_inference(
         raise InvalidArgumentError("optimize_for_inference needs a model in eval mode: call model.eval() first "
                                    "(BatchNorm folding uses the running statistics)")
     target = torch.device(device) if device is not None else _model_device(model)
+    if engine == AUTO:
+        check_precision(precision, target)
+        return build_auto(model, precision, target, compile=compile)
+    chosen = get_engine(engine)
+    check_precision_name(precision)
+    chosen.check(precision, target)  # first: its message names the engine and what it runs
     check_precision(precision, target)
-    module = copy.deepcopy(model)
-    fold_batchnorm(module)
-    module.requires_grad_(False)
-    # The whole network in the target dtype: weights are converted once here instead of by
-    # autocast on every call (which also leaves nothing for autocast to decide per op).
-    module.to(device=target, dtype=precision_dtype(precision), memory_format=torch.channels_last)
-    optimized = OptimizedModel(module, precision=precision, device=target,
-                               graph=_compiled(module, target) if compile else None)
-    for attr in ("num_classes", "class_names", "spec"):
-        if hasattr(model, attr):
-            setattr(optimized, attr, getattr(model, attr))
-    return optimized
+    return chosen.build(model, precision, target, compile=compile)

@@ -1,0 +1,205 @@
+"""Inference engines behind ``optimize_for_inference(engine=NAME)`` and ``convnets benchmark --engine``.
+
+Each engine is one module here with an :class:`Engine` subclass and a module-level ``ENGINE``
+instance, registered like the export formats (:mod:`convnets.deploy.formats`):
+
+* ``torch``: today's path (BatchNorm folded, channels_last, the network in the compute dtype,
+  ``torch.compile``); every device and precision PyTorch runs;
+* ``onnxruntime``: the ONNX export's graph (:mod:`convnets.deploy.formats.onnx`) run by ONNX
+  Runtime's CPU provider, fp32;
+* ``openvino``: the OpenVINO IR conversion (:mod:`convnets.deploy.formats.openvino`), compiled in
+  memory for OpenVINO's CPU plugin, fp32 (``INFERENCE_PRECISION_HINT=f32``) or bf16.
+
+``engine="auto"`` (:func:`build_auto`) tries the engines of :data:`AUTO_ORDER` for the device and
+precision, in order, and takes the first one that is installed, builds, and passes the
+faithfulness check of exports on a small batch (fp32: 1e-4 relative; bf16/fp16: per-sample cosine
+>= 0.99); ``torch`` ends every order and is taken without a check (it is the reference path).
+
+No PyTorch is imported here: engines import it when they build.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from convnets.deploy.formats.base import require
+from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
+from convnets.runtime import setting
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+__all__ = ["AUTO", "AUTO_ORDER", "Engine", "auto_order", "available_engines", "build_auto",
+           "engine_names", "get_engine", "register_engine"]
+
+log = logging.getLogger(__name__)
+
+#: The name that asks for :func:`build_auto`'s choice.
+AUTO = "auto"
+
+#: ``engine="auto"``: engines to try, fastest first, per (device type, precision); ``torch`` is
+#: always last (see :func:`auto_order`). Measured on a 2-core AVX512-BF16 CPU, ResNeXt101-32x4d and
+#: SE-ResNeXt101-32x4d at batch 1 and 16 (issue 9's table; benchmarks/bench_engines.py re-measures
+#: and prints whether this order's first pick is the fastest): in bf16 OpenVINO led every row by
+#: ~1.15x; in fp32 ONNX Runtime was the best single choice (first at batch 16 on ResNeXt, within
+#: ~10% of the best elsewhere), where torch lost ~14% at batch 16 and OpenVINO ~21% at batch 1.
+#: Non-CPU devices: ``torch`` only (the other engines run on the CPU here).
+AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
+    ("cpu", "fp32"): ("onnxruntime", "openvino", "torch"),
+    ("cpu", "bf16"): ("openvino", "torch"),
+}
+
+#: Built-in engines: module names in this package, in the order tables list them.
+_BUILTIN: tuple[str, ...] = ("torch", "onnxruntime", "openvino")
+
+_REGISTRY: dict[str, Engine] = {}
+
+
+class Engine(abc.ABC):
+    """An inference engine: turns an eval-mode classifier into a fast callable.
+
+    Attributes:
+        name: what ``engine=`` / ``--engine`` calls it.
+        description: one line for help texts.
+        devices: device types it runs on.
+        precisions: precisions it computes in (on those devices).
+        requires: modules that must import (optional packages).
+        extra: the pip extra of ``convnets-hub`` that installs :attr:`requires`.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    requires: ClassVar[tuple[str, ...]] = ()
+    extra: ClassVar[str] = "export"
+
+    @abc.abstractmethod
+    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
+        """The optimized callable for ``model`` (eval mode; not modified), checks already done.
+
+        Returns a module that takes an NCHW float batch of any size and returns float32 logits, with
+        an ``engine`` attribute naming this engine.
+        """
+
+    def check(self, precision: str, device: torch.device, *, option: str = "precision") -> None:
+        """Raise unless this engine can run ``precision`` on ``device`` here.
+
+        Raises:
+            UnsupportedPrecisionError: a device or precision it does not run (the message says what works).
+            MissingDependencyError: its optional packages are missing (the message names the pip extra).
+        """
+        if device.type not in self.devices:
+            raise UnsupportedPrecisionError(
+                f"the {self.name} engine runs on {', '.join(self.devices)} only, not {device.type}; "
+                f"use engine='torch' on {device.type}")
+        if precision not in self.precisions:
+            raise UnsupportedPrecisionError(
+                f"the {self.name} engine does not run {setting(option, precision)}; it runs "
+                f"{', '.join(self.precisions)} (engine='torch' or engine='auto' for {precision})")
+        for module in self.requires:
+            require(module, extra=self.extra, purpose=f"the {self.name} inference engine")
+
+    def available(self, precision: str, device: torch.device) -> bool:
+        """Whether :meth:`check` passes (quietly)."""
+        try:
+            self.check(precision, device)
+        except (UnsupportedPrecisionError, ImportError):
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"<inference engine {self.name!r}>"
+
+
+def register_engine(engine: Engine) -> Engine:
+    """Add ``engine`` to the registry under ``engine.name`` and return it.
+
+    Raises:
+        InvalidArgumentError: another engine already has that name, or ``engine`` is not an :class:`Engine`.
+    """
+    if not isinstance(engine, Engine):
+        raise InvalidArgumentError(f"register_engine takes an Engine instance, got {engine!r}")
+    if engine.name in _REGISTRY and type(_REGISTRY[engine.name]) is not type(engine):
+        raise InvalidArgumentError(f"an inference engine named {engine.name!r} is already registered")
+    _REGISTRY[engine.name] = engine
+    return engine
+
+
+def engine_names() -> tuple[str, ...]:
+    """Every registered engine's name, built-in ones first."""
+    return tuple(_REGISTRY)
+
+
+def get_engine(name: str, *, option: str = "engine") -> Engine:
+    """The registered engine called ``name``.
+
+    Raises:
+        InvalidArgumentError: no such engine (the message lists them and ``auto``).
+    """
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(f"unknown inference engine {setting(option, name)}; choose one of "
+                                   f"{', '.join((*_REGISTRY, AUTO))}") from None
+
+
+def available_engines(precision: str, device: torch.device) -> tuple[str, ...]:
+    """The registered engines that are installed and run ``precision`` on ``device``."""
+    return tuple(name for name, engine in _REGISTRY.items() if engine.available(precision, device))
+
+
+def auto_order(precision: str, device: torch.device) -> tuple[str, ...]:
+    """The engines ``engine="auto"`` tries, in order (:data:`AUTO_ORDER`, ``torch`` last)."""
+    order = AUTO_ORDER.get((device.type, precision), ())
+    return (*(name for name in order if name != "torch"), "torch")
+
+
+def build_auto(model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
+    """``engine="auto"``: the first engine of :func:`auto_order` that is installed, builds and is faithful.
+
+    Each candidate other than ``torch`` is built and checked against ``model`` on two random images
+    at the model's input size (and on the first alone), with the export criterion
+    (:func:`convnets.deploy.export.verify_runner`); one that is missing, fails to build or
+    disagrees is skipped with a log line. The choice is logged once, at INFO.
+    """
+    import torch
+
+    from convnets.deploy.export import verify_runner
+    from convnets.deploy.optimize import error_summary
+
+    size = int(getattr(model, "input_size", 224))
+    batch = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    for name in auto_order(precision, device):
+        engine = get_engine(name)
+        if name == "torch":
+            built = engine.build(model, precision, device, compile=compile)
+            break
+        if not engine.available(precision, device):
+            log.debug("engine='auto': %s is not installed or does not run %s on %s", name, precision, device)
+            continue
+        try:
+            built = engine.build(model, precision, device, compile=compile)
+            check = verify_runner(built, model, batch, precision, "2 random images")
+        except Exception as e:  # noqa: BLE001 - any engine failure: try the next engine
+            log.warning("engine='auto': %s failed (%s); trying the next engine", name, error_summary(e))
+            continue
+        if check.passed:
+            break
+        log.warning("engine='auto': %s disagrees with the model (max relative error %.3g, min cosine %.5f; "
+                    "required %s); trying the next engine", name, check.max_rel_error, check.min_cosine,
+                    check.tolerance)
+    log.info("engine='auto' picked %s for %s on %s", built.engine, precision, device)
+    return built
+
+
+def _load(name: str) -> Any:
+    return importlib.import_module(f"{__name__}.{name}").ENGINE
+
+
+for _module in _BUILTIN:
+    register_engine(_load(_module))
