@@ -1,6 +1,6 @@
 """Export through the registered formats (:mod:`convnets.deploy.formats`), each file verified against PyTorch.
 
-The exported network is the BatchNorm-folded one (:func:`~convnets.deploy.optimize.fold_batchnorm`)
+The exported network is the BatchNorm-folded one (:func:`~convnets.deploy.folding.fold_batchnorm`)
 with a dynamic batch axis and float32 input and output; ``precision="fp16"`` stores fp16 weights
 and computes in fp16 between a cast of the input and a cast of the logits, so clients always send
 and receive float32. The ONNX file is also what TensorRT consumes (``trtexec --onnx=...``).
@@ -34,10 +34,11 @@ from torch import Tensor, nn
 from convnets.assets import example_images
 from convnets.deploy.formats import (EXPORT_PRECISIONS, ExportFormat, Runner, export_formats, get_format,
                                      require)
-from convnets.deploy.optimize import error_summary, fold_batchnorm, precision_dtype
+from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import ConvnetsError, ExportError, InvalidArgumentError
 from convnets.preprocessing import prepare_input_from_uri
 from convnets.preprocessing.presets import EvalPreset
+from convnets.runtime import precision_dtype
 
 __all__ = ["EXPORT_PRECISIONS", "ExportFormat", "ExportResult", "Verification", "export_formats",
            "export_model", "get_format", "require", "sample_batch", "verification_tolerance", "verify_runner"]

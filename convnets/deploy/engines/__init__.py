@@ -20,18 +20,17 @@ No PyTorch is imported here: engines import it when they build.
 
 from __future__ import annotations
 
-import abc
 import importlib
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from convnets.deploy.formats.base import require
-from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
+from convnets.deploy.engines.base import Engine
+from convnets.errors import InvalidArgumentError
 from convnets.runtime import setting
 
 if TYPE_CHECKING:
     import torch
-    from torch import Tensor, nn
+    from torch import nn
 
 __all__ = ["AUTO", "AUTO_ORDER", "Engine", "auto_order", "available_engines", "build_auto",
            "engine_names", "get_engine", "register_engine"]
@@ -57,63 +56,6 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
 _BUILTIN: tuple[str, ...] = ("torch", "onnxruntime", "openvino")
 
 _REGISTRY: dict[str, Engine] = {}
-
-
-class Engine(abc.ABC):
-    """An inference engine: turns an eval-mode classifier into a fast callable.
-
-    Attributes:
-        name: what ``engine=`` / ``--engine`` calls it.
-        description: one line for help texts.
-        devices: device types it runs on.
-        precisions: precisions it computes in (on those devices).
-        requires: modules that must import (optional packages).
-        extra: the pip extra of ``convnets-hub`` that installs :attr:`requires`.
-    """
-
-    name: ClassVar[str]
-    description: ClassVar[str]
-    devices: ClassVar[tuple[str, ...]] = ("cpu",)
-    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
-    requires: ClassVar[tuple[str, ...]] = ()
-    extra: ClassVar[str] = "export"
-
-    @abc.abstractmethod
-    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
-        """The optimized callable for ``model`` (eval mode; not modified), checks already done.
-
-        Returns a module that takes an NCHW float batch of any size and returns float32 logits, with
-        an ``engine`` attribute naming this engine.
-        """
-
-    def check(self, precision: str, device: torch.device, *, option: str = "precision") -> None:
-        """Raise unless this engine can run ``precision`` on ``device`` here.
-
-        Raises:
-            UnsupportedPrecisionError: a device or precision it does not run (the message says what works).
-            MissingDependencyError: its optional packages are missing (the message names the pip extra).
-        """
-        if device.type not in self.devices:
-            raise UnsupportedPrecisionError(
-                f"the {self.name} engine runs on {', '.join(self.devices)} only, not {device.type}; "
-                f"use engine='torch' on {device.type}")
-        if precision not in self.precisions:
-            raise UnsupportedPrecisionError(
-                f"the {self.name} engine does not run {setting(option, precision)}; it runs "
-                f"{', '.join(self.precisions)} (engine='torch' or engine='auto' for {precision})")
-        for module in self.requires:
-            require(module, extra=self.extra, purpose=f"the {self.name} inference engine")
-
-    def available(self, precision: str, device: torch.device) -> bool:
-        """Whether :meth:`check` passes (quietly)."""
-        try:
-            self.check(precision, device)
-        except (UnsupportedPrecisionError, ImportError):
-            return False
-        return True
-
-    def __repr__(self) -> str:
-        return f"<inference engine {self.name!r}>"
 
 
 def register_engine(engine: Engine) -> Engine:
@@ -170,7 +112,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     import torch
 
     from convnets.deploy.export import verify_runner
-    from convnets.deploy.optimize import error_summary
+    from convnets.deploy.folding import error_summary
 
     size = int(getattr(model, "input_size", 224))
     batch = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from convnets.deploy.engines import Engine
+from convnets.deploy.engines.base import Engine
 
 if TYPE_CHECKING:
     import torch

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from convnets.deploy.engines import Engine
+from convnets.deploy.engines.base import Engine
 
 if TYPE_CHECKING:
     import torch

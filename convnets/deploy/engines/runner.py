@@ -64,10 +64,10 @@ def engine_model(make_runner: Callable[[tuple[int, ...]], Runner], *, engine: st
 
 
 def folded_copy(model: nn.Module) -> nn.Module:
-    """A float32 CPU copy of ``model`` with BatchNorm folded (:func:`~convnets.deploy.optimize.fold_batchnorm`):
+    """A float32 CPU copy of ``model`` with BatchNorm folded (:func:`~convnets.deploy.folding.fold_batchnorm`):
     what the ONNX Runtime and OpenVINO engines convert, as the exports do."""
     import copy
 
-    from convnets.deploy.optimize import fold_batchnorm
+    from convnets.deploy.folding import fold_batchnorm
 
     return fold_batchnorm(copy.deepcopy(model).eval().cpu().float()).requires_grad_(False)
