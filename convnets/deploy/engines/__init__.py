@@ -1,7 +1,8 @@
 """Inference engines behind ``optimize_for_inference(engine=NAME)`` and ``convnets benchmark --engine``.
 
-Each engine is one module here with an :class:`Engine` subclass and a module-level ``ENGINE``
-instance, registered like the export formats (:mod:`convnets.deploy.formats`):
+Each engine is one module here with an :class:`~convnets.deploy.engines.base.Engine` subclass and
+a module-level ``ENGINE`` instance, registered like the export formats
+(:mod:`convnets.deploy.formats`) but imported on first use, since the torch engine imports PyTorch:
 
 * ``torch``: today's path (BatchNorm folded, channels_last, the network in the compute dtype,
   ``torch.compile``); every device and precision PyTorch runs;
@@ -15,14 +16,14 @@ precision, in order, and takes the first one that is installed, builds, and pass
 faithfulness check of exports on a small batch (fp32: 1e-4 relative; bf16/fp16: per-sample cosine
 >= 0.99); ``torch`` ends every order and is taken without a check (it is the reference path).
 
-No PyTorch is imported here: engines import it when they build.
+Importing this package loads no PyTorch and no engine module.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from convnets.deploy.engines.base import Engine
 from convnets.errors import InvalidArgumentError
@@ -73,8 +74,8 @@ def register_engine(engine: Engine) -> Engine:
 
 
 def engine_names() -> tuple[str, ...]:
-    """Every registered engine's name, built-in ones first."""
-    return tuple(_REGISTRY)
+    """Every registered engine's name, built-in ones first (imports none of them)."""
+    return tuple(dict.fromkeys((*_BUILTIN, *_REGISTRY)))
 
 
 def get_engine(name: str, *, option: str = "engine") -> Engine:
@@ -84,15 +85,15 @@ def get_engine(name: str, *, option: str = "engine") -> Engine:
         InvalidArgumentError: no such engine (the message lists them and ``auto``).
     """
     try:
-        return _REGISTRY[name]
+        return _loaded()[name]
     except (KeyError, TypeError):
         raise InvalidArgumentError(f"unknown inference engine {setting(option, name)}; choose one of "
-                                   f"{', '.join((*_REGISTRY, AUTO))}") from None
+                                   f"{', '.join((*engine_names(), AUTO))}") from None
 
 
 def available_engines(precision: str, device: torch.device) -> tuple[str, ...]:
     """The registered engines that are installed and run ``precision`` on ``device``."""
-    return tuple(name for name, engine in _REGISTRY.items() if engine.available(precision, device))
+    return tuple(name for name, engine in _loaded().items() if engine.available(precision, device))
 
 
 def auto_order(precision: str, device: torch.device) -> tuple[str, ...]:
@@ -139,9 +140,10 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     return built
 
 
-def _load(name: str) -> Any:
-    return importlib.import_module(f"{__name__}.{name}").ENGINE
-
-
-for _module in _BUILTIN:
-    register_engine(_load(_module))
+def _loaded() -> dict[str, Engine]:
+    """The registry, with the built-in engines imported on first use (``torch`` imports PyTorch,
+    which the command line's ``--help`` must not)."""
+    for name in _BUILTIN:
+        if name not in _REGISTRY:
+            register_engine(importlib.import_module(f"{__name__}.{name}").ENGINE)
+    return _REGISTRY
