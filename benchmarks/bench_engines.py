@@ -75,9 +75,8 @@ def _runners(name: str, wanted: list[str], image_size: int) -> dict[str, Runner]
     return runners
 
 
-def bench(name: str, reference: Runner, batch_size: int, variants: list[str], args: argparse.Namespace
-          ) -> list[dict[str, object]]:
-    runners = {REFERENCE: reference, **_runners(name, variants, args.image_size)}
+def bench(name: str, runners: dict[str, Runner], batch_size: int, args: argparse.Namespace) -> list[dict[str, object]]:
+    """Interleaved rounds of every runner (``REFERENCE`` among them) at one batch size: one row per runner."""
     x = torch.randn(batch_size, 3, args.image_size, args.image_size)
     first_call = {}
     with torch.inference_mode():
@@ -148,8 +147,11 @@ def main() -> int:
     for name in args.models.split(","):
         torch.manual_seed(0)
         reference = timm.create_model(name.replace("se_resnext", "seresnext")).eval()  # timm's spelling
+        # Built once per model: graphs have a dynamic batch axis (torch compiles per batch size at
+        # the first call, which the warm-up absorbs and reports).
+        runners = {REFERENCE: reference, **_runners(name, args.variants.split(","), args.image_size)}
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-            rows += bench(name, reference, batch_size, args.variants.split(","), args)
+            rows += bench(name, runners, batch_size, args)
     print(f"{env['date']}; {env['cpu_model']}, {env['cpu_count']} cores, {env['torch_threads']} threads; "
           f"torch {env['torch']}, timm {timm.__version__}; {args.image_size} px; median of {args.rounds} "
           "interleaved rounds")

@@ -13,8 +13,8 @@ a module-level ``ENGINE`` instance, registered like the export formats
 
 ``engine="auto"`` (:func:`build_auto`) tries the engines of :data:`AUTO_ORDER` for the device and
 precision, in order, and takes the first one that is installed, builds, and passes the
-faithfulness check of exports on a small batch (fp32: 1e-4 relative; bf16/fp16: per-sample cosine
->= 0.99); ``torch`` ends every order and is taken without a check (it is the reference path).
+faithfulness check of exports on their example photos (fp32: 1e-4 relative; bf16/fp16: per-sample
+cosine >= 0.99); ``torch`` ends every order and is taken without a check (it is the reference path).
 
 Importing this package loads no PyTorch and no engine module.
 """
@@ -105,18 +105,16 @@ def auto_order(precision: str, device: torch.device) -> tuple[str, ...]:
 def build_auto(model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
     """``engine="auto"``: the first engine of :func:`auto_order` that is installed, builds and is faithful.
 
-    Each candidate other than ``torch`` is built and checked against ``model`` on two random images
-    at the model's input size (and on the first alone), with the export criterion
+    Each candidate other than ``torch`` is built and checked against ``model`` on the example photos
+    that verify exports, at the model's input size (and on the first alone), with the export criterion
     (:func:`convnets.deploy.export.verify_runner`); one that is missing, fails to build or
     disagrees is skipped with a log line. The choice is logged once, at INFO.
     """
-    import torch
-
-    from convnets.deploy.export import verify_runner
+    from convnets.deploy.export import sample_batch, verify_runner
     from convnets.deploy.folding import error_summary
 
-    size = int(getattr(model, "input_size", 224))
-    batch = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    # The photos that verify exports (shipped in the package), at the model's input size.
+    batch, inputs = sample_batch(image_size=int(getattr(model, "input_size", 224)))
     for name in auto_order(precision, device):
         engine = get_engine(name)
         if name == "torch":
@@ -127,7 +125,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
             continue
         try:
             built = engine.build(model, precision, device, compile=compile)
-            check = verify_runner(built, model, batch, precision, "2 random images")
+            check = verify_runner(built, model, batch, precision, inputs)
         except Exception as e:  # noqa: BLE001 - any engine failure: try the next engine
             log.warning("engine='auto': %s failed (%s); trying the next engine", name, error_summary(e))
             continue
