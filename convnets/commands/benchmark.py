@@ -19,8 +19,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args, positive_int)
+from convnets.commands.options import (add_device_argument, add_engine_argument, add_memory_format_argument,
+                                       add_model_arguments, add_precision_argument, device_from_args, load_from_args,
+                                       positive_int)
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -50,9 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
                         help="use convnets.optimize_for_inference (BatchNorm folding, channels_last, "
                              "compile); --no-optimize measures the plain eager model (default: optimize)")
-    from convnets.deploy.engines import AUTO, engine_names
-
-    parser.add_argument("--engine", choices=(*engine_names(), AUTO, ALL), default="torch",
+    add_engine_argument(parser, extra_choices=(ALL,),
                         help="what runs the optimized model: torch (default; any device), onnxruntime (CPU fp32), "
                              "openvino (CPU fp32/bf16), auto (the fastest installed one, checked against the "
                              "model), or all: every installed engine in one table, the one auto picks marked")
