@@ -47,6 +47,9 @@ AUTO = "auto"
 #: and prints whether this order's first pick is the fastest): in bf16 OpenVINO led every row by
 #: ~1.15x; in fp32 ONNX Runtime was the best single choice (first at batch 16 on ResNeXt, within
 #: ~10% of the best elsewhere), where torch lost ~14% at batch 16 and OpenVINO ~21% at batch 1.
+#: Re-measured on a loaded machine with bench_engines.py (ResNeXt101, 3 rounds): bf16 OpenVINO
+#: 1.5x torch at batch 16 and level at batch 1; fp32 ONNX Runtime ~ OpenVINO > torch at batch 16,
+#: torch ahead at batch 1 (ONNX Runtime 0.93x). To be confirmed on a quiet machine.
 #: Non-CPU devices: ``torch`` only (the other engines run on the CPU here).
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "fp32"): ("onnxruntime", "openvino", "torch"),
