@@ -5,6 +5,7 @@ Examples::
     convnets benchmark --model resnext101_32x4d --device cuda --precision fp16 --batch-sizes 1,16,64,256
     convnets benchmark --model se_resnext101_32x4d --precision bf16 --batch-sizes 1,16 --json bench.json
     convnets benchmark --model resnext101_32x4d --no-optimize --precision bf16   # eager + autocast
+    convnets benchmark --model resnext101_32x4d --engine all --batch-sizes 1,16  # every installed engine
     convnets benchmark --model se_resnext101_32x4d --mode training --device cuda --precision fp16 \
         --memory-format channels_last --batch-sizes 128                        # the fine-tuning step
 
@@ -18,8 +19,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args, positive_int)
+from convnets.commands.options import (add_device_argument, add_engine_argument, add_memory_format_argument,
+                                       add_model_arguments, add_precision_argument, device_from_args, load_from_args,
+                                       positive_int)
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 #: inference: the model's forward pass (eager or optimized); training: the fine-tuning loop's real
 #: optimizer step (convnets.train.benchmark_training) on synthetic data.
 MODES: tuple[str, ...] = ("inference", "training")
+#: ``--engine all``: every installed engine that runs the precision on the device, side by side.
+ALL = "all"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
                         help="use convnets.optimize_for_inference (BatchNorm folding, channels_last, "
                              "compile); --no-optimize measures the plain eager model (default: optimize)")
+    add_engine_argument(parser, extra_choices=(ALL,),
+                        help="what runs the optimized model: torch (default; any device), onnxruntime (CPU fp32), "
+                             "openvino (CPU fp32/bf16), auto (the fastest installed one, checked against the "
+                             "model), or all: every installed engine in one table, the one auto picks marked")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="torch.compile the optimized model (default: on; each batch size compiles once)")
     add_memory_format_argument(parser, help="layout of the eager model and of the input batch (the optimized "
@@ -74,55 +82,89 @@ def run(args: argparse.Namespace) -> int:
     """Run ``convnets benchmark``."""
     import torch
 
-    from convnets.deploy.benchmark import environment, format_table
+    from convnets.deploy.benchmark import environment, format_engine_table, format_table
 
     device = device_from_args(args)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # pick the fastest convolution algorithms, as NVIDIA does
-    measure = _training if args.mode == "training" else _inference
-    results, name, weights, variant = measure(args, device)
+    picked = None
+    if args.mode == "training":
+        results, name, weights, variant = _training(args, device)
+        runs = [("torch", results)]
+    else:
+        runs, name, weights, variant, picked = _inference(args, device)
     env = environment(device)
     arch = " (custom architecture)" if args.arch_kwargs else ""
     title = (f"{name}{arch} {args.mode}, {env['device_name']} ({device}), {args.precision}, {variant}, "
              f"{weights} weights")
-    print(format_table(results, title))
+    if args.mode == "inference" and args.engine == ALL:
+        print(format_engine_table([(engine, r) for engine, results in runs for r in results], title, picked))
+    else:
+        print(format_table(runs[0][1], title))
     if args.json:
         config = {"model": name, "weights": weights, "arch_kwargs": args.arch_kwargs, "mode": args.mode,
                   "precision": args.precision, "variant": variant, "optimize": args.optimize,
                   "compile": args.compile, "compiled": "compiled" in variant, "memory_format": args.memory_format,
                   "batch_sizes": args.batch_sizes, "warmup": args.warmup, "iterations": args.iterations,
                   "image_size": args.image_size}
-        report = {"environment": env, "config": config, "results": [r.to_dict() for r in results]}
+        if args.mode == "inference":
+            config |= {"engine": args.engine, "engines": [engine for engine, _ in runs], "auto_picks": picked}
+        rows = [r.to_dict() | ({"engine": engine} if args.mode == "inference" else {})
+                for engine, results in runs for r in results]
+        report = {"environment": env, "config": config, "results": rows}
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
 
 
-def _inference(args: argparse.Namespace, device: torch.device) -> tuple[list[BatchResult], str, str, str]:
+Runs = list[tuple[str, "list[BatchResult]"]]
+
+
+def _inference(args: argparse.Namespace, device: torch.device) -> tuple[Runs, str, str, str, str | None]:
+    """Measure the engine(s) asked for: ``(runs, model name, weights, variant, auto's pick or None)``."""
     from convnets.deploy.benchmark import benchmark_inference
+    from convnets.deploy.engines import AUTO, available_engines
     from convnets.deploy.optimize import optimize_for_inference
     from convnets.runtime import parse_memory_format, precision_dtype
 
     if not args.optimize and not args.compile:
         raise InvalidArgumentError("--no-compile applies to the optimized model; --no-optimize is already eager")
+    if not args.optimize and args.engine != "torch":
+        raise InvalidArgumentError(f"--engine {args.engine} runs the optimized model; drop --no-optimize "
+                                   "(or --engine to measure the plain eager model)")
     loaded = load_from_args(args)
     memory_format = parse_memory_format(args.memory_format, option="--memory-format")
-    autocast_dtype = None
-    if args.optimize:
-        model: Any = optimize_for_inference(loaded.model, args.precision, device=device, compile=args.compile)
-    else:
-        model = loaded.model.to(device=device, memory_format=memory_format)
-        if args.precision != "fp32":
-            autocast_dtype = precision_dtype(args.precision)
-    results = benchmark_inference(model, args.batch_sizes, device=device, warmup=args.warmup,
-                                  iterations=args.iterations, image_size=args.image_size,
-                                  memory_format=memory_format, autocast_dtype=autocast_dtype)
+
+    def measure(model: Any, autocast_dtype: torch.dtype | None = None) -> list[BatchResult]:
+        return benchmark_inference(model, args.batch_sizes, device=device, warmup=args.warmup,
+                                   iterations=args.iterations, image_size=args.image_size,
+                                   memory_format=memory_format, autocast_dtype=autocast_dtype)
+
     if not args.optimize:
+        autocast_dtype = precision_dtype(args.precision) if args.precision != "fp32" else None
+        results = measure(loaded.model.to(device=device, memory_format=memory_format), autocast_dtype)
         variant = "eager" + (" autocast" if autocast_dtype else "") + f", {args.memory_format}"
+        return [("torch", results)], loaded.name, loaded.weights, variant, None
+
+    def optimized(engine: str) -> Any:
+        return optimize_for_inference(loaded.model, args.precision, device=device, engine=engine,
+                                      compile=args.compile)
+
+    if args.engine == ALL:
+        auto = optimized(AUTO)  # built first: its engine's row reuses it
+        runs = [(engine, measure(auto if engine == auto.engine else optimized(engine)))
+                for engine in available_engines(args.precision, device)]
+        return runs, loaded.name, loaded.weights, "optimized, every installed engine", auto.engine
+    model = optimized(args.engine)
+    results = measure(model)
+    if model.engine != "torch":
+        variant = f"optimized, {model.engine} engine"
     elif model.compiled:
         variant = "optimized, compiled"
     else:
         variant = "optimized, eager" + (" (compilation failed)" if args.compile else "")
-    return results, loaded.name, loaded.weights, variant
+    if args.engine == AUTO:
+        variant += f" (picked by --engine {AUTO})"
+    return [(model.engine, results)], loaded.name, loaded.weights, variant, model.engine if args.engine == AUTO else None
 
 
 def _training(args: argparse.Namespace, device: torch.device) -> tuple[list[BatchResult], str, str, str]:

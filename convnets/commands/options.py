@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_argument", "add_device_argument",
-           "add_memory_format_argument", "add_model_argument", "add_model_arguments", "add_precision_argument",
+           "add_engine_argument", "add_memory_format_argument", "add_model_argument", "add_model_arguments", "add_precision_argument",
            "device_from_args", "load_from_args", "parse_arch_kwargs", "positive_int", "positive_seconds"]
 
 log = logging.getLogger(__name__)
@@ -252,6 +252,24 @@ def add_device_argument(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     """
     parser.add_argument("--device", type=_argparse_type(_device_name, "device"), default=default, metavar="DEVICE",
                         help=help or "auto (default): cuda when available, else cpu; or cpu, cuda, cuda:N")
+
+
+def add_engine_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                        extra_choices: Sequence[str] = (), help: str | None = None) -> None:
+    """Add ``--engine``: an inference engine of :mod:`convnets.deploy.engines` or ``auto`` (default ``torch``).
+
+    Args:
+        parser: a parser or argument group.
+        extra_choices: values this command adds (``benchmark``: ``all``).
+        help: replaces the default help text.
+    """
+    from convnets.deploy.engines import AUTO, engine_names  # imports no engine and no torch
+
+    parser.add_argument("--engine", choices=(*engine_names(), AUTO, *extra_choices), default="torch",
+                        help=help or "what runs the model: torch (default; any device), onnxruntime (CPU fp32; "
+                                     "the export extra), openvino (CPU fp32/bf16; the openvino extra), or auto: "
+                                     "the fastest installed one for the device and precision, checked against "
+                                     "the model (falls back to torch)")
 
 
 def add_precision_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,

@@ -1,7 +1,9 @@
 """Deployment: a fast inference path, verified exports (a registry of formats) with Triton model
 repositories, and throughput benchmarks.
 
-* :func:`optimize_for_inference` (:mod:`convnets.deploy.optimize`)
+* :func:`optimize_for_inference` (:mod:`convnets.deploy.optimize`), run by an inference engine of
+  :mod:`convnets.deploy.engines` (``torch``, ``onnxruntime``, ``openvino``, or ``auto``); BatchNorm
+  folding in :mod:`convnets.deploy.folding`
 * :func:`~convnets.deploy.export.export_model`, :mod:`convnets.deploy.formats` (one module per
   format) and :mod:`convnets.deploy.triton` (``convnets export``)
 * :mod:`convnets.deploy.benchmark` (``convnets benchmark``)

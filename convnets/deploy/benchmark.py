@@ -26,7 +26,7 @@ from torch import Tensor
 
 from convnets.errors import InvalidArgumentError
 
-__all__ = ["BatchResult", "benchmark_inference", "environment", "format_table", "summarize",
+__all__ = ["BatchResult", "benchmark_inference", "environment", "format_engine_table", "format_table", "summarize",
            "parse_batch_sizes"]
 
 
@@ -172,4 +172,25 @@ def format_table(results: Sequence[BatchResult], title: str = "") -> str:
     for r in results:
         lat = r.latency_ms
         lines.append(f"| {r.batch_size} | {r.throughput:.1f} | {lat['p50']:.2f} | {lat['p90']:.2f} | {lat['p99']:.2f} |")
+    return "\n".join(lines)
+
+
+def format_engine_table(results: Sequence[tuple[str, BatchResult]], title: str = "", picked: str | None = None) -> str:
+    """A Markdown table of engines side by side: engine, batch size, img/s, latency p50 / p90 / p99, first call.
+
+    Args:
+        results: ``(engine name, result)`` rows, in the order to print.
+        title: a bold line above the table.
+        picked: the engine that ``engine="auto"`` picks, marked ``(auto)`` in its rows.
+    """
+    lines = [f"**{title}**", ""] if title else []
+    lines += ["| Engine | Batch size | Throughput (img/s) | Latency p50 (ms) | Latency p90 (ms) | Latency p99 (ms) "
+              "| First call (s) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for engine, r in results:
+        lat = r.latency_ms
+        label = f"{engine} (auto)" if engine == picked else engine
+        first = f"{r.first_call_s:.2f}" if r.first_call_s is not None else "-"
+        lines.append(f"| {label} | {r.batch_size} | {r.throughput:.1f} | {lat['p50']:.2f} | {lat['p90']:.2f} "
+                     f"| {lat['p99']:.2f} | {first} |")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Export through the registered formats (:mod:`convnets.deploy.formats`), each file verified against PyTorch.
 
-The exported network is the BatchNorm-folded one (:func:`~convnets.deploy.optimize.fold_batchnorm`)
+The exported network is the BatchNorm-folded one (:func:`~convnets.deploy.folding.fold_batchnorm`)
 with a dynamic batch axis and float32 input and output; ``precision="fp16"`` stores fp16 weights
 and computes in fp16 between a cast of the input and a cast of the logits, so clients always send
 and receive float32. The ONNX file is also what TensorRT consumes (``trtexec --onnx=...``).
@@ -34,13 +34,14 @@ from torch import Tensor, nn
 from convnets.assets import example_images
 from convnets.deploy.formats import (EXPORT_PRECISIONS, ExportFormat, Runner, export_formats, get_format,
                                      require)
-from convnets.deploy.optimize import error_summary, fold_batchnorm, precision_dtype
+from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import ConvnetsError, ExportError, InvalidArgumentError
 from convnets.preprocessing import prepare_input_from_uri
 from convnets.preprocessing.presets import EvalPreset
+from convnets.runtime import precision_dtype
 
 __all__ = ["EXPORT_PRECISIONS", "ExportFormat", "ExportResult", "Verification", "export_formats",
-           "export_model", "get_format", "require", "sample_batch", "verification_tolerance"]
+           "export_model", "get_format", "require", "sample_batch", "verification_tolerance", "verify_runner"]
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,12 @@ def verification_tolerance(precision: str) -> str:
     return f"min_cosine >= {FP16_MIN_COSINE:g} per sample"
 
 
-def _verify(runner: Runner, reference: nn.Module, batch: Tensor, precision: str, inputs: str) -> Verification:
+def verify_runner(runner: Runner, reference: nn.Module, batch: Tensor, precision: str, inputs: str) -> Verification:
+    """Compare ``runner`` (float32 batch -> float32 logits) with ``reference`` on ``batch`` and on its first image.
+
+    The check that exports pass (fp32: relative error <= 1e-4; otherwise: per-sample cosine >= 0.99),
+    also applied by ``optimize_for_inference(engine="auto")`` to the engine it picks.
+    """
     with torch.no_grad():
         expected = reference(batch).float()
     chunks = [(batch, expected), (batch[:1], expected[:1])] if len(batch) > 1 else [(batch, expected)]
@@ -244,7 +250,7 @@ def export_model(
         try:
             fmt.write(module, tmp, batch[:2], **options)
             runner = fmt.load_runner(tmp)
-            verification = _verify(runner, reference, batch, precision, batch_description or f"{len(batch)} images")
+            verification = verify_runner(runner, reference, batch, precision, batch_description or f"{len(batch)} images")
             input_name, input_shape, output_name, output_shape = fmt.signature(tmp, runner, batch)
         except ConvnetsError:
             raise

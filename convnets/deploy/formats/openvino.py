@@ -14,7 +14,7 @@ https://github.com/triton-inference-server/openvino_backend
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from convnets.deploy.formats.base import ExportFormat, Runner, require
 
@@ -42,6 +42,16 @@ class OpenVinoFormat(ExportFormat):
     requires = ("openvino",)
 
     def write(self, module: nn.Module, path: Path, example: Tensor) -> None:
+        ov = require("openvino", extra=self.extra, purpose="the openvino export")
+        # save_model stores fp16 weights by default; fp32 exports keep fp32 weights (fp16 exports
+        # already have them in the graph).
+        ov.save_model(self.convert(module, example), str(path), compress_to_fp16=False)
+
+    def convert(self, module: nn.Module, example: Tensor) -> Any:
+        """``module`` as an in-memory ``openvino.Model`` with a dynamic batch axis (what :meth:`write` saves).
+
+        Also what the openvino inference engine (:mod:`convnets.deploy.engines.openvino`) compiles.
+        """
         from convnets.deploy.formats.aoti import export_program
 
         ov = require("openvino", extra=self.extra, purpose="the openvino export")
@@ -50,19 +60,27 @@ class OpenVinoFormat(ExportFormat):
         # Names as in the ONNX export (and Triton's config), instead of torch.export's node names.
         model.inputs[0].get_tensor().set_names({self.input_name})
         model.outputs[0].get_tensor().set_names({self.output_name})
-        # save_model stores fp16 weights by default; fp32 exports keep fp32 weights (fp16 exports
-        # already have them in the graph).
-        ov.save_model(model, str(path), compress_to_fp16=False)
+        return model
 
-    def load_runner(self, path: Path) -> Runner:
+    def compile(self, model: Any, config: dict[str, str]) -> Runner:
+        """A runner for an ``openvino.Model`` or IR file compiled for the CPU with ``config``.
+
+        Args:
+            model: what :meth:`convert` returns, or the path of ``model.xml`` (``model.bin`` beside it).
+            config: OpenVINO CPU properties, e.g. :data:`VERIFY_CONFIG`.
+        """
         import torch
 
-        ov = require("openvino", extra=self.extra, purpose="the openvino export")
-        compiled = ov.Core().compile_model(str(path), "CPU", VERIFY_CONFIG)  # reads model.bin next to it
+        ov = require("openvino", extra=self.extra, purpose="OpenVINO Runtime")
+        compiled = ov.Core().compile_model(model if not isinstance(model, Path) else str(model), "CPU", config)
 
         def run(batch: Tensor) -> Tensor:
+            # share_outputs is False by default: the array is a copy, not the request's buffer.
             return torch.from_numpy(compiled(batch.contiguous().numpy())[0]).float()
         return run
+
+    def load_runner(self, path: Path) -> Runner:
+        return self.compile(path, VERIFY_CONFIG)
 
     def triton_notes(self, *, input_name: str, max_batch_size: int, image_size: int) -> str:
         return f"""

@@ -1,0 +1,150 @@
+"""Inference engines behind ``optimize_for_inference(engine=NAME)`` and ``convnets benchmark --engine``.
+
+Each engine is one module here with an :class:`~convnets.deploy.engines.base.Engine` subclass and
+a module-level ``ENGINE`` instance, registered like the export formats
+(:mod:`convnets.deploy.formats`) but imported on first use, since the torch engine imports PyTorch:
+
+* ``torch``: today's path (BatchNorm folded, channels_last, the network in the compute dtype,
+  ``torch.compile``); every device and precision PyTorch runs;
+* ``onnxruntime``: the ONNX export's graph (:mod:`convnets.deploy.formats.onnx`) run by ONNX
+  Runtime's CPU provider, fp32;
+* ``openvino``: the OpenVINO IR conversion (:mod:`convnets.deploy.formats.openvino`), compiled in
+  memory for OpenVINO's CPU plugin, fp32 (``INFERENCE_PRECISION_HINT=f32``) or bf16.
+
+``engine="auto"`` (:func:`build_auto`) tries the engines of :data:`AUTO_ORDER` for the device and
+precision, in order, and takes the first one that is installed, builds, and passes the
+faithfulness check of exports on their example photos (fp32: 1e-4 relative; bf16/fp16: per-sample
+cosine >= 0.99); ``torch`` ends every order and is taken without a check (it is the reference path).
+
+Importing this package loads no PyTorch and no engine module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import TYPE_CHECKING
+
+from convnets.deploy.engines.base import Engine
+from convnets.errors import InvalidArgumentError
+from convnets.runtime import setting
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["AUTO", "AUTO_ORDER", "Engine", "auto_order", "available_engines", "build_auto",
+           "engine_names", "get_engine", "register_engine"]
+
+log = logging.getLogger(__name__)
+
+#: The name that asks for :func:`build_auto`'s choice.
+AUTO = "auto"
+
+#: ``engine="auto"``: engines to try, fastest first, per (device type, precision); ``torch`` is
+#: always last (see :func:`auto_order`). Measured on a 2-core AVX512-BF16 CPU, ResNeXt101-32x4d and
+#: SE-ResNeXt101-32x4d at batch 1 and 16 (issue 9's table; benchmarks/bench_engines.py re-measures
+#: and prints whether this order's first pick is the fastest): in bf16 OpenVINO led every row by
+#: ~1.15x; in fp32 ONNX Runtime was the best single choice (first at batch 16 on ResNeXt, within
+#: ~10% of the best elsewhere), where torch lost ~14% at batch 16 and OpenVINO ~21% at batch 1.
+#: Re-measured on a loaded machine with bench_engines.py (ResNeXt101, 3 rounds): bf16 OpenVINO
+#: 1.5x torch at batch 16 and level at batch 1; fp32 ONNX Runtime ~ OpenVINO > torch at batch 16,
+#: torch ahead at batch 1 (ONNX Runtime 0.93x). To be confirmed on a quiet machine.
+#: Non-CPU devices: ``torch`` only (the other engines run on the CPU here).
+AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
+    ("cpu", "fp32"): ("onnxruntime", "openvino", "torch"),
+    ("cpu", "bf16"): ("openvino", "torch"),
+}
+
+#: Built-in engines: module names in this package, in the order tables list them.
+_BUILTIN: tuple[str, ...] = ("torch", "onnxruntime", "openvino")
+
+_REGISTRY: dict[str, Engine] = {}
+
+
+def register_engine(engine: Engine) -> Engine:
+    """Add ``engine`` to the registry under ``engine.name`` and return it.
+
+    Raises:
+        InvalidArgumentError: another engine already has that name, or ``engine`` is not an :class:`Engine`.
+    """
+    if not isinstance(engine, Engine):
+        raise InvalidArgumentError(f"register_engine takes an Engine instance, got {engine!r}")
+    if engine.name in _REGISTRY and type(_REGISTRY[engine.name]) is not type(engine):
+        raise InvalidArgumentError(f"an inference engine named {engine.name!r} is already registered")
+    _REGISTRY[engine.name] = engine
+    return engine
+
+
+def engine_names() -> tuple[str, ...]:
+    """Every registered engine's name, built-in ones first (imports none of them)."""
+    return tuple(dict.fromkeys((*_BUILTIN, *_REGISTRY)))
+
+
+def get_engine(name: str, *, option: str = "engine") -> Engine:
+    """The registered engine called ``name``.
+
+    Raises:
+        InvalidArgumentError: no such engine (the message lists them and ``auto``).
+    """
+    try:
+        return _loaded()[name]
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(f"unknown inference engine {setting(option, name)}; choose one of "
+                                   f"{', '.join((*engine_names(), AUTO))}") from None
+
+
+def available_engines(precision: str, device: torch.device) -> tuple[str, ...]:
+    """The registered engines that are installed and run ``precision`` on ``device``."""
+    return tuple(name for name, engine in _loaded().items() if engine.available(precision, device))
+
+
+def auto_order(precision: str, device: torch.device) -> tuple[str, ...]:
+    """The engines ``engine="auto"`` tries, in order (:data:`AUTO_ORDER`, ``torch`` last)."""
+    order = AUTO_ORDER.get((device.type, precision), ())
+    return (*(name for name in order if name != "torch"), "torch")
+
+
+def build_auto(model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
+    """``engine="auto"``: the first engine of :func:`auto_order` that is installed, builds and is faithful.
+
+    Each candidate other than ``torch`` is built and checked against ``model`` on the example photos
+    that verify exports, at the model's input size (and on the first alone), with the export criterion
+    (:func:`convnets.deploy.export.verify_runner`); one that is missing, fails to build or
+    disagrees is skipped with a log line. The choice is logged once, at INFO.
+    """
+    from convnets.deploy.export import sample_batch, verify_runner
+    from convnets.deploy.folding import error_summary
+
+    # The photos that verify exports (shipped in the package), at the model's input size.
+    batch, inputs = sample_batch(image_size=int(getattr(model, "input_size", 224)))
+    for name in auto_order(precision, device):
+        engine = get_engine(name)
+        if name == "torch":
+            built = engine.build(model, precision, device, compile=compile)
+            break
+        if not engine.available(precision, device):
+            log.debug("engine='auto': %s is not installed or does not run %s on %s", name, precision, device)
+            continue
+        try:
+            built = engine.build(model, precision, device, compile=compile)
+            check = verify_runner(built, model, batch, precision, inputs)
+        except Exception as e:  # noqa: BLE001 - any engine failure: try the next engine
+            log.warning("engine='auto': %s failed (%s); trying the next engine", name, error_summary(e))
+            continue
+        if check.passed:
+            break
+        log.warning("engine='auto': %s disagrees with the model (max relative error %.3g, min cosine %.5f; "
+                    "required %s); trying the next engine", name, check.max_rel_error, check.min_cosine,
+                    check.tolerance)
+    log.info("engine='auto' picked %s for %s on %s", built.engine, precision, device)
+    return built
+
+
+def _loaded() -> dict[str, Engine]:
+    """The registry, with the built-in engines imported on first use (``torch`` imports PyTorch,
+    which the command line's ``--help`` must not)."""
+    for name in _BUILTIN:
+        if name not in _REGISTRY:
+            register_engine(importlib.import_module(f"{__name__}.{name}").ENGINE)
+    return _REGISTRY

@@ -1,0 +1,51 @@
+"""The ``onnxruntime`` engine: the ONNX export's graph (BatchNorm folded, dynamic batch axis) run by
+ONNX Runtime's CPU execution provider, fp32.
+
+The graph is written by the onnx export format (:mod:`convnets.deploy.formats.onnx`) into a
+temporary directory and loaded by the format's own runner; the session keeps it in memory.
+Reference: https://onnxruntime.ai/docs/api/python/api_summary.html
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from convnets.deploy.engines.base import Engine
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from convnets.deploy.formats import Runner
+
+
+class OnnxRuntimeEngine(Engine):
+    """ONNX Runtime on the CPU, fp32 (its CPU provider has no fast bf16/fp16 convolutions)."""
+
+    name = "onnxruntime"
+    description = "ONNX Runtime (CPU, fp32), graph from the onnx export"
+    devices = ("cpu",)
+    precisions = ("fp32",)
+    requires = ("onnx", "onnxruntime")
+    extra = "export"
+
+    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
+        import torch
+
+        from convnets.deploy.engines.runner import engine_model, folded_copy
+        from convnets.deploy.formats import get_format
+
+        fmt = get_format("onnx")
+        module = folded_copy(model)
+
+        def make_runner(shape: tuple[int, ...]) -> Runner:
+            with tempfile.TemporaryDirectory(prefix="convnets-onnxruntime-") as tmp:
+                path = Path(tmp) / fmt.file_names[0]
+                fmt.write(module, path, torch.zeros(2, *shape), **fmt.resolve_options({}))
+                return fmt.load_runner(path)  # the session holds the graph: the file can go
+        return engine_model(make_runner, engine=self.name, precision=precision, source=model)
+
+
+ENGINE = OnnxRuntimeEngine()
