@@ -76,8 +76,8 @@ def _walk(directory: str, recursive: bool, ancestors: frozenset[str] = frozenset
     """Images in ``directory``, sorted by name; with ``recursive`` its subfolders' in the same order
     (each folder's images and subfolders sorted together, so a path sorts by its components).
 
-    Hidden files and folders are skipped; a symbolic link to a folder that is already being walked
-    (a cycle) is not entered again.
+    Hidden files and folders are skipped; a symbolic link to a folder that is being walked (a
+    cycle) is not entered.
     """
     try:
         with os.scandir(directory) as listing:
@@ -85,18 +85,17 @@ def _walk(directory: str, recursive: bool, ancestors: frozenset[str] = frozenset
     except OSError as e:
         log.warning("cannot list %s: %s", directory, e)
         return
-    real = None
+    inside = ancestors | {os.path.realpath(directory)} if recursive else ancestors
     for entry in entries:
         path = str(Path(directory) / entry.name)  # as Path spells it: './a' lists 'a/x.jpg'
         try:
             is_dir = entry.is_dir()
         except OSError:
             continue
-        if is_dir and recursive:
-            real = real or os.path.realpath(directory)  # only folders with subfolders pay for it
-            if real not in ancestors:
-                yield from _walk(path, recursive, ancestors | {real})
-        elif not is_dir and _is_image(entry.name) and entry.is_file():
+        if is_dir:
+            if recursive and os.path.realpath(path) not in inside:
+                yield from _walk(path, recursive, inside)
+        elif _is_image(entry.name) and entry.is_file():
             yield path
 
 

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 from contextlib import ExitStack
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -322,3 +323,57 @@ def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> Non
             assert sum(1 for _ in f) == n
     print(f"peak RSS: {rss[2_000] / 1024:.1f} MiB for 2,000 inputs, {rss[200_000] / 1024:.1f} MiB for 200,000")
     assert rss[200_000] - rss[2_000] < 30 * 1024, rss
+
+
+def test_library_errors_are_convnets_errors_with_builtin_bases(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    from convnets.errors import InvalidArgumentError, MissingDependencyError
+    from convnets.records import check_destination, format_of
+
+    with pytest.raises(InvalidArgumentError, match="output='a.txt': unknown format") as caught:
+        format_of("a.txt")
+    assert isinstance(caught.value, ValueError) and "--output a.txt" in caught.value.message_for("cli")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow` fail
+    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[parquet\]'") as missing:
+        check_destination(tmp_path / "x.parquet", resume=False)
+    assert isinstance(missing.value, ImportError)
+
+
+def test_predict_takes_a_generator_and_keeps_batch_boundaries(images: Path) -> None:
+    """The library entry reads inputs lazily, and ``start`` aligns batches as in an uninterrupted run."""
+    from convnets.predict import iter_inputs, predict, predict_items
+
+    names = [name for name, _ in iter_inputs([str(images / "part1")]) if Path(name).name.startswith("img")][:7]
+    sizes: list[int] = []
+
+    def model(batch: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(batch))
+        return torch.zeros(len(batch), 3)
+    pulled: list[str] = []
+
+    def lazily() -> Iterator[str]:
+        for name in names:
+            pulled.append(name)
+            yield name
+    results = predict(model, lazily(), labels=["a", "b", "c"], topk=1, batch_size=3)
+    first = next(results)
+    assert first.input == names[0] and pulled == names[:3]  # only the first batch was read
+    assert [r.input for r in results] == names[1:] and sizes == [3, 3, 1]
+    sizes.clear()
+    # Resumed after 4 of them: the first batch completes the interrupted one (3 + 1 -> 2), then 3s.
+    list(predict_items(model, ((n, None) for n in names[4:]), labels=["a", "b", "c"], batch_size=3, start=4))
+    assert sizes == [2, 1]
+
+
+def test_recursive_walk_skips_hidden_and_does_not_loop(tmp_path: Path) -> None:
+    from convnets.predict import iter_inputs
+
+    for name in ("b.png", "a/c.jpg", "a/.d.png", "a/._e.png", ".f/g.png", "a/z/h.PNG", "i.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "a" / "loop").symlink_to(tmp_path / "a")  # a cycle: not entered
+    (tmp_path / "link").symlink_to(tmp_path / "a" / "z")  # a link elsewhere: followed
+    found = [Path(n).relative_to(tmp_path).as_posix() for n, _ in iter_inputs([str(tmp_path)], recursive=True)]
+    assert found == ["a/c.jpg", "a/z/h.PNG", "b.png", "link/h.PNG"]
+    assert [n for n, _ in iter_inputs([str(tmp_path)])] == [str(tmp_path / "b.png")]
+    assert [n for n, _ in iter_inputs([str(tmp_path / ".f" / "g.png")])] == [str(tmp_path / ".f" / "g.png")]
