@@ -217,15 +217,17 @@ def _csv_records(path: Path, topk: int) -> Iterator[tuple[Record | None, int]]:
         first = group[0]
         if first[5]:
             return ({"input": first[0], "error": first[5]} if len(group) == 1 else None), group_end
-        ok = [r[1] for r in group] == [str(i) for i in range(1, topk + 1)] and all(r[0] == first[0] for r in group)
+        # Ranks 1..m of one input (m is checked against topk by scan: only the last record may be short).
+        ok = [r[1] for r in group] == [str(i) for i in range(1, len(group) + 1)] and all(r[0] == first[0] for r in group)
         return ({"input": first[0], "top": [{"index": int(r[2]), "label": r[3], "probability": float(r[4])}
                                             for r in group]} if ok else None), group_end
     for row, end in rows:
         if row is None or len(row) != len(CSV_COLUMNS):
             if group:
                 yield finish()
+                group = []
             yield None, end
-            return
+            continue
         if group and (row[5] or row[1] == "1"):
             yield finish()
             group = []
@@ -237,6 +239,13 @@ def _csv_records(path: Path, topk: int) -> Iterator[tuple[Record | None, int]]:
 
 def _records(path: Path, fmt: str, topk: int) -> Iterator[tuple[Record | None, int]]:
     return _iter_jsonl(path) if fmt == "jsonl" else _csv_records(path, topk)
+
+
+def _records_after(path: Path, fmt: str, topk: int, position: int) -> Iterator[Record]:
+    """The readable records after the ``position``-th (1-based) one."""
+    for i, (record, _) in enumerate(_records(path, fmt, topk), 1):
+        if i > position and record is not None:
+            yield record
 
 
 def scan(path: str | os.PathLike[str], *, topk: int, repair: bool = True) -> ScanResult:
@@ -257,14 +266,10 @@ def scan(path: str | os.PathLike[str], *, topk: int, repair: bool = True) -> Sca
     path = Path(path)
     fmt = format_of(path)
     records = errors = end = 0
-    bad_at: int | None = None
-    for record, record_end in _records(path, fmt, topk):
-        if record is None:
-            bad_at = records + 1
-            continue
-        if bad_at is not None:
-            raise InvalidArgumentError(f"{path}: record {bad_at} cannot be read but later ones can; the file is "
-                                       "damaged, not just cut short: write to a new file")
+    last: tuple[Record, int] | None = None  # checked when the next one arrives: only the last may be torn
+
+    def keep(record: Record, record_end: int) -> None:
+        nonlocal records, errors, end
         if "error" in record:
             errors += 1
         elif len(record["top"]) != topk:
@@ -274,17 +279,46 @@ def scan(path: str | os.PathLike[str], *, topk: int, repair: bool = True) -> Sca
                                            f"{topk}: resume with the same --topk")
         records += 1
         end = record_end
+    def short(record: Record) -> bool:
+        # A CSV record short of rows, just before the end or a torn row, is part of a killed writer's tail.
+        return fmt == "csv" and "top" in record and len(record["top"]) < topk
+    for position, (record, record_end) in enumerate(_records(path, fmt, topk), 1):
+        if record is None:  # torn: must be the end of the file
+            if next(_records_after(path, fmt, topk, position), None) is not None:
+                raise InvalidArgumentError(f"{path}: record {position} cannot be read but later ones can; the "
+                                           "file is damaged, not just cut short: write to a new file")
+            break
+        if last is not None:
+            keep(*last)
+        last = (record, record_end)
+    if last is not None and not short(last[0]):
+        keep(*last)
     if fmt == "csv" and end == 0:  # no complete record: keep the header if it is whole
         header = (",".join(CSV_COLUMNS) + "\n").encode()
         with open(path, "rb") as f:
             end = len(header) if f.read(len(header)) == header else 0
     size = path.stat().st_size
+    # A killed writer leaves at most one partial line (JSONL), or a record short of rows and one
+    # partial row (CSV): a longer unreadable tail is damage (e.g. an unclosed quote), never cut away.
+    if _newlines_after(path, end, limit=topk) > (topk - 1 if fmt == "csv" else 0):
+        raise InvalidArgumentError(f"{path}: the {size - end} bytes after record {records} cannot be read and are "
+                                   "more than a stopped run leaves; the file is damaged: write to a new file")
     if repair and size > end:
         log.warning("%s: cutting a torn tail of %d bytes after record %d", path, size - end, records)
         with open(path, "r+b") as f:
             f.truncate(end)
             os.fsync(f.fileno())
     return ScanResult(records=records, errors=errors, end=end, torn=size - end)
+
+
+def _newlines_after(path: Path, offset: int, *, limit: int) -> int:
+    """How many line ends ``path`` has after ``offset`` (counting stops above ``limit``)."""
+    count = 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while count <= limit and (chunk := f.read(1 << 16)):
+            count += chunk.count(b"\n")
+    return count
 
 
 def recorded_inputs(path: str | os.PathLike[str], *, topk: int) -> Iterator[str]:

@@ -377,3 +377,21 @@ def test_recursive_walk_skips_hidden_and_does_not_loop(tmp_path: Path) -> None:
     assert found == ["a/c.jpg", "a/z/h.PNG", "b.png", "link/h.PNG"]
     assert [n for n, _ in iter_inputs([str(tmp_path)])] == [str(tmp_path / "b.png")]
     assert [n for n, _ in iter_inputs([str(tmp_path / ".f" / "g.png")])] == [str(tmp_path / ".f" / "g.png")]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_damage_and_other_topk_are_refused_not_cut(fmt: str, reference: dict, tmp_path: Path) -> None:
+    """Only what a killed writer leaves is cut away: a damaged middle or another --topk keeps the file as is."""
+    from convnets.errors import InvalidArgumentError
+
+    out = tmp_path / f"r.{fmt}"
+    _write_records(out, reference["jsonl"][:5])
+    whole = out.read_bytes()
+    with pytest.raises(InvalidArgumentError, match="holds 3 classes per input, this run 5"):
+        scan(out, topk=5)
+    lines = whole.split(b"\n")
+    lines[2] = b'garbage,"unclosed' if fmt == "csv" else b'{"input": "x", "top'
+    out.write_bytes(b"\n".join(lines))
+    with pytest.raises(InvalidArgumentError, match="damaged"):
+        scan(out, topk=3)
+    assert out.read_bytes() == b"\n".join(lines)
