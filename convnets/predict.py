@@ -5,6 +5,10 @@ Used by ``convnets predict``; also usable from Python::
     model = convnets.se_resnext101_32x4d(pretrained=True)
     for result in convnets.predict.predict(model, ["cat.jpg", "photos/"], topk=3):
         print(result.input, result.top[0].label if result.ok else result.error)
+
+Inputs are read lazily, a batch at a time (any iterable: a generator over a list file of millions
+of paths costs no more memory than a few); results come in input order. Writing them to files is
+:mod:`convnets.records`.
 """
 
 from __future__ import annotations

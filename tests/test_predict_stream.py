@@ -219,9 +219,14 @@ def test_sigkill_then_resume_gives_the_uninterrupted_records(fmt: str, seed: int
                                                              tmp_path: Path) -> None:
     out = tmp_path / f"run.{fmt}"
     args = ["--recursive", str(images), "--output", str(out)]
+    # The size of the whole file, from the reference records: the kill lands between 10% and 80% of it
+    # (after at least one batch), at a random moment (a batch's write may be in flight).
+    _write_records(tmp_path / f"full.{fmt}", reference["jsonl"])
+    full_size = (tmp_path / f"full.{fmt}").stat().st_size
     rng = random.Random(seed)
-    _kill_midway(args, out, after_bytes=rng.randint(200, 3000), extra_s=rng.uniform(0, 0.4))
+    _kill_midway(args, out, after_bytes=int(rng.uniform(0.1, 0.8) * full_size), extra_s=rng.uniform(0, 0.02))
     killed_size = out.stat().st_size
+    assert 0 < scan(out, topk=3, repair=False).records < len(reference["jsonl"])  # killed mid-run
     done = _predict(*args, "--resume")
     assert done.returncode == 1, done.stderr  # the unreadable inputs still count, recorded before or now
     records = _read_jsonl(out) if fmt == "jsonl" else _read_csv(out)
