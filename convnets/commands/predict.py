@@ -35,7 +35,6 @@ DEFAULT_TIMEOUT = 30.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     parser.add_argument("inputs", nargs="*", metavar="INPUT", help="image file, directory of images, or URL")
-    _add_input_arguments(parser)
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
     # --topk is checked in run(): its limit is the number of classes of the model loaded.
     parser.add_argument("--topk", type=int, default=5, metavar="K",
@@ -54,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="torch.compile the model too: faster per image, but the first batch waits for "
                              "the compilation, so it pays off for many images (default: off)")
+    _add_input_arguments(parser)
     _add_output_arguments(parser)
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on stderr; it counts images, with a total only when every INPUT "
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("inputs at scale")
-    group.add_argument("--recursive", "-r", action="store_true",
+    group.add_argument("--recursive", action="store_true",
                        help="search directories' subfolders too, depth first in sorted order (default: only the "
                             "images directly inside). Hidden files and folders (.name, ._name) are always skipped")
     group.add_argument("--from-file", metavar="LIST", default=None,
@@ -72,7 +72,8 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
     # At least one INPUT or --from-file: checked after parsing, still as a usage error (exit 2, no torch).
     parse = parser.parse_known_args
 
-    def parse_known_args(args: list[str] | None = None, namespace: argparse.Namespace | None = None):  # noqa: ANN202
+    def parse_known_args(args: list[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         parsed, rest = parse(args, namespace)
         if not parsed.inputs and parsed.from_file is None:
             parser.error("the following arguments are required: INPUT (or --from-file LIST)")
@@ -86,7 +87,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
     where.add_argument("--jsonl", action="store_true",
                        help="print one JSON object per line instead of a table, as batches finish")
-    where.add_argument("--output", "-o", metavar="FILE", default=None,
+    where.add_argument("--output", metavar="FILE", default=None,
                        help="write records to FILE as batches finish, in input order; its suffix picks the "
                             "format: .jsonl, .csv (input, rank, index, label, probability, error) or .parquet "
                             "(needs pyarrow). An existing FILE is refused unless --resume")
