@@ -57,6 +57,8 @@ setup(
         # convnets train: OUT/tensorboard/ event files; OUT/curves.png and `convnets plot`.
         "tensorboard": ["tensorboard>=2.14"],
         "plots": ["matplotlib>=3.7"],
+        # `convnets predict --output FILE.parquet`
+        "parquet": ["pyarrow>=14"],
         "test": [
             "pytest>=8",
             "timm>=1.0",
@@ -69,6 +71,7 @@ setup(
             "protobuf>=4",
             "tensorboard>=2.14",  # its EventAccumulator reads the training run's event files back
             "matplotlib>=3.7",
+            "pyarrow>=14",
             # The DALI backend's CPU pipelines are tested too; wheels exist for Linux x86-64 only.
             "nvidia-dali-cuda130>=2.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
         ],

@@ -5,15 +5,22 @@ Used by ``convnets predict``; also usable from Python::
     model = convnets.se_resnext101_32x4d(pretrained=True)
     for result in convnets.predict.predict(model, ["cat.jpg", "photos/"], topk=3):
         print(result.input, result.top[0].label if result.ok else result.error)
+
+Inputs are read lazily, a batch at a time (any iterable: a generator over a list file of millions
+of paths costs no more memory than a few); results come in input order. Writing them to files is
+:mod:`convnets.records`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,7 +31,10 @@ from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
 from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
-__all__ = ["IMAGE_SUFFIXES", "Prediction", "TopClass", "class_labels", "expand_inputs", "predict"]
+__all__ = ["IMAGE_SUFFIXES", "InputItem", "Prediction", "TopClass", "class_labels", "expand_inputs", "iter_inputs",
+           "predict", "predict_items"]
+
+log = logging.getLogger(__name__)
 
 #: File endings that a directory input is searched for (case-insensitive).
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
@@ -53,27 +63,77 @@ class Prediction:
         return self.error is None
 
 
-def expand_inputs(inputs: Sequence[str]) -> list[tuple[str, ImageLoadError | None]]:
-    """Replace each directory by the images directly inside it (sorted by name).
+#: One input after expansion: a file or URL, or an input that is already known to fail with its error.
+InputItem = tuple[str, "ImageLoadError | None"]
+
+
+def _hidden(name: str) -> bool:
+    """Hidden files and folders (``.name``; also macOS's ``._name`` resource forks) are skipped."""
+    return name.startswith(".")
+
+
+def _is_image(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES and not _hidden(name)
+
+
+def _walk(directory: str, recursive: bool, ancestors: frozenset[str] = frozenset()) -> Iterator[str]:
+    """Images in ``directory``, sorted by name; with ``recursive`` its subfolders' in the same order
+    (each folder's images and subfolders sorted together, so a path sorts by its components).
+
+    Hidden files and folders are skipped; a symbolic link to a folder that is being walked (a
+    cycle) is not entered.
+    """
+    try:
+        with os.scandir(directory) as listing:
+            entries = sorted((e for e in listing if not _hidden(e.name)), key=lambda e: e.name)
+    except OSError as e:
+        log.warning("cannot list %s: %s", directory, e)
+        return
+    inside = ancestors | {os.path.realpath(directory)} if recursive else ancestors
+    for entry in entries:
+        path = str(Path(directory) / entry.name)  # as Path spells it: './a' lists 'a/x.jpg'
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            continue
+        if is_dir:
+            if recursive and os.path.realpath(path) not in inside:
+                yield from _walk(path, recursive, inside)
+        elif _is_image(entry.name) and entry.is_file():
+            yield path
+
+
+def iter_inputs(inputs: Iterable[str], *, recursive: bool = False) -> Iterator[InputItem]:
+    """Replace each directory by its images, lazily (constant memory for any number of inputs).
 
     Args:
-        inputs: file paths, directories and URLs, as given on the command line.
+        inputs: file paths, directories and URLs, as given on the command line or read from a list.
+            Only directories are searched; a file named explicitly is used even when hidden.
+        recursive: search directories' subfolders too (depth first, sorted by name); default: only
+            the images directly inside. Hidden files and folders (``.name``, ``._name``) are skipped.
 
-    Returns:
+    Yields:
         ``(input, None)`` for each file or URL in order; a directory without images gives
         ``(directory, error)``, so that it is reported like any other unreadable input.
     """
-    out: list[tuple[str, ImageLoadError | None]] = []
     for item in inputs:
+        item = os.fspath(item)
         if is_url(item) or not os.path.isdir(item):
-            out.append((item, None))
+            yield item, None
             continue
-        images = sorted(str(p) for p in Path(item).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not images:
-            out.append((item, ImageLoadError(f"Cannot load images from {item!r}: the directory has no files "
-                                             f"ending in {', '.join(sorted(IMAGE_SUFFIXES))}.")))
-        out.extend((image, None) for image in images)
-    return out
+        found = False
+        for image in _walk(item, recursive):
+            found = True
+            yield image, None
+        if not found:
+            where = "or its subfolders " if recursive else ""
+            yield item, ImageLoadError(f"Cannot load images from {item!r}: the directory {where}has no files "
+                                       f"ending in {', '.join(sorted(IMAGE_SUFFIXES))}.")
+
+
+def expand_inputs(inputs: Iterable[str], *, recursive: bool = False) -> list[InputItem]:
+    """:func:`iter_inputs` as a list (for few inputs; streams should use :func:`iter_inputs`)."""
+    return list(iter_inputs(inputs, recursive=recursive))
 
 
 def class_labels(model: ResNet) -> list[str]:
@@ -98,7 +158,36 @@ def _resolve_preset(model: object, preset: EvalPreset | None, image_size: int | 
 
 def predict(
     model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
-    inputs: Sequence[str],
+    inputs: Iterable[str],
+    *,
+    recursive: bool = False,
+    **options: Any,
+) -> Iterator[Prediction]:
+    """Classify images, a batch at a time, yielding one :class:`Prediction` per input in order.
+
+    Inputs are read lazily, a batch at a time: a generator of a million paths costs no more memory
+    than ten.
+
+    Args:
+        model: a classifier in eval mode (or any callable from a normalised batch to logits, such
+            as the result of ``convnets.optimize_for_inference``).
+        inputs: paths, directories (their images, see :func:`iter_inputs`) and http(s) URLs; any
+            iterable, e.g. a generator reading a list file.
+        recursive: search directories' subfolders too.
+        **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``,
+            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``on_batch``).
+
+    Yields:
+        A prediction per file or URL; unreadable inputs carry their error instead of classes.
+    """
+    if isinstance(inputs, (str, os.PathLike)):  # one path, not an iterable of its characters
+        inputs = [inputs]
+    return predict_items(model, iter_inputs(inputs, recursive=recursive), **options)
+
+
+def predict_items(
+    model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
+    items: Iterable[InputItem],
     *,
     labels: Sequence[str] | None = None,
     topk: int = 5,
@@ -109,13 +198,14 @@ def predict(
     preset: EvalPreset | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_batch: Callable[[int], None] | None = None,
+    start: int = 0,
 ) -> Iterator[Prediction]:
-    """Classify images, a batch at a time, yielding one :class:`Prediction` per input in order.
+    """:func:`predict` for inputs already expanded by :func:`iter_inputs` (e.g. after skipping
+    the ones an earlier run recorded).
 
     Args:
-        model: a classifier in eval mode (or any callable from a normalised batch to logits, such
-            as the result of ``convnets.optimize_for_inference``).
-        inputs: paths, directories (their images) and http(s) URLs.
+        model: as for :func:`predict`.
+        items: ``(input, error)`` pairs in order; those with an error are reported, not read.
         labels: class names; default :func:`class_labels` of ``model``.
         topk: how many classes per image.
         batch_size: images per forward pass.
@@ -126,6 +216,9 @@ def predict(
             of ``model`` (224 / 256 for the NGC weights, a checkpoint's recorded image size).
         timeout: total seconds allowed for each URL download.
         on_batch: called with the number of inputs handled after each batch (progress bars).
+        start: how many inputs of the whole run come before ``items`` (a resumed run's skipped
+            ones): batches keep the boundaries of the uninterrupted run (multiples of
+            ``batch_size``), so each image is computed in the same batch and gives the same numbers.
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
@@ -138,15 +231,18 @@ def predict(
         raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(start, int) or start < 0:
+        raise InvalidArgumentError(f"start must be a non-negative integer, got {start!r}")
     if labels is None:
         if not isinstance(model, ResNet):
             raise InvalidArgumentError("pass labels= when the model is not a convnets ResNet")
         labels = class_labels(model)
     topk = min(topk, len(labels))
     preset = _resolve_preset(model, preset, image_size, resize_size)
-    items = expand_inputs(inputs)
-    for start in range(0, len(items), batch_size):
-        chunk = items[start:start + batch_size]
+    stream = iter(items)
+    first = batch_size - start % batch_size
+    while chunk := list(itertools.islice(stream, first or batch_size)):
+        first = 0
         readable = [i for i, (_, error) in enumerate(chunk) if error is None]
         batch = prepare_batch([chunk[i][0] for i in readable], on_error="collect", device=device,
                               preset=preset, timeout=timeout)

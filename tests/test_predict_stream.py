@@ -1,0 +1,402 @@
+"""``convnets predict`` at scale: streaming output files, resume after a kill, inputs that stream.
+
+Every run is a real subprocess of a tiny random-init ResNet on many small generated images, so
+that several batches are written and a SIGKILL can land between (or inside) them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import ExitStack
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, run_cli
+from PIL import Image
+from strict_skips import require_module
+
+import convnets
+from convnets.records import CSV_COLUMNS, open_writer, scan
+
+TINY_ARCH = {"layers": [1, 1, 1, 1], "widths": [8, 16, 32, 64]}
+# Random init for runs that compare nothing; runs whose records are compared share one checkpoint.
+RANDOM = ["--random-init", "--model", "resnet50", "--arch-kwargs", json.dumps(TINY_ARCH),
+          "--image-size", "32", "--batch-size", "4", "--topk", "3", "--no-progress"]
+MODEL = [*RANDOM]  # --weights CHECKPOINT instead of --random-init (see the checkpoint fixture)
+N_IMAGES = 120
+
+
+@pytest.fixture(scope="module", autouse=True)
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random model saved once, so that every run of this module computes the same numbers."""
+    torch.manual_seed(0)
+    model = convnets.get_model("resnet50", **TINY_ARCH)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.pth.tar"
+    torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict()}, path)
+    MODEL[:5] = ["--weights", str(path)]
+    return path
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tree of tiny images, with corrupt, truncated, non-image and hidden files among them."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for i in range(N_IMAGES):
+        folder = root / f"part{i % 3}" / ("deep" if i % 5 == 0 else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / f"img{i:04d}.png")
+    good = (root / "part0" / "img0003.png").read_bytes()
+    (root / "part1" / "truncated.png").write_bytes(good[: len(good) // 2])
+    (root / "part1" / "corrupt.jpg").write_bytes(b"\xff\xd8\xff" + bytes(200))
+    (root / "part2" / "notes.jpg").write_text("not an image")
+    (root / "part2" / "readme.txt").write_text("not listed: no image suffix")
+    (root / "part0" / ".hidden.png").write_bytes(good)
+    (root / "part0" / "._img0003.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (root / ".cache").mkdir()
+    (root / ".cache" / "img9999.png").write_bytes(good)
+    return root
+
+
+def _predict(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return run_cli("predict", *MODEL, *args, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def reference(images: Path) -> dict:
+    """An uninterrupted run: its --json array and error lines, and the --jsonl stream of another run."""
+    done = _predict("--json", "--recursive", str(images))
+    assert done.returncode == 1, done.stderr  # the bad files fail, the rest is predicted
+    streamed = _predict("--jsonl", "--recursive", str(images))
+    assert streamed.returncode == 1, streamed.stderr
+    return {"json": json.loads(done.stdout), "errors": _error_lines(done.stderr),
+            "jsonl": [json.loads(line) for line in streamed.stdout.splitlines()], "stderr": streamed.stderr}
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("convnets predict: error:")]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _same_records(got: list[dict], expected: list[dict]) -> bool:
+    """Same inputs, errors and classes in the same order; probabilities equal up to float rounding
+    (an image computed in a batch of other size than in the reference run may differ in the last bits)."""
+    def strip(records: list[dict]) -> list[dict]:
+        return [{**r, "top": [{**t, "probability": None} for t in r["top"]]} if "top" in r else r for r in records]
+    assert strip(got) == strip(expected)
+    probabilities = [[t["probability"] for t in r.get("top", [])] for r in got]
+    np.testing.assert_allclose(sum(probabilities, []), sum([[t["probability"] for t in r.get("top", [])]
+                                                            for r in expected], []), rtol=1e-5)
+    return True
+
+
+def _read_csv(path: Path) -> list[dict]:
+    """CSV rows grouped back into records, with the standard csv module."""
+    records: list[dict] = []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames or ()) == CSV_COLUMNS
+        for row in reader:
+            if row["error"]:
+                assert row["rank"] == "" and row["index"] == ""
+                records.append({"input": row["input"], "error": row["error"]})
+                continue
+            if row["rank"] == "1":
+                records.append({"input": row["input"], "top": []})
+            assert records[-1]["input"] == row["input"] and int(row["rank"]) == len(records[-1]["top"]) + 1
+            records[-1]["top"].append({"index": int(row["index"]), "label": row["label"],
+                                       "probability": float(row["probability"])})
+    return records
+
+
+def test_inputs_tree_order_and_hidden_files(reference: dict, images: Path) -> None:
+    inputs = [r["input"] for r in reference["jsonl"]]
+    assert len(inputs) == len(set(inputs)) == N_IMAGES + 3  # 3 unreadable; hidden and .txt files not listed
+    assert not any("/." in name for name in inputs)
+    # Depth first, sorted by path components: part0/deep/... before part0/img..., part0 before part1.
+    parts = [Path(name).relative_to(images).parts for name in inputs]
+    assert parts == sorted(parts)
+    assert parts[0][:2] == ("part0", "deep")
+
+
+def test_jsonl_matches_json_and_errors_match_stderr(reference: dict) -> None:
+    ok = [r for r in reference["jsonl"] if "top" in r]
+    failed = [r for r in reference["jsonl"] if "error" in r]
+    assert ok == reference["json"]  # same records, same order, same numbers as the --json array
+    assert sorted(Path(r["input"]).name for r in failed) == ["corrupt.jpg", "notes.jpg", "truncated.png"]
+    assert [f"convnets predict: error: {r['error']}" for r in failed] == reference["errors"]
+    assert _error_lines(reference["stderr"]) == reference["errors"]  # stderr unchanged with --jsonl
+
+
+def test_csv_and_parquet_read_back_with_standard_readers(reference: dict, images: Path, tmp_path: Path) -> None:
+    pq = require_module("pyarrow.parquet")
+    out_csv, out_parquet = tmp_path / "all.csv", tmp_path / "all.parquet"
+    for out in (out_csv, out_parquet):
+        done = _predict("--recursive", str(images), "--output", str(out))
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert _read_csv(out_csv) == reference["jsonl"]
+    table = pq.read_table(out_parquet)
+    assert table.column_names == ["input", "top", "error"]
+    rows = [{k: v for k, v in row.items() if v is not None} for row in table.to_pylist()]
+    assert rows == reference["jsonl"]
+    assert pq.ParquetFile(out_parquet).num_row_groups == -(-len(rows) // 4)  # a row group per batch
+
+
+def test_from_file_list_with_comments_and_stdin(reference: dict, images: Path) -> None:
+    """INPUTs first, then the list ('-': standard input): comments and blank lines skipped, a folder expanded."""
+    names = [r["input"] for r in reference["jsonl"]]
+    deep = images / "part0" / "deep"
+    listing = f"# a comment\n\n{names[3]}\n  {names[4]}  \n{deep}\n"
+    proc = subprocess.run([sys.executable, "-m", "convnets", "predict", *MODEL, "--jsonl", *names[:3],
+                           "--from-file", "-"], input=listing, capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    by_name = {r["input"]: r for r in reference["jsonl"]}
+    expected = [by_name[n] for n in names[:5]] + [r for r in reference["jsonl"] if Path(r["input"]).parent == deep]
+    assert _same_records([json.loads(line) for line in proc.stdout.splitlines()], expected)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--output", "out.txt"], "--output out.txt: unknown format '.txt'"),
+    (["--resume", "--jsonl"], "--resume continues an --output FILE"),
+    (["--output", "x.parquet", "--resume"], "--resume works with .jsonl and .csv"),
+    (["--output", "exists.jsonl"], "--output exists.jsonl exists; pass --resume"),
+])
+def test_bad_output_options_end_in_one_line(args: list[str], message: str, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from convnets.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exists.jsonl").write_text("keep me\n")
+    assert main(["predict", *RANDOM, *args, "x.png"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1  # before the model loads: not even its warning
+    assert (tmp_path / "exists.jsonl").read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.jsonl"]
+
+
+def _write_records(path: Path, records: list[dict]) -> None:
+    """What an earlier run wrote, written by the same writer in this process."""
+    with ExitStack() as stack:
+        writer, _ = open_writer(path, resume=False, topk=3, stack=stack)
+        for record in records:
+            writer.write(record)
+
+
+def _kill_midway(args: list[str], out: Path, *, after_bytes: int, extra_s: float) -> None:
+    """Start ``convnets predict``, wait until ``out`` holds ``after_bytes``, then SIGKILL it."""
+    proc = subprocess.Popen([sys.executable, "-m", "convnets", "predict", *MODEL, *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 90
+        while (not out.exists() or out.stat().st_size < after_bytes) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no batch was written"
+            time.sleep(0.005)
+        time.sleep(extra_s)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("fmt, seed", [("jsonl", 1), ("csv", 2), ("jsonl", 3)])
+def test_sigkill_then_resume_gives_the_uninterrupted_records(fmt: str, seed: int, reference: dict, images: Path,
+                                                             tmp_path: Path) -> None:
+    out = tmp_path / f"run.{fmt}"
+    args = ["--recursive", str(images), "--output", str(out)]
+    # The size of the whole file, from the reference records: the kill lands between 10% and 80% of it
+    # (after at least one batch), at a random moment (a batch's write may be in flight).
+    _write_records(tmp_path / f"full.{fmt}", reference["jsonl"])
+    full_size = (tmp_path / f"full.{fmt}").stat().st_size
+    rng = random.Random(seed)
+    _kill_midway(args, out, after_bytes=int(rng.uniform(0.1, 0.8) * full_size), extra_s=rng.uniform(0, 0.02))
+    killed_size = out.stat().st_size
+    assert 0 < scan(out, topk=3, repair=False).records < len(reference["jsonl"])  # killed mid-run
+    done = _predict(*args, "--resume")
+    assert done.returncode == 1, done.stderr  # the unreadable inputs still count, recorded before or now
+    records = _read_jsonl(out) if fmt == "jsonl" else _read_csv(out)
+    assert len({r["input"] for r in records}) == len(records), "an input recorded twice"
+    assert _same_records(records, reference["jsonl"]), f"killed at {killed_size} bytes"
+    if seed == 1:  # a second resume of the finished file records nothing more (and prints no input error)
+        again = _predict(*args, "--resume")
+        assert "error: Cannot" not in again.stderr and _read_jsonl(out) == records
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_torn_last_record_is_cut_and_redone(fmt: str, reference: dict, images: Path, tmp_path: Path) -> None:
+    out = tmp_path / f"torn.{fmt}"
+    names = [r["input"] for r in reference["jsonl"]][:9]
+    _write_records(out, reference["jsonl"][:6])
+    whole = out.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    # jsonl: half of the last line; csv: the last record's last row missing (a record is 3 rows).
+    torn = b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2] if fmt == "jsonl" else b"".join(lines[:-1])
+    out.write_bytes(torn)
+    found = scan(out, topk=3, repair=False)
+    assert found.records == 5 and found.torn > 0
+    done = _predict(*names, "--output", str(out), "--resume")
+    assert done.returncode == 0, done.stderr
+    assert _same_records(_read_jsonl(out) if fmt == "jsonl" else _read_csv(out), reference["jsonl"][:9])
+
+
+def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) -> None:
+    out = tmp_path / "other.jsonl"
+    names = [r["input"] for r in reference["jsonl"]][:6]
+    _write_records(out, reference["jsonl"][:4])
+    before = out.read_bytes()
+    done = _predict(*names[1:], "--output", str(out), "--resume")
+    assert done.returncode == 1 and "--resume" in done.stderr and out.read_bytes() == before
+
+
+MEMORY_PROBE = textwrap.dedent("""
+    import resource, sys, tracemalloc
+    from convnets.predict import iter_inputs
+    from convnets.commands.predict import _read_list, _skip_recorded
+
+    def peak(n, path):
+        with open(path, "w") as f:
+            for i in range(n):
+                f.write(f"/no/such/dir/{i:07d}/some-photo-name.jpg\\n")
+        tracemalloc.start()
+        with open(path) as f:
+            items = iter_inputs(_read_list(f), recursive=True)
+            count = sum(1 for _ in items)
+        size = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert count == n
+        return size
+    small, large = peak(2_000, sys.argv[1]), peak(200_000, sys.argv[1])
+    print(small, large, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+""")
+
+
+def test_listed_inputs_stream_in_constant_memory(tmp_path: Path) -> None:
+    """200,000 listed inputs cost no more Python memory than 2,000 (the listing is never held)."""
+    proc = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(tmp_path / "list.txt")], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    small, large, _ = map(int, proc.stdout.split())
+    assert large - small < 1_000_000, (small, large)  # a list of 200,000 paths would be ~25 MB
+
+
+def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> None:
+    """The whole command over 200,000 listed inputs: peak RSS within a few MB of 2,000 inputs.
+
+    Each listed input is an empty folder, so that it becomes an error record without going through
+    the image decoders (whose per-file thread hand-off would make this test slow): the listing,
+    expansion, batching, writing and reporting all stream.
+    """
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    # Both runs in one process, the small one first: the peak after it includes PyTorch and the model,
+    # so the growth of the peak in the second run is what 198,000 more inputs cost.
+    code = textwrap.dedent("""
+        import json, resource, sys
+        from convnets.cli import main
+        for argv in json.loads(sys.argv[1]):
+            assert main(argv) == 1
+            print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)  # KiB on Linux
+    """)
+    files = {}
+    for n in (2_000, 200_000):
+        listing = tmp_path / f"list{n}.txt"
+        listing.write_text(f"{empty}\n" * n)
+        files[n] = [str(listing), str(tmp_path / f"out{n}.jsonl")]
+    runs = [["predict", *RANDOM, "--batch-size", "256", "--from-file", listing, "--output", out]
+            for listing, out in files.values()]
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rss = dict(zip((2_000, 200_000), (int(line) for line in proc.stderr.splitlines() if line.isdigit()), strict=True))
+    for n, (_, out) in files.items():
+        with open(out, encoding="utf-8") as f:
+            assert sum(1 for _ in f) == n
+    print(f"peak RSS: {rss[2_000] / 1024:.1f} MiB for 2,000 inputs, {rss[200_000] / 1024:.1f} MiB for 200,000")
+    assert rss[200_000] - rss[2_000] < 30 * 1024, rss
+
+
+def test_library_errors_are_convnets_errors_with_builtin_bases(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    from convnets.errors import InvalidArgumentError, MissingDependencyError
+    from convnets.records import check_destination, format_of
+
+    with pytest.raises(InvalidArgumentError, match="output='a.txt': unknown format") as caught:
+        format_of("a.txt")
+    assert isinstance(caught.value, ValueError) and "--output a.txt" in caught.value.message_for("cli")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow` fail
+    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[parquet\]'") as missing:
+        check_destination(tmp_path / "x.parquet", resume=False)
+    assert isinstance(missing.value, ImportError)
+
+
+def test_predict_takes_a_generator_and_keeps_batch_boundaries(images: Path) -> None:
+    """The library entry reads inputs lazily, and ``start`` aligns batches as in an uninterrupted run."""
+    from convnets.predict import iter_inputs, predict, predict_items
+
+    names = [name for name, _ in iter_inputs([str(images / "part1")]) if Path(name).name.startswith("img")][:7]
+    sizes: list[int] = []
+
+    def model(batch: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(batch))
+        return torch.zeros(len(batch), 3)
+    pulled: list[str] = []
+
+    def lazily() -> Iterator[str]:
+        for name in names:
+            pulled.append(name)
+            yield name
+    results = predict(model, lazily(), labels=["a", "b", "c"], topk=1, batch_size=3)
+    first = next(results)
+    assert first.input == names[0] and pulled == names[:3]  # only the first batch was read
+    assert [r.input for r in results] == names[1:] and sizes == [3, 3, 1]
+    sizes.clear()
+    # Resumed after 4 of them: the first batch completes the interrupted one (3 + 1 -> 2), then 3s.
+    list(predict_items(model, ((n, None) for n in names[4:]), labels=["a", "b", "c"], batch_size=3, start=4))
+    assert sizes == [2, 1]
+
+
+def test_recursive_walk_skips_hidden_and_does_not_loop(tmp_path: Path) -> None:
+    from convnets.predict import iter_inputs
+
+    for name in ("b.png", "a/c.jpg", "a/.d.png", "a/._e.png", ".f/g.png", "a/z/h.PNG", "i.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "a" / "loop").symlink_to(tmp_path / "a")  # a cycle: not entered
+    (tmp_path / "link").symlink_to(tmp_path / "a" / "z")  # a link elsewhere: followed
+    found = [Path(n).relative_to(tmp_path).as_posix() for n, _ in iter_inputs([str(tmp_path)], recursive=True)]
+    assert found == ["a/c.jpg", "a/z/h.PNG", "b.png", "link/h.PNG"]
+    assert [n for n, _ in iter_inputs([str(tmp_path)])] == [str(tmp_path / "b.png")]
+    assert [n for n, _ in iter_inputs([str(tmp_path / ".f" / "g.png")])] == [str(tmp_path / ".f" / "g.png")]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_damage_and_other_topk_are_refused_not_cut(fmt: str, reference: dict, tmp_path: Path) -> None:
+    """Only what a killed writer leaves is cut away: a damaged middle or another --topk keeps the file as is."""
+    from convnets.errors import InvalidArgumentError
+
+    out = tmp_path / f"r.{fmt}"
+    _write_records(out, reference["jsonl"][:5])
+    whole = out.read_bytes()
+    with pytest.raises(InvalidArgumentError, match="holds 3 classes per input, this run 5"):
+        scan(out, topk=5)
+    lines = whole.split(b"\n")
+    lines[2] = b'garbage,"unclosed' if fmt == "csv" else b'{"input": "x", "top'
+    out.write_bytes(b"\n".join(lines))
+    with pytest.raises(InvalidArgumentError, match="damaged"):
+        scan(out, topk=3)
+    assert out.read_bytes() == b"\n".join(lines)
