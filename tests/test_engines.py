@@ -203,3 +203,25 @@ def test_benchmark_all_engines_prints_one_table_and_marks_autos_pick(tmp_path: P
 def test_benchmark_engine_refuses_no_optimize(tmp_path: Path) -> None:
     proc = run_cli("benchmark", "--model", "resnet50", "--engine", "openvino", "--no-optimize", cwd=tmp_path)
     assert proc.returncode == 1 and "drop --no-optimize" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_predict_runs_through_the_engine_it_is_given(tmp_path: Path) -> None:
+    """``convnets predict --engine`` reaches optimize_for_inference: the same probabilities as torch."""
+    require_module("onnxruntime", extra="export")
+    model = randomize_bn(convnets.get_model("resnet50", num_classes=10, **TINY["resnet50"])).eval()
+    checkpoint = tmp_path / "tiny.pth.tar"
+    torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict()}, checkpoint)
+    results = {}
+    for engine in ("torch", "onnxruntime"):
+        proc = run_cli("predict", "--weights", str(checkpoint), "--engine", engine, "--image-size", "64",
+                       "--device", "cpu", "--topk", "3", "--json", "examples/chelsea.png", "examples/rocket.jpg")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results[engine] = json.loads(proc.stdout)
+    assert [r["input"] for r in results["torch"]] == [r["input"] for r in results["onnxruntime"]]
+    for ours, theirs in zip(results["torch"], results["onnxruntime"], strict=True):
+        assert [t["index"] for t in ours["top"]] == [t["index"] for t in theirs["top"]]
+        assert [t["probability"] for t in ours["top"]] == pytest.approx([t["probability"] for t in theirs["top"]],
+                                                                         abs=1e-5)
+    bad = run_cli("predict", "--weights", str(checkpoint), "--engine", "onnxruntime", "--precision", "bf16",
+                  "examples/chelsea.png")
+    assert bad.returncode == 1 and "onnxruntime" in bad.stderr.strip().splitlines()[-1]

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, TextIO
 
-from convnets.commands.options import (add_device_argument, add_model_arguments, add_precision_argument,
-                                       device_from_args, load_from_args, positive_int, positive_seconds)
+from convnets.commands.options import (add_device_argument, add_engine_argument, add_model_arguments,
+                                       add_precision_argument, device_from_args, load_from_args, positive_int,
+                                       positive_seconds)
 from convnets.errors import ConvnetsError, InvalidArgumentError, message_for
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_precision_argument(parser, help="fp32 (default); bf16 (CPUs with AVX512-BF16 or AMX, GPUs); fp16 (GPUs). "
                                         "The model runs through convnets.optimize_for_inference: BatchNorm "
                                         "folded, channels_last")
+    add_engine_argument(parser)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="torch.compile the model too: faster per image, but the first batch waits for "
                              "the compilation, so it pays off for many images (default: off)")
@@ -177,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--topk {args.topk} is more than the {len(labels)} classes of the model; "
                                    f"use --topk {len(labels)} or less")
     preset = preset_for_model(model).with_crop_size(args.image_size or model.input_size)
-    net = optimize_for_inference(model, args.precision, device=device, compile=args.compile)
+    net = optimize_for_inference(model, args.precision, device=device, engine=args.engine, compile=args.compile)
 
     with ExitStack() as stack:
         writer, found = None, None
