@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,9 +64,14 @@ def test_resume_rebuilds_the_events_from_the_checkpoint_history(digits: Path, tm
     live = EventAccumulator(str(out / "tensorboard"))  # a TensorBoard left open during the run
     assert [s for s, _ in scalars(out, live)["val/top1"]] == [1]
     # Events past the checkpoint (a session that went further, then resumed from this checkpoint).
+    # TensorBoard reads event files in name order: whole seconds, host, pid, then a per-process
+    # counter compared as text ("10" < "9"). Sessions of a real run are processes seconds apart;
+    # in one test process, a second between the writers keeps their files in session order.
+    time.sleep(1.1)
     with SummaryWriter(str(out / "tensorboard")) as stale:
         stale.add_scalar("val/top1", -5.0, global_step=2)
         stale.add_scalar("val/top1", -5.0, global_step=3)
+    time.sleep(1.1)
     fit(tiny(digits, out, epochs=2, resume=out / "checkpoint.pth.tar"))
     records = read_metrics(out)
     want = [(r["epoch"], pytest.approx(r["val_top1"], rel=1e-6)) for r in records]
