@@ -27,10 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,19 +39,11 @@ import convnets  # noqa: E402
 from convnets.deploy.benchmark import environment  # noqa: E402
 from convnets.deploy.calibrate import calibrate_batchnorm  # noqa: E402
 from convnets.deploy.engines import available_engines  # noqa: E402
+from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/interleave.py)
 
-Runner = Callable[[torch.Tensor], torch.Tensor]
 REFERENCE = "timm fp32"
 VARIANTS = ("torch fp32", "onnxruntime fp32", "openvino fp32", "auto fp32", "torch bf16", "openvino bf16",
             "auto bf16")
-
-
-def _time(run: Runner, x: torch.Tensor, calls: int) -> float:
-    """Seconds per call, averaged over ``calls`` back-to-back calls."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        run(x)
-    return (time.perf_counter() - start) / calls
 
 
 def _runners(name: str, wanted: list[str], image_size: int) -> dict[str, Runner]:
@@ -78,31 +68,8 @@ def _runners(name: str, wanted: list[str], image_size: int) -> dict[str, Runner]
 def bench(name: str, runners: dict[str, Runner], batch_size: int, args: argparse.Namespace) -> list[dict[str, object]]:
     """Interleaved rounds of every runner (``REFERENCE`` among them) at one batch size: one row per runner."""
     x = torch.randn(batch_size, 3, args.image_size, args.image_size)
-    first_call = {}
-    with torch.inference_mode():
-        for label, run in runners.items():  # compiles happen here (first call per batch size)
-            start = time.perf_counter()
-            for _ in range(args.warmup):
-                run(x)
-            first_call[label] = time.perf_counter() - start
-            logging.info("%s %s b%d: warm-up %.1f s", name, label, batch_size, first_call[label])
-        times: dict[str, list[float]] = {label: [] for label in runners}
-        labels = list(runners)
-        for r in range(args.rounds):
-            shift = r % len(labels)
-            for label in labels[shift:] + labels[:shift]:
-                times[label].append(_time(runners[label], x, args.calls))
-            logging.info("round %d/%d: %s", r + 1, args.rounds,
-                         ", ".join(f"{k} {batch_size / v[-1]:.2f}" for k, v in times.items()))
-    rows = []
-    for label, ts in times.items():
-        ratios = [ref / t for ref, t in zip(times[REFERENCE], ts)]
-        rows.append({"model": name, "batch_size": batch_size, "variant": label,
-                     "img_per_s": batch_size / statistics.median(ts),
-                     "img_per_s_all_rounds": [batch_size / t for t in ts],
-                     "speedup_vs_timm": statistics.median(ratios), "speedup_min_max": [min(ratios), max(ratios)],
-                     "warmup_s": first_call[label]})
-    return rows
+    return interleaved_rows(name, runners, x, reference=REFERENCE, warmup=args.warmup, rounds=args.rounds,
+                            calls=args.calls)
 
 
 def auto_verdicts(rows: list[dict[str, object]]) -> list[str]:

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import convnets  # noqa: E402
 from convnets.deploy.benchmark import environment  # noqa: E402
+from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/interleave.py)
 
-Runner = Callable[[torch.Tensor], torch.Tensor]
 REFERENCE = "timm fp32"
 
 
@@ -60,45 +58,11 @@ def _variants(name: str, wanted: list[str]) -> dict[str, Runner]:
     return {v: builders[v]() for v in wanted}
 
 
-def _time(run: Runner, x: torch.Tensor, calls: int) -> float:
-    """Seconds per call, averaged over ``calls`` back-to-back calls."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        run(x)
-    return (time.perf_counter() - start) / calls
-
-
 def bench_model(name: str, reference: Runner, batch_size: int, variants: list[str], rounds: int,
                 warmup: int, calls: int) -> list[dict[str, object]]:
     runners = {REFERENCE: reference, **_variants(name, variants)}
     x = torch.randn(batch_size, 3, 224, 224)
-    first_call = {}
-    with torch.inference_mode():
-        for label, run in runners.items():  # compiles happen here (first call per batch size)
-            start = time.perf_counter()
-            for _ in range(warmup):
-                run(x)
-            first_call[label] = time.perf_counter() - start
-            logging.info("%s %s b%d: warm-up %.1f s", name, label, batch_size, first_call[label])
-        times: dict[str, list[float]] = {label: [] for label in runners}
-        labels = list(runners)
-        for r in range(rounds):
-            shift = r % len(labels)
-            for label in labels[shift:] + labels[:shift]:
-                times[label].append(_time(runners[label], x, calls))
-            logging.info("round %d/%d: %s", r + 1, rounds,
-                         ", ".join(f"{k} {batch_size / v[-1]:.2f}" for k, v in times.items()))
-    rows = []
-    for label, ts in times.items():
-        ratios = [ref / t for ref, t in zip(times[REFERENCE], ts)]
-        rows.append({"model": name, "batch_size": batch_size, "variant": label,
-                     "img_per_s": batch_size / statistics.median(ts),
-                     "img_per_s_all_rounds": [batch_size / t for t in ts],
-                     "speedup_vs_timm": statistics.median(ratios),
-                     "speedup_min_max": [min(ratios), max(ratios)],
-                     "warmup_s": first_call[label],
-                     "compiled": bool(getattr(runners[label], "compiled", False))})
-    return rows
+    return interleaved_rows(name, runners, x, reference=REFERENCE, warmup=warmup, rounds=rounds, calls=calls)
 
 
 def main() -> int:

@@ -1,0 +1,57 @@
+"""The measurement loop the benchmark scripts share: warm-up, then interleaved rounds, then medians.
+
+Every round times each runner once, starting one runner later than the round before, so load from
+other processes hits the reference and the others alike; ratios are taken within a round.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+Runner = Callable[[torch.Tensor], torch.Tensor]
+
+
+def time_calls(run: Runner, x: torch.Tensor, calls: int) -> float:
+    """Seconds per call, averaged over ``calls`` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        run(x)
+    return (time.perf_counter() - start) / calls
+
+
+def interleaved_rows(name: str, runners: dict[str, Runner], x: torch.Tensor, *, reference: str, warmup: int,
+                     rounds: int, calls: int) -> list[dict[str, object]]:
+    """One row per runner: median img/s over ``rounds`` and the speed-up over ``runners[reference]``."""
+    batch_size = len(x)
+    first_call = {}
+    with torch.inference_mode():
+        for label, run in runners.items():  # compiles happen here (first call per batch size)
+            start = time.perf_counter()
+            for _ in range(warmup):
+                run(x)
+            first_call[label] = time.perf_counter() - start
+            logging.info("%s %s b%d: warm-up %.1f s", name, label, batch_size, first_call[label])
+        times: dict[str, list[float]] = {label: [] for label in runners}
+        labels = list(runners)
+        for r in range(rounds):
+            shift = r % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                times[label].append(time_calls(runners[label], x, calls))
+            logging.info("round %d/%d: %s", r + 1, rounds,
+                         ", ".join(f"{k} {batch_size / v[-1]:.2f}" for k, v in times.items()))
+    rows = []
+    for label, ts in times.items():
+        ratios = [ref / t for ref, t in zip(times[reference], ts)]
+        rows.append({"model": name, "batch_size": batch_size, "variant": label,
+                     "img_per_s": batch_size / statistics.median(ts),
+                     "img_per_s_all_rounds": [batch_size / t for t in ts],
+                     "speedup_vs_timm": statistics.median(ratios),
+                     "speedup_min_max": [min(ratios), max(ratios)],
+                     "warmup_s": first_call[label],
+                     "compiled": bool(getattr(runners[label], "compiled", False))})
+    return rows
