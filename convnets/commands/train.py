@@ -16,7 +16,7 @@ from typing import Any
 
 from convnets.commands import options
 from convnets.errors import CheckpointError, ConvnetsError, message_for
-from convnets.train.config import OPTION_GROUPS, TrainConfig
+from convnets.train.config import OPTION_GROUPS, TrainConfig, flag_name
 
 _EPILOG = """\
 examples:
@@ -67,7 +67,7 @@ def _flag(f: dataclasses.Field[Any], annotation: Any) -> tuple[list[str], dict[s
     """The ``add_argument`` arguments of one config field, from its type, default and metadata."""
     meta = f.metadata
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    flag = "--" + f.name.replace("_", "-")
+    flag = flag_name(f.name)
     kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
     kwargs.update({k: meta[k] for k in ("metavar", "choices") if k in meta})
     types = [t for t in typing.get_args(annotation) if t is not type(None)] or [annotation]

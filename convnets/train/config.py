@@ -25,7 +25,7 @@ from convnets.errors import InvalidArgumentError
 from convnets.models.specs import list_models
 
 __all__ = ["BACKENDS", "BASE_LR_PER_256", "LABEL_SMOOTHING", "MOMENTUM", "OPTION_GROUPS", "TrainConfig", "WEIGHT_DECAY",
-           "option"]
+           "flag_name", "option"]
 
 # NVIDIA's recipe numbers (README "Default configuration"; convnets.train.recipe applies them). They
 # live here, with no PyTorch import, because they are TrainConfig's defaults and `convnets train
@@ -65,14 +65,14 @@ def option(help: str, group: str, *, metavar: str | None = None, choices: Sequen
     return meta
 
 
-def _flag(name: str) -> str:
-    """The ``convnets train`` flag of a config field."""
+def flag_name(name: str) -> str:
+    """The ``convnets train`` flag of a config field: ``batch_size`` -> ``--batch-size``."""
     return "--" + name.replace("_", "-")
 
 
 def _flag_words(text: str) -> str:
     # Field names mentioned inside a message, in command-line spelling (one pass: no re-replacing).
-    return re.sub(r"\b(pretrained_from_file|pretrained|resume)\b", lambda m: _flag(m.group(1)), text)
+    return re.sub(r"\b(pretrained_from_file|pretrained|resume)\b", lambda m: flag_name(m.group(1)), text)
 
 
 @dataclass
@@ -216,7 +216,7 @@ class TrainConfig:
             raise InvalidArgumentError(
                 "invalid training configuration: " + "; ".join(f"{name} {what}" for name, what in problems),
                 cli="invalid training configuration: " + "; ".join(
-                    f"{_flag(name)} {_flag_words(what)}" for name, what in problems))
+                    f"{flag_name(name)} {_flag_words(what)}" for name, what in problems))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only (paths as strings), for checkpoints and logs."""
