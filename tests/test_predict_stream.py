@@ -198,12 +198,19 @@ def _write_records(path: Path, records: list[dict]) -> None:
             writer.write(record)
 
 
-def _kill_midway(args: list[str], out: Path, *, after_bytes: int, extra_s: float) -> None:
-    """Start ``convnets predict``, wait until ``out`` holds ``after_bytes``, then SIGKILL it."""
-    proc = subprocess.Popen([sys.executable, "-m", "convnets", "predict", *MODEL, *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+def _kill_midway(args: list[str], out: Path, inputs: list[str], *, after_bytes: int, extra_s: float) -> None:
+    """Start ``convnets predict --from-file -``, wait until ``out`` holds ``after_bytes``, then SIGKILL it.
+
+    All inputs but the last batch's are written to its stdin, which stays open: the process cannot
+    finish before the kill, however fast it runs, so every kill lands mid-run.
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "convnets", "predict", *MODEL, *args, "--from-file", "-"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
+        assert proc.stdin is not None
+        proc.stdin.write("".join(f"{name}\n" for name in inputs[:-4]).encode())
+        proc.stdin.flush()
         deadline = time.monotonic() + 90
         while (not out.exists() or out.stat().st_size < after_bytes) and proc.poll() is None:
             assert time.monotonic() < deadline, "no batch was written"
@@ -212,21 +219,29 @@ def _kill_midway(args: list[str], out: Path, *, after_bytes: int, extra_s: float
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        if proc.stdin is not None:
+            proc.stdin.close()
 
 
 @pytest.mark.parametrize("fmt, seed", [("jsonl", 1), ("csv", 2), ("jsonl", 3)])
 def test_sigkill_then_resume_gives_the_uninterrupted_records(fmt: str, seed: int, reference: dict, images: Path,
                                                              tmp_path: Path) -> None:
     out = tmp_path / f"run.{fmt}"
-    args = ["--recursive", str(images), "--output", str(out)]
+    # The inputs in the order of the reference run (--recursive over the same tree), as a list.
+    inputs = [r["input"] for r in reference["jsonl"]]
+    listing = tmp_path / "inputs.txt"
+    listing.write_text("".join(f"{name}\n" for name in inputs), encoding="utf-8")
+    args = ["--output", str(out)]
     # The size of the whole file, from the reference records: the kill lands between 10% and 80% of it
     # (after at least one batch), at a random moment (a batch's write may be in flight).
     _write_records(tmp_path / f"full.{fmt}", reference["jsonl"])
     full_size = (tmp_path / f"full.{fmt}").stat().st_size
     rng = random.Random(seed)
-    _kill_midway(args, out, after_bytes=int(rng.uniform(0.1, 0.8) * full_size), extra_s=rng.uniform(0, 0.02))
+    _kill_midway(args, out, inputs, after_bytes=int(rng.uniform(0.1, 0.8) * full_size),
+                 extra_s=rng.uniform(0, 0.02))
     killed_size = out.stat().st_size
     assert 0 < scan(out, topk=3, repair=False).records < len(reference["jsonl"])  # killed mid-run
+    args += ["--from-file", str(listing)]
     done = _predict(*args, "--resume")
     assert done.returncode == 1, done.stderr  # the unreadable inputs still count, recorded before or now
     records = _read_jsonl(out) if fmt == "jsonl" else _read_csv(out)
