@@ -6,7 +6,8 @@ one such object per line instead. ``--output FILE`` writes records to a file as 
 (``.jsonl``, ``.csv``, ``.parquet``: see :mod:`convnets.records`), and ``--resume`` continues one
 that a killed run left. Inputs that cannot be read are reported on stderr, one line each, and leave
 the exit status at 1; the others are still predicted. Inputs are streamed (``--recursive`` trees,
-``--from-file`` lists), so their number does not cost memory.
+``--from-file`` lists), so their number does not cost memory. ``--show FILE.png`` also draws contact
+sheets, thumbnails with their top classes (:mod:`convnets.sheet`).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
                        help="continue an existing --output FILE (.jsonl or .csv) that a stopped or killed run "
                             "left: its torn last record is cut away and the inputs it records are skipped")
     group.add_argument("--show", metavar="FILE.png", default=None,
-                       help="also draw contact sheets: each image as a thumbnail with its top classes (failed "
+                       help="also draw contact sheets: each image as a thumbnail with its top classes (10 at most; failed "
                             "inputs: the reason), 64 per sheet, in FILE.png, FILE-2.png, ...; images are read "
                             "again for their thumbnails (URLs downloaded again). With --resume: this run's inputs")
 
