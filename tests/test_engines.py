@@ -203,6 +203,8 @@ def test_benchmark_all_engines_prints_one_table_and_marks_autos_pick(tmp_path: P
 def test_benchmark_engine_refuses_no_optimize(tmp_path: Path) -> None:
     proc = run_cli("benchmark", "--model", "resnet50", "--engine", "openvino", "--no-optimize", cwd=tmp_path)
     assert proc.returncode == 1 and "drop --no-optimize" in proc.stderr and "Traceback" not in proc.stderr
+    # Both ways out are named: keep the engine (drop --no-optimize) or keep eager (drop --engine).
+    assert "or drop --engine openvino to measure the plain eager model" in proc.stderr
 
 
 def test_predict_runs_through_the_engine_it_is_given(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import LoopbackServer, Route
 from test_export import SIZE, model_config_pb2, parse_config, verification_batch
 from test_optimize import max_rel_error, reference, tiny_model
 from train_support import make_digits, run_train, tiny_args
@@ -198,6 +199,17 @@ def test_verification_batch_is_the_packaged_photos(monkeypatch: pytest.MonkeyPat
     assert (resize, crop) == (73, 64) and EvalPreset.for_image_size(224).resize_size == 256
     expected = prepare_input_from_uri([EXAMPLES_DIR / n for n in PHOTOS], image_size=64, resize_size=73)
     assert torch.equal(batch, expected)
+
+
+def test_verification_photos_can_be_urls(http_server: LoopbackServer) -> None:
+    """``--images http://...`` is downloaded (as predict downloads), not taken for a local path."""
+    http_server.routes["/photos/rocket.jpg"] = Route((EXAMPLES_DIR / "rocket.jpg").read_bytes(), content_type="image/jpeg")
+    url = f"{http_server.base_url}/photos/rocket.jpg"
+    batch, description = sample_batch([url, EXAMPLES_DIR / "coffee.png"], image_size=SIZE, timeout=10)
+    assert description == f"2 photos: {url}, coffee.png"
+    expected = prepare_input_from_uri([EXAMPLES_DIR / "rocket.jpg", EXAMPLES_DIR / "coffee.png"], image_size=64,
+                                      resize_size=73)
+    assert torch.equal(batch, expected) and http_server.hits["/photos/rocket.jpg"] == 1
 
 
 def test_a_broken_install_without_photos_is_an_export_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -129,8 +129,8 @@ def _inference(args: argparse.Namespace, device: torch.device) -> tuple[Runs, st
     if not args.optimize and not args.compile:
         raise InvalidArgumentError("--no-compile applies to the optimized model; --no-optimize is already eager")
     if not args.optimize and args.engine != "torch":
-        raise InvalidArgumentError(f"--engine {args.engine} runs the optimized model; drop --no-optimize "
-                                   "(or --engine to measure the plain eager model)")
+        raise InvalidArgumentError(f"--engine {args.engine} runs the optimized model; drop --no-optimize to "
+                                   f"measure it, or drop --engine {args.engine} to measure the plain eager model")
     loaded = load_from_args(args)
     memory_format = parse_memory_format(args.memory_format, option="--memory-format")
 

@@ -6,7 +6,8 @@ one such object per line instead. ``--output FILE`` writes records to a file as 
 (``.jsonl``, ``.csv``, ``.parquet``: see :mod:`convnets.records`), and ``--resume`` continues one
 that a killed run left. Inputs that cannot be read are reported on stderr, one line each, and leave
 the exit status at 1; the others are still predicted. Inputs are streamed (``--recursive`` trees,
-``--from-file`` lists), so their number does not cost memory.
+``--from-file`` lists), so their number does not cost memory. ``--show FILE.png`` also draws contact
+sheets, thumbnails with their top classes (:mod:`convnets.sheet`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from convnets.errors import ConvnetsError, InvalidArgumentError, message_for
 
 if TYPE_CHECKING:
     from convnets.predict import InputItem, Prediction
+    from convnets.sheet import ContactSheetWriter
 
 DEFAULT_MODEL = "se_resnext101_32x4d"
 # convnets.preprocessing.io.DEFAULT_TIMEOUT, spelled out because that module imports PIL and requests,
@@ -96,6 +98,10 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume", action="store_true",
                        help="continue an existing --output FILE (.jsonl or .csv) that a stopped or killed run "
                             "left: its torn last record is cut away and the inputs it records are skipped")
+    group.add_argument("--show", metavar="FILE.png", default=None,
+                       help="also draw contact sheets: each image as a thumbnail with its top classes (10 at most; failed "
+                            "inputs: the reason), 64 per sheet, in FILE.png, FILE-2.png, ...; images are read "
+                            "again for their thumbnails (URLs downloaded again). With --resume: this run's inputs")
 
 
 def _print_table(result: Prediction) -> None:
@@ -164,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
     if args.output is not None:
         check_destination(args.output, resume=args.resume)
+    if args.show is not None:
+        from convnets.sheet import check_sheet_destination
+        check_sheet_destination(args.show, option="show")
 
     from tqdm.auto import tqdm
 
@@ -187,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
             writer, found = open_writer(args.output, resume=args.resume, topk=args.topk, stack=stack)
         elif args.jsonl:
             writer = RecordWriter(sys.stdout, "jsonl")
+        sheets = _open_sheets(args, stack)
         items = iter_inputs(_sources(args, stack), recursive=args.recursive)
         done = found.records if found else 0
         if done:
@@ -211,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
                 error = _cli_message(result.error)  # once: it adds command-line advice to the error
                 if writer is not None:
                     writer.write(_record(result, error))
+                if sheets is not None:
+                    sheets.add(result)
                 if not result.ok:
                     failed += 1
                     bar.clear()
@@ -221,11 +233,23 @@ def run(args: argparse.Namespace) -> int:
                     _print_table(result)
     if args.json:
         print(json.dumps(results, indent=2))
+    if sheets is not None:  # stderr: stdout holds only the results
+        print(f"convnets predict: contact sheets: {', '.join(map(str, sheets.paths)) or 'none (no inputs)'}",
+              file=sys.stderr)
     earlier = found.errors if found else 0
     if failed or earlier:
         also = f" ({earlier} recorded by the earlier run)" if earlier else ""
         print(f"convnets predict: {failed + earlier} of {done} inputs could not be read{also}", file=sys.stderr)
     return 1 if failed or earlier else 0
+
+
+def _open_sheets(args: argparse.Namespace, stack: ExitStack) -> ContactSheetWriter | None:
+    """The --show writer, closed (the last sheet written) when ``stack`` unwinds without an error."""
+    if args.show is None:
+        return None
+    from convnets.sheet import ContactSheetWriter
+
+    return stack.enter_context(ContactSheetWriter(args.show, timeout=args.timeout, interface="cli"))
 
 
 def _is_directory(item: str) -> bool:

@@ -37,6 +37,7 @@ from convnets.deploy.formats import (EXPORT_PRECISIONS, ExportFormat, Runner, ex
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import ConvnetsError, ExportError, InvalidArgumentError
 from convnets.preprocessing import prepare_input_from_uri
+from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
 from convnets.preprocessing.presets import EvalPreset
 from convnets.runtime import precision_dtype
 
@@ -137,14 +138,16 @@ def _exportable(model: nn.Module, precision: str) -> _Exportable:
 
 
 def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
-                 image_size: int = 224) -> tuple[Tensor, str]:
+                 image_size: int = 224, *, timeout: float = DEFAULT_TIMEOUT) -> tuple[Tensor, str]:
     """A preprocessed batch of real photos for verification, and a description of it.
 
     Args:
-        images: image files; default: the example photos shipped in the package (cat, coffee cup,
-            rocket launch; :func:`convnets.assets.example_images`).
+        images: image files or http(s) URLs (downloaded as ``convnets predict`` downloads them);
+            default: the example photos shipped in the package (cat, coffee cup, rocket launch;
+            :func:`convnets.assets.example_images`).
         image_size: crop size; the rest of the preprocessing is
             :meth:`EvalPreset.for_image_size` (NVIDIA's evaluation pipeline).
+        timeout: total seconds allowed for each URL download.
 
     Returns:
         ``([N, 3, image_size, image_size] float tensor, description)``.
@@ -153,13 +156,14 @@ def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
         ImageLoadError: an image cannot be read (the message names it).
         ExportError: no ``images`` and the package's example photos are missing (a broken install).
     """
-    paths = [Path(p) for p in images] if images else example_images()
+    # A URL stays a string: Path() would fold its "//" and turn it into a (missing) local path.
+    paths = [p if is_url(p) else Path(p) for p in images] if images else example_images()
     if not paths:
         raise ExportError("the example photos that verify exports are missing from the installed convnets "
                           "package (convnets/assets/examples); reinstall it, or pass images to verify with "
                           "(--images on the command line)")
-    batch = prepare_input_from_uri(paths, preset=EvalPreset.for_image_size(image_size))
-    return batch, f"{len(paths)} photos: " + ", ".join(p.name for p in paths)
+    batch = prepare_input_from_uri(paths, preset=EvalPreset.for_image_size(image_size), timeout=timeout)
+    return batch, f"{len(paths)} photos: " + ", ".join(p if isinstance(p, str) else p.name for p in paths)
 
 
 def verification_tolerance(precision: str) -> str:

@@ -1,0 +1,374 @@
+"""Contact sheets of predictions: each image as a thumbnail with its top classes, as upstream's notebook
+shows them (``img.thumbnail((256, 256))`` and the top-5 list under it), without a notebook.
+
+Used by ``convnets predict --show FILE.png``; also usable on :func:`convnets.predict.predict`'s results::
+
+    results = convnets.predict.predict(model, ["photos/"], topk=5)
+    write_contact_sheets(results, "photos.png")   # photos.png, photos-2.png, ... 64 images each
+
+Streaming: a sheet is drawn and written (atomically, :mod:`convnets.fileio`) as soon as its
+``per_sheet`` results have arrived, on a background thread, so the caller's loop goes on while it is
+drawn; at most one sheet being collected and one being drawn are held, whatever the number of inputs.
+
+Thumbnails are read again from each input (files re-read, URLs downloaded again with the same
+``timeout``) when its sheet is drawn: predictions carry no pixels, and keeping them in the prediction
+pipeline would cost every run that shows nothing. An input whose second read fails keeps its tile and
+its classes, with the reason in place of the picture. An input that could not be predicted at all has a
+tile too, tinted red, with the reason in words: a sheet shows every input in input order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+from convnets.errors import ImageLoadError, Interface, InvalidArgumentError, UnknownArgumentError, message_for
+from convnets.fileio import atomic_write
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from convnets.predict import Prediction
+
+__all__ = ["SHEET_SIZE", "ContactSheetWriter", "check_sheet_destination", "sheet_path", "write_contact_sheets"]
+
+log = logging.getLogger(__name__)
+
+#: Images per sheet: 8 x 8 thumbnails of 256 pixels keep a sheet readable on a screen.
+SHEET_SIZE = 64
+_DEFAULT_TIMEOUT = 30.0  # convnets.preprocessing.io.DEFAULT_TIMEOUT (that module imports requests: not here)
+
+# Colours (RGB).
+_PAPER = (255, 255, 255)
+_FRAME = (236, 236, 236)  # behind a thumbnail that does not fill its square
+_INK = (25, 25, 25)
+_GREY_INK = (90, 90, 90)
+_BAR = (203, 222, 240)  # probability bars
+_TOP_BAR = (158, 196, 230)  # the best class's bar
+_FAILED = (250, 222, 222)
+_FAILED_INK = (150, 0, 0)
+_ELLIPSIS = "\u2026"
+
+
+def sheet_path(path: str | os.PathLike[str], number: int) -> Path:
+    """The file of sheet ``number`` (1-based): ``FILE.png``, then ``FILE-2.png``, ``FILE-3.png``, ..."""
+    path = Path(path)
+    return path if number == 1 else path.with_name(f"{path.stem}-{number}{path.suffix}")
+
+
+def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path") -> Path:
+    """Check, before any work, that sheets can be written at ``path``.
+
+    Args:
+        path: the first sheet's file; must end in ``.png``, in an existing, writable directory.
+        option: the name of ``path`` in messages: a keyword (``path``), or on the command line the
+            option without dashes (``show`` gives ``--show``).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        InvalidArgumentError: the suffix is not ``.png``, ``path`` is a directory, or its directory
+            does not exist or cannot be written.
+    """
+    path = Path(path)
+    python, cli = f"{option}={str(path)!r}", f"--{option} {path}"
+
+    def refuse(problem: str, advice: str) -> InvalidArgumentError:
+        return InvalidArgumentError(f"{python}: {problem}; {advice}", cli=f"{cli}: {problem}; {advice}",
+                                    keyword=option)
+
+    if path.suffix.lower() != ".png":
+        raise refuse("a contact sheet is a PNG file", "give a file name ending in .png")
+    if path.is_dir():
+        raise refuse("is a directory", "give a file name ending in .png")
+    folder = path.parent
+    if not folder.is_dir():
+        raise refuse(f"the directory {str(folder)!r} does not exist", "create it or choose another one")
+    try:  # a real write: os.access cannot see read-only file systems, and root passes every access check
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise refuse(f"cannot write in {str(folder)!r} ({e.strerror})", "choose a writable directory") from e
+    return path
+
+
+@dataclass(frozen=True)
+class _Style:
+    """The sheet's geometry and font."""
+
+    thumbnail: int
+    gap: int
+    max_classes: int
+    font: Any  # ImageFont.FreeTypeFont, or Pillow's bitmap font where FreeType is missing
+    line: int  # height of a text line
+
+
+def _font(size: int) -> Any:
+    """Pillow's bundled scalable font at ``size`` pixels (Pillow >= 10.1 with FreeType), else its bitmap font."""
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, AttributeError, ImportError, OSError):  # older Pillow, or built without FreeType
+        return ImageFont.load_default()
+
+
+def _fit(text: str, font: Any, width: float, *, keep_end: bool = False) -> str:
+    """``text`` cut with an ellipsis (at the end, or in the middle with ``keep_end``) to fit ``width`` pixels."""
+    if font.getlength(text) <= width:
+        return text
+    lo, hi = 0, len(text)  # the longest cut that fits: binary search on the number of characters kept
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if font.getlength(_cut(text, mid, keep_end)) <= width:
+            lo = mid
+        else:
+            hi = mid - 1
+    return _cut(text, lo, keep_end)
+
+
+def _cut(text: str, keep: int, keep_end: bool) -> str:
+    if not keep_end:
+        return text[:keep] + _ELLIPSIS
+    head = keep // 3  # a path's end (the file name) says more than its start
+    return text[:head] + _ELLIPSIS + text[len(text) - (keep - head):]
+
+
+def _wrap(text: str, font: Any, width: float, max_lines: int) -> list[str]:
+    """``text`` wrapped at spaces to ``width`` pixels (long words split), at most ``max_lines`` lines."""
+    lines: list[str] = []
+    current = ""
+    for word in text.split():
+        candidate = f"{current} {word}" if current else word
+        if font.getlength(candidate) <= width:
+            current = candidate
+            continue
+        if current:
+            lines.append(current)
+        while font.getlength(word) > width:  # a word wider than the line (a long path or URL)
+            cut = len(_fit(word, font, width)) - 1
+            lines.append(word[:max(cut, 1)])
+            word = word[max(cut, 1):]
+        current = word
+    if current:
+        lines.append(current)
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = _fit(f"{lines[-1]} {_ELLIPSIS}", font, width)
+    return lines
+
+
+def _thumbnail(source: str, size: int, timeout: float) -> tuple[Image.Image | None, str | None]:
+    """``source`` read again and scaled to fit a ``size`` square, or ``(None, why it could not be)``."""
+    from convnets.preprocessing.pipeline import load_image  # PIL + requests (+ torch): only when drawing
+
+    try:
+        image = load_image(source, timeout=timeout)
+    except ImageLoadError as e:
+        log.warning("no thumbnail for %s: %s", source, e)
+        return None, message_for(e, "cli")
+    # Scaled both ways: small images (32-pixel datasets) fill their square too. LANCZOS: upstream's ANTIALIAS.
+    return ImageOps.contain(image, (size, size), Image.Resampling.LANCZOS), None
+
+
+def _tile(result: Prediction, picture: Image.Image | None, why: str | None, style: _Style, classes: int,
+          interface: Interface) -> Image.Image:
+    """One input's tile: its picture (or the reason there is none), its name, its top classes."""
+    side, font, line = style.thumbnail, style.font, style.line
+    tile = Image.new("RGB", (side, side + line * (1 + classes)), _PAPER)
+    draw = ImageDraw.Draw(tile)
+    if not result.ok:
+        draw.rectangle((0, 0, side - 1, side - 1), fill=_FAILED)
+        reason = message_for(result.error, interface) if result.error is not None else "unknown error"
+        _text_block(draw, "could not be read: " + reason, style, _FAILED_INK)
+    elif picture is None:
+        draw.rectangle((0, 0, side - 1, side - 1), fill=_FRAME)
+        _text_block(draw, f"no thumbnail: {why}", style, _GREY_INK)
+    else:
+        draw.rectangle((0, 0, side - 1, side - 1), fill=_FRAME)
+        tile.paste(picture, ((side - picture.width) // 2, (side - picture.height) // 2))
+    draw.text((2, side + 1), _fit(result.input, font, side - 4, keep_end=True), font=font, fill=_INK)
+    for rank, top in enumerate(result.top[:classes]):
+        y = side + line * (rank + 1)
+        width = round((side - 1) * min(max(top.probability, 0.0), 1.0))
+        if width:
+            draw.rectangle((0, y + 1, width, y + line - 2), fill=_TOP_BAR if rank == 0 else _BAR)
+        percent = f"{100 * top.probability:.1f}%"
+        column = font.getlength("100.0%")
+        draw.text((2 + column - font.getlength(percent), y + 1), percent, font=font, fill=_INK)  # right-aligned
+        left = 8 + column
+        draw.text((left, y + 1), _fit(top.label, font, side - left - 2), font=font, fill=_INK)
+    return tile
+
+
+def _text_block(draw: ImageDraw.ImageDraw, text: str, style: _Style, fill: tuple[int, int, int]) -> None:
+    """``text`` wrapped inside the picture's square."""
+    pad = 6
+    lines = _wrap(text, style.font, style.thumbnail - 2 * pad, (style.thumbnail - 2 * pad) // style.line)
+    for i, part in enumerate(lines):
+        draw.text((pad, pad + i * style.line), part, font=style.font, fill=fill)
+
+
+def _draw_sheet(results: list[Prediction], path: Path, style: _Style, columns: int, timeout: float,
+                interface: Interface) -> None:
+    """Draw the tiles of ``results`` in rows of ``columns`` and write the PNG atomically."""
+    classes = min(style.max_classes, max(len(r.top) for r in results))
+    tiles = []
+    for result in results:
+        picture, why = _thumbnail(result.input, style.thumbnail, timeout) if result.ok else (None, None)
+        tiles.append(_tile(result, picture, why, style, classes, interface))
+    columns = min(columns, len(tiles))
+    rows = math.ceil(len(tiles) / columns)
+    width, height = tiles[0].size
+    sheet = Image.new("RGB", (style.gap + columns * (width + style.gap), style.gap + rows * (height + style.gap)),
+                      _PAPER)
+    for i, tile in enumerate(tiles):
+        row, column = divmod(i, columns)
+        sheet.paste(tile, (style.gap + column * (width + style.gap), style.gap + row * (height + style.gap)))
+    atomic_write(path, lambda f: sheet.save(f, format="PNG"))
+    log.info("wrote %s (%d images)", path, len(results))
+
+
+class ContactSheetWriter:
+    """Collects predictions and writes a sheet each ``per_sheet`` of them (see the module docstring).
+
+    Use it as a context manager (leaving the block without an error writes the last sheet) or call
+    :meth:`close`. Sheets are ``path``, then ``sheet_path(path, 2)``, ...; sheets that an earlier run
+    left after the last one written here (``FILE-3.png`` when this run writes two) are removed, so
+    the files on disk are always one run's set.
+
+    Args:
+        path: the first sheet's file (``.png``, in a writable directory; checked at once).
+        per_sheet: images per sheet.
+        columns: thumbnails per row (a sheet with fewer images has as many columns as images).
+        thumbnail_size: side of each thumbnail's square, in pixels (upstream's notebook: 256).
+        max_classes: top classes written under each thumbnail, at most (predictions with more show
+            their first ones).
+        font_size: text height in pixels.
+        gap: white space between and around the tiles, in pixels.
+        timeout: total seconds allowed for each URL's second download.
+        interface: the words of the errors written on failed inputs' tiles: ``"python"`` or ``"cli"``.
+
+    Raises:
+        InvalidArgumentError: a bad ``path`` (see :func:`check_sheet_destination`) or size.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, per_sheet: int = SHEET_SIZE, columns: int = 8,
+                 thumbnail_size: int = 256, max_classes: int = 10, font_size: int = 14, gap: int = 8,
+                 timeout: float = _DEFAULT_TIMEOUT, interface: Interface = "python") -> None:
+        for name, value, least in (("per_sheet", per_sheet, 1), ("columns", columns, 1),
+                                   ("thumbnail_size", thumbnail_size, 32), ("max_classes", max_classes, 0),
+                                   ("font_size", font_size, 6), ("gap", gap, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {value!r}")
+        self.path = check_sheet_destination(path)
+        self.per_sheet, self.columns, self.timeout, self.interface = per_sheet, columns, timeout, interface
+        font = _font(font_size)
+        left, top, right, bottom = font.getbbox("Ag|%")
+        self._style = _Style(thumbnail_size, gap, max_classes, font, line=bottom - min(top, 0) + 5)
+        #: The sheets written so far, in order.
+        self.paths: list[Path] = []
+        self._collected: list[Prediction] = []
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="convnets-sheet")
+        self._drawing: concurrent.futures.Future[None] | None = None
+        self._closed = False
+
+    def add(self, result: Prediction) -> None:
+        """Add the next prediction; a full sheet goes to the background thread to be drawn and written.
+
+        Raises:
+            OSError: writing the previous sheet failed (the error is raised here, in the
+                caller's thread).
+        """
+        if self._closed:
+            raise InvalidArgumentError("this ContactSheetWriter is closed")
+        self._collected.append(result)
+        if len(self._collected) == self.per_sheet:
+            self._submit()
+
+    def _submit(self) -> None:
+        self._wait()  # one sheet drawn at a time: memory stays bounded when drawing is slower than predicting
+        path = sheet_path(self.path, len(self.paths) + 1)
+        results, self._collected = self._collected, []
+        self._drawing = self._pool.submit(_draw_sheet, results, path, self._style, self.columns, self.timeout,
+                                          self.interface)
+        self.paths.append(path)
+
+    def _wait(self) -> None:
+        if self._drawing is not None:
+            drawing, self._drawing = self._drawing, None
+            drawing.result()
+
+    def close(self) -> list[Path]:
+        """Write the last sheet, wait for the drawing to finish and remove sheets an earlier run left.
+
+        Returns:
+            The sheets written, in order (none when no prediction was added).
+        """
+        if self._closed:
+            return self.paths
+        self._closed = True
+        try:
+            if self._collected:
+                self._submit()
+            self._wait()
+        finally:
+            self._pool.shutdown(wait=True)
+        if self.paths:
+            number = len(self.paths) + 1
+            while (stale := sheet_path(self.path, number)).is_file():
+                stale.unlink()
+                log.info("removed %s, a sheet of an earlier run", stale)
+                number += 1
+        return self.paths
+
+    def abort(self) -> None:
+        """Stop without writing the sheet being collected (sheets already handed over are finished)."""
+        self._closed = True
+        self._collected = []
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> ContactSheetWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+
+_WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_classes", "font_size", "gap", "timeout",
+                             "interface"})
+
+
+def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
+    """Write contact sheets of ``results`` (e.g. :func:`convnets.predict.predict`'s), streaming.
+
+    Args:
+        results: predictions in order; any iterable, consumed once.
+        path: the first sheet's file (``.png``); more sheets are ``FILE-2.png``, ... (:func:`sheet_path`).
+        **options: as for :class:`ContactSheetWriter` (``per_sheet``, ``columns``, ``thumbnail_size``,
+            ``max_classes``, ``font_size``, ``gap``, ``timeout``, ``interface``).
+
+    Returns:
+        The sheets written, in order.
+    """
+    unknown = sorted(set(options) - _WRITER_OPTIONS)
+    if unknown:
+        raise UnknownArgumentError(f"write_contact_sheets() got unknown keyword {unknown[0]!r}; it takes "
+                                   f"{', '.join(sorted(_WRITER_OPTIONS))}")
+    with ContactSheetWriter(path, **options) as writer:
+        for result in results:
+            writer.add(result)
+    return writer.paths
+

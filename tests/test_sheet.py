@@ -1,0 +1,244 @@
+"""Contact sheets (``convnets predict --show FILE.png``, :mod:`convnets.sheet`): PNGs read back with PIL,
+tiles found by geometry and checked against independently computed thumbnails; the CLI in real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn, run_cli
+from PIL import Image, ImageOps
+
+import convnets
+from convnets.errors import ImageNotFoundError, InvalidArgumentError, UnknownArgumentError
+from convnets.predict import Prediction, TopClass
+from convnets.sheet import ContactSheetWriter, check_sheet_destination, sheet_path, write_contact_sheets
+
+SIDE, GAP = 256, 8  # the writer's defaults: thumbnail square and white space
+PAPER, FRAME, FAILED = (255, 255, 255), (236, 236, 236), (250, 222, 222)
+EXAMPLES = REPO / "convnets" / "assets" / "examples"
+LONG_LABEL = ("cash machine, cash dispenser, automated teller machine, automatic teller machine, automated teller, "
+              "automatic teller, ATM")
+
+
+def _color(i: int) -> tuple[int, int, int]:
+    """A distinct colour per image (no channel closer than 2 to another image's)."""
+    return (10 + 3 * i, 240 - 3 * i, (40 + 97 * i) % 256)
+
+
+def _solid_images(folder: Path, count: int) -> list[Path]:
+    """``count`` 40x30 PNGs, one colour each: their thumbnails are 256x192, filled with that colour."""
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"img{i:03d}.png"
+        Image.new("RGB", (40, 30), _color(i)).save(path)
+        paths.append(path)
+    return paths
+
+
+def _prediction(path: Path | str, k: int = 3) -> Prediction:
+    labels = [LONG_LABEL, "tabby, tabby cat", "x"]
+    return Prediction(str(path), [TopClass(c, labels[c % 3], p) for c, p in zip(range(k), (0.7, 0.2, 0.1))])
+
+
+def _grid(sheet: Image.Image, tiles: int, columns: int = 8) -> tuple[int, int, int]:
+    """``(columns, rows, tile height)`` checked against the sheet's size: the width is exactly the columns'
+    squares and gaps; the tile height is what the rows leave."""
+    columns = min(columns, tiles)
+    rows = -(-tiles // columns)
+    assert sheet.width == GAP + columns * (SIDE + GAP)
+    tile_height, rest = divmod(sheet.height - GAP, rows)
+    assert rest == 0
+    return columns, rows, tile_height - GAP
+
+
+def _square(sheet: np.ndarray, index: int, columns: int, tile_height: int) -> np.ndarray:
+    """The thumbnail square of tile ``index`` (row-major)."""
+    row, column = divmod(index, columns)
+    top, left = GAP + row * (tile_height + GAP), GAP + column * (SIDE + GAP)
+    return sheet[top:top + SIDE, left:left + SIDE]
+
+
+def _assert_solid_thumbnail(square: np.ndarray, color: tuple[int, int, int]) -> None:
+    """A 40x30 image fills the square's middle 256x192 band; the frame shows above and below it."""
+    band = square[32:224].reshape(-1, 3).astype(int)
+    assert np.abs(band - color).max() <= 1  # LANCZOS of a flat image is flat, up to rounding
+    assert (square[:32] == FRAME).all() and (square[224:] == FRAME).all()
+
+
+def _assert_text_fits(sheet: np.ndarray, columns: int, tile_height: int) -> None:
+    """Long labels and paths are cut with an ellipsis, not at the tile's edge: the last two pixel columns
+    of every tile's text stay blank (the bars, at most 70% long here, do not reach them), and so do the
+    gaps between tiles."""
+    for column in range(columns + 1):
+        left = column * (SIDE + GAP)
+        assert (sheet[:, left:left + GAP] == PAPER).all(), f"ink in the gap left of column {column}"
+    for top in range(GAP, sheet.shape[0] - GAP, tile_height + GAP):
+        for column in range(columns):
+            right = GAP + column * (SIDE + GAP) + SIDE
+            assert (sheet[top + SIDE:top + tile_height, right - 2:right] == PAPER).all(), "text cut at the edge"
+
+
+def test_70_inputs_make_a_sheet_of_64_and_one_of_6_in_input_order(tmp_path: Path) -> None:
+    images = _solid_images(tmp_path / "in", 70)
+    results = [_prediction(p) for p in images]
+    results[65] = Prediction(str(images[65]), [], ImageNotFoundError(f"Cannot load image {images[65]}: gone"))
+    stale = tmp_path / "sheet-3.png"  # a third sheet an earlier, longer run left: not one of this run's
+    stale.write_bytes(b"old")
+    paths = write_contact_sheets(iter(results), tmp_path / "sheet.png")
+    assert paths == [tmp_path / "sheet.png", tmp_path / "sheet-2.png"] and not stale.exists()
+    for number, (path, first, count) in enumerate([(paths[0], 0, 64), (paths[1], 64, 6)], 1):
+        assert sheet_path(tmp_path / "sheet.png", number) == path
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.mode == "RGB"
+            columns, rows, tile_height = _grid(image, count)
+            pixels = np.asarray(image)
+        assert (columns, rows) == ((8, 8) if count == 64 else (6, 1))
+        assert tile_height > SIDE + 4 * 14  # the name and 3 classes under each square
+        _assert_text_fits(pixels, columns, tile_height)
+        for i in range(count):
+            square = _square(pixels, i, columns, tile_height)
+            if first + i == 65:  # the failed input: a red square with the reason, no picture
+                assert (square[-20:, -20:] == FAILED).all()
+                assert (square != FAILED).any(axis=2).sum() > 200  # its text
+            else:
+                _assert_solid_thumbnail(square, _color(first + i))
+            text = pixels[GAP + (i // columns) * (tile_height + GAP) + SIDE:, GAP + (i % columns) * (SIDE + GAP):][
+                :tile_height - SIDE, :SIDE]
+            assert (text != PAPER).any(axis=2).sum() > 100  # its name (and classes) are written under it
+
+
+def test_a_sheet_is_written_as_soon_as_it_is_full(tmp_path: Path) -> None:
+    images = _solid_images(tmp_path / "in", 66)
+    first = tmp_path / "s.png"
+    seen_before_the_end = []
+
+    def stream() -> Iterator[Prediction]:
+        for i, path in enumerate(images):
+            if i == 65:  # 64 results handed over: the first sheet appears while inputs still come
+                deadline = time.monotonic() + 60
+                while not first.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                seen_before_the_end.append(first.exists())
+            yield _prediction(path)
+
+    assert write_contact_sheets(stream(), first, per_sheet=64) == [first, tmp_path / "s-2.png"]
+    assert seen_before_the_end == [True]
+    with Image.open(tmp_path / "s-2.png") as image:
+        assert _grid(image, 2)[:2] == (2, 1)
+
+
+def test_thumbnails_are_the_images_read_again_and_urls_downloaded_again(tmp_path: Path,
+                                                                         http_server: LoopbackServer) -> None:
+    http_server.routes["/cat.png"] = Route((EXAMPLES / "chelsea.png").read_bytes(), content_type="image/png")
+    url = f"{http_server.base_url}/cat.png"
+    gone = _solid_images(tmp_path / "in", 1)[0]
+    results = [_prediction(EXAMPLES / "rocket.jpg"), _prediction(url, k=1), _prediction(gone)]
+    gone.unlink()  # predicted, then deleted before its sheet is drawn: the tile says so
+    with ContactSheetWriter(tmp_path / "p.png", timeout=10) as writer:
+        for result in results:
+            writer.add(result)
+    assert writer.paths == [tmp_path / "p.png"] and http_server.hits["/cat.png"] == 1
+    with Image.open(tmp_path / "p.png") as image:
+        columns, _, tile_height = _grid(image, 3)
+        pixels = np.asarray(image)
+    _assert_text_fits(pixels, columns, tile_height)
+    for index, name in [(0, "rocket.jpg"), (1, "chelsea.png")]:
+        # Independently: PIL reads the photo, upright RGB, scaled to fit 256 (upstream's thumbnail), centred.
+        with Image.open(EXAMPLES / name) as photo:
+            photo = ImageOps.exif_transpose(photo).convert("RGB")
+        scale = SIDE / max(photo.size)
+        size = (round(photo.width * scale), round(photo.height * scale))
+        expected = np.asarray(photo.resize(size, Image.Resampling.LANCZOS)).astype(int)
+        top, left = (SIDE - size[1]) // 2, (SIDE - size[0]) // 2
+        square = _square(pixels, index, columns, tile_height)
+        got = square[top:top + size[1], left:left + size[0]].astype(int)
+        assert np.abs(got - expected).mean() < 1.0, name
+    missing = _square(pixels, 2, columns, tile_height)
+    assert (missing[-20:, -20:] == FRAME).all() and (missing != FRAME).any(axis=2).sum() > 200  # the reason
+    # The classes of the input without a thumbnail are still drawn: its text area has as much ink as the first's.
+    below = [pixels[GAP + SIDE + 22:GAP + tile_height, GAP + i * (SIDE + GAP):GAP + i * (SIDE + GAP) + SIDE]
+             for i in (0, 2)]
+    assert abs(int((below[0] != PAPER).sum()) - int((below[1] != PAPER).sum())) < 50
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("sheet.jpg", "ending in .png"), ("folder.png", "is a directory"), ("no/such/dir/s.png", "does not exist"),
+    ("file.txt/s.png", "does not exist")])
+def test_bad_destinations_are_refused_before_any_work(tmp_path: Path, name: str, problem: str) -> None:
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "folder.png").mkdir()
+    target = tmp_path / name
+    with pytest.raises(InvalidArgumentError, match=problem) as caught:
+        check_sheet_destination(target, option="show")
+    assert caught.value.cli.startswith(f"--show {target}") and str(caught.value).startswith("show=")
+    with pytest.raises(UnknownArgumentError, match="per_page"):
+        write_contact_sheets([], tmp_path / "s.png", per_page=3)
+
+
+def test_no_results_write_no_sheet(tmp_path: Path) -> None:
+    assert write_contact_sheets([], tmp_path / "s.png") == [] and list(tmp_path.iterdir()) == []
+
+
+# --- the command line, in real subprocesses ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    model = randomize_bn(convnets.get_model("se_resnext101_32x4d", num_classes=5, **TINY["se_resnext101_32x4d"]))
+    path = tmp_path_factory.mktemp("ckpt") / "checkpoint.pth.tar"
+    torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict(),
+                "class_names": ["ant", "bee", "cat", "dog", "eel"], "epoch": 1}, path)
+    return path
+
+
+def test_cli_show_with_output_writes_two_sheets_of_71_inputs(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    images = _solid_images(tmp_path / "in", 70)
+    listed = [str(p) for p in images[:65]] + [str(tmp_path / "missing.png")] + [str(p) for p in images[65:]]
+    (tmp_path / "list.txt").write_text("\n".join(listed) + "\n")
+    done = run_cli("predict", "--weights", str(tiny_checkpoint), "--from-file", str(tmp_path / "list.txt"),
+                   "--output", str(tmp_path / "rec.jsonl"), "--show", str(tmp_path / "show.png"), "--topk", "2",
+                   "--batch-size", "32")
+    assert done.returncode == 1, done.stderr  # one input could not be read
+    assert "Traceback" not in done.stderr and "contact sheets:" in done.stderr and done.stdout == ""
+    records = [json.loads(line) for line in (tmp_path / "rec.jsonl").read_text().splitlines()]
+    assert [r["input"] for r in records] == listed and "error" in records[65]
+    for path, first, count in [(tmp_path / "show.png", 0, 64), (tmp_path / "show-2.png", 64, 7)]:
+        with Image.open(path) as image:
+            columns, _, tile_height = _grid(image, count)
+            pixels = np.asarray(image)
+        assert tile_height > SIDE + 3 * 14
+        for i in range(count):
+            square = _square(pixels, i, columns, tile_height)
+            at = first + i
+            if at == 65:
+                assert (square[-20:, -20:] == FAILED).all()
+            else:
+                _assert_solid_thumbnail(square, _color(at if at < 65 else at - 1))
+    assert not (tmp_path / "show-3.png").exists()
+
+
+def test_cli_show_with_json_keeps_stdout_json(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--show", str(tmp_path / "ex.png"),
+                   str(EXAMPLES))
+    assert done.returncode == 0, done.stderr
+    assert [Path(r["input"]).name for r in json.loads(done.stdout)] == ["chelsea.png", "coffee.png", "rocket.jpg"]
+    with Image.open(tmp_path / "ex.png") as image:
+        assert _grid(image, 3)[:2] == (3, 1)
+
+
+@pytest.mark.parametrize("show, problem", [("out.jpg", "ending in .png"), ("no/such/dir/s.png", "does not exist")])
+def test_cli_bad_show_fails_before_the_model_loads(tmp_path: Path, closed_port_url: str, show: str,
+                                                   problem: str) -> None:
+    # No weights cached and the mirror unreachable: loading the model first would fail on the download instead.
+    done = run_cli("predict", "--show", str(tmp_path / show), str(EXAMPLES),
+                   env={"CONVNETS_WEIGHTS_MIRROR": closed_port_url})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and f"--show {tmp_path / show}" in done.stderr
+    assert problem in done.stderr
