@@ -34,6 +34,7 @@ from convnets.train.config import TrainConfig
 from convnets.train.curves import CURVES, write_curves
 from convnets.train.data import Batch, DataSource, make_data, to_device
 from convnets.train.dist import DistContext
+from convnets.train.evaluation import accumulate
 from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_history
 from convnets.train.recipe import Precision, default_warmup_epochs, resolve_precision, scaled_lr
 from convnets.train.step import Trainer, configure_backends
@@ -329,12 +330,12 @@ class _Interval:
         self.start, self.loss_sum, self.finite, self.images = now, 0.0, 0, 0
 
 
-@torch.inference_mode()
 def evaluate(model: nn.Module, batches: Iterable[Batch], precision: Precision, ctx: DistContext,
              criterion: nn.Module | None = None) -> dict[str, float]:
     """Validation loss, top-1 and top-5 accuracy (percent) over all processes' batches.
 
-    Sums (not means) are all-reduced, so the result is that of the whole validation set.
+    Sums (not means) are all-reduced (:func:`convnets.train.evaluation.accumulate`, the loop that
+    ``convnets evaluate`` runs too), so the result is that of the whole validation set.
 
     Returns:
         ``{"loss", "top1", "top5", "images", "unreadable"}``.
@@ -342,25 +343,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], precision: Precision, c
     Raises:
         DataError: no validation image could be read.
     """
-    model.eval()
-    criterion = criterion or nn.CrossEntropyLoss()
-    device = precision.device
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, top-1 hits, top-5 hits
-    images_seen = unreadable = 0
-    for images, targets, bad in batches:
-        unreadable += bad
-        if len(targets) == 0:
-            continue
-        x = to_device(images, device, precision.memory_format)
-        y = targets.to(device, non_blocking=True)
-        with precision.autocast():
-            out = model(x)
-        hits = out.topk(min(5, out.shape[1]), dim=1).indices == y[:, None]
-        sums += torch.stack([criterion(out.float(), y).double() * len(y), hits[:, 0].sum(), hits.any(1).sum()])
-        images_seen += len(y)
-    loss_sum, top1, top5 = sums.tolist()
-    loss_sum, top1, top5, n, unreadable = dist.all_reduce_sum([loss_sum, top1, top5, images_seen, unreadable], ctx)
-    if n == 0:
-        raise DataError("no validation image could be read")
-    return {"loss": loss_sum / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n, "images": int(n),
-            "unreadable": int(unreadable)}
+    totals = accumulate(model, batches, precision, ctx, criterion)
+    n = totals.images
+    return {"loss": totals.loss_sum / n, "top1": 100 * totals.top1 / n, "top5": 100 * totals.top5 / n, "images": n,
+            "unreadable": totals.unreadable}
