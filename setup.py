@@ -57,6 +57,8 @@ setup(
         # convnets train: OUT/tensorboard/ event files; OUT/curves.png and `convnets plot`.
         "tensorboard": ["tensorboard>=2.14"],
         "plots": ["matplotlib>=3.7"],
+        # `convnets evaluate` on ImageNet's devkit layout (meta.mat; torchvision's devkit parser needs it too)
+        "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`
         "parquet": ["pyarrow>=14"],
         "test": [

@@ -297,3 +297,29 @@ def test_many_classes_show_the_most_confused_submatrix(tmp_path: Path) -> None:
         pixels = np.asarray(image.convert("RGB")).reshape(-1, 3).astype(int)
     assert (pixels > 235).all(1).mean() > 0.5  # mostly (near) white: a light matrix, not a dark block
     assert (np.abs(pixels - (8, 48, 107)).sum(1) < 40).sum() > 1000  # Blues' darkest: the diagonal
+
+
+def test_class_names_of_a_checkpoint_and_train_evaluate_agree(tmp_path: Path) -> None:
+    """A fine-tuned checkpoint's class names map the folders of DIR/val (convnets train's DIR), and
+    convnets evaluate measures what train --evaluate measures on them (one loop)."""
+    from train_support import make_digits
+
+    from convnets.train import TrainConfig, fit
+
+    digits = make_digits(tmp_path / "digits", n_train=32, n_val=40)
+    torch.manual_seed(0)
+    model = randomize_bn(convnets.get_model("resnet50", num_classes=4, **TINY_ARCH)).eval()
+    names = ["digit0", "digit1", "digit2", "digit3"]
+    weights = save_safetensors(model, tmp_path / "digits.safetensors", class_names=names[::-1], image_size=32)
+    report = evaluate_model(weights, digits, batch_size=16, workers=0)
+    assert report.source["layout"] == "folders" and report.source["images_dir"] == str(digits / "val")
+    assert [c.key for c in report.classes] == names[::-1]  # the checkpoint's order, not the folders'
+    for c in report.classes:
+        assert c.support == len(list((digits / "val" / c.key).iterdir()))
+    # train --evaluate needs the folders' own order: the same weights with the head in that order.
+    model.fc.weight.data, model.fc.bias.data = model.fc.weight.data.flip(0), model.fc.bias.data.flip(0)
+    sorted_weights = save_safetensors(model, tmp_path / "sorted.safetensors", class_names=names, image_size=32)
+    summary = fit(TrainConfig(data=digits, evaluate=True, pretrained_from_file=sorted_weights, arch="resnet50",
+                              arch_kwargs=TINY_ARCH, image_size=32, batch_size=16, workers=0, progress=False))
+    assert summary.metrics["val_top1"] == pytest.approx(report.top1, abs=1e-9)
+    assert summary.metrics["images"] == report.images == 40
