@@ -152,7 +152,7 @@ def reference_predictions(data: dict[str, Path]) -> tuple[np.ndarray, np.ndarray
 
 def test_report_equals_scikit_learn_on_the_same_predictions(imagenet_like: dict[str, Path], tmp_path: Path) -> None:
     report = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], output=tmp_path, batch_size=16,
-                            workers=0)
+                            workers=0, device="cpu")
     y_true, probs, files = reference_predictions(imagenet_like)
     y_pred = probs.argmax(1)
     labels = np.arange(1000)
@@ -197,16 +197,16 @@ def _same_results(a: EvaluationReport, b: EvaluationReport) -> None:
 
 def test_flat_imagenet_layouts_evaluate_like_the_class_tree(imagenet_like: dict[str, Path],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    tree = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], batch_size=16, workers=0)
+    tree = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], batch_size=16, workers=0, device="cpu")
     for data, layout, labels_file in (
         (imagenet_like["kaggle_val"], "kaggle", "LOC_val_solution.csv"),  # the CSV four levels up
         (imagenet_like["kaggle"], "kaggle", "LOC_val_solution.csv"),  # the download's top folder
         (imagenet_like["devkit_val"], "devkit", "ILSVRC2012_validation_ground_truth.txt"),
     ):
-        flat = evaluate_model(imagenet_like["weights"], data, batch_size=16, workers=0)
+        flat = evaluate_model(imagenet_like["weights"], data, batch_size=16, workers=0, device="cpu")
         assert (flat.source["layout"], Path(flat.source["labels_file"]).name) == (layout, labels_file), data
         _same_results(flat, tree)
-    assert evaluate_model(imagenet_like["weights"], imagenet_like["kaggle"], workers=0).source[
+    assert evaluate_model(imagenet_like["weights"], imagenet_like["kaggle"], workers=0, device="cpu").source[
         "unlabelled_images"] == 0
 
     # The devkit archive, parsed by torchvision's own ImageNet code (which checks the real
@@ -217,7 +217,7 @@ def test_flat_imagenet_layouts_evaluate_like_the_class_tree(imagenet_like: dict[
     monkeypatch.setitem(imagenet.ARCHIVE_META, "devkit",
                         (archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
     flat = evaluate_model(imagenet_like["weights"], imagenet_like["devkit_val"], labels=archive, batch_size=16,
-                          workers=0)
+                          workers=0, device="cpu")
     assert flat.source["layout"] == "devkit" and flat.source["labels_file"] == str(archive)
     _same_results(flat, tree)
     assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]  # no meta.bin left beside it
@@ -227,7 +227,7 @@ def test_cli_tree_and_kaggle_layouts_write_the_same_report(imagenet_like: dict[s
     reports = {}
     for name, data, workers in (("tree", imagenet_like["tree"], "0"), ("kaggle", imagenet_like["kaggle_val"], "1")):
         done = run_cli("evaluate", "--data", str(data), "--weights", str(imagenet_like["weights"]), "--output",
-                       str(tmp_path / name), "--batch-size", "16", "--workers", workers, "--no-progress")
+                       str(tmp_path / name), "--batch-size", "16", "--workers", workers, "--no-progress", "--device", "cpu")
         assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr
         lines = done.stdout.splitlines()
@@ -255,16 +255,16 @@ def test_layout_errors_name_the_option(imagenet_like: dict[str, Path], tmp_path:
     assert len(err) == 1 and err[0].startswith(f"convnets evaluate: error: --data {flat} has 3 images but no labels")
     assert "LOC_val_solution.csv" in err[0] and "--labels FILE" in err[0] and "labels=" not in err[0]
     with pytest.raises(DataError, match=r"data=.*labels=FILE"):
-        evaluate_model(weights, flat, workers=0)
+        evaluate_model(weights, flat, workers=0, device="cpu")
     (tmp_path / "labels.json").write_text("{}")
     with pytest.raises(InvalidArgumentError, match="labels="):
-        evaluate_model(weights, flat, labels=tmp_path / "labels.json", workers=0)
+        evaluate_model(weights, flat, labels=tmp_path / "labels.json", workers=0, device="cpu")
     # Class folders that are neither the checkpoint's classes nor WordNet ids.
     wrong = tmp_path / "wrong" / "cats"
     wrong.mkdir(parents=True)
     shutil.copy(next(imagenet_like["tree"].glob("*/*.JPEG")), wrong)
     with pytest.raises(DataError, match="WordNet-id folders"):
-        evaluate_model(weights, wrong.parent, workers=0)
+        evaluate_model(weights, wrong.parent, workers=0, device="cpu")
     assert cli.main(["evaluate", "--data", str(tmp_path / "nowhere"), "--weights", weights]) == 1
     assert "--data " in capsys.readouterr().err
 
@@ -311,7 +311,7 @@ def test_class_names_of_a_checkpoint_and_train_evaluate_agree(tmp_path: Path) ->
     model = randomize_bn(convnets.get_model("resnet50", num_classes=4, **TINY_ARCH)).eval()
     names = ["digit0", "digit1", "digit2", "digit3"]
     weights = save_safetensors(model, tmp_path / "digits.safetensors", class_names=names[::-1], image_size=32)
-    report = evaluate_model(weights, digits, batch_size=16, workers=0)
+    report = evaluate_model(weights, digits, batch_size=16, workers=0, device="cpu")
     assert report.source["layout"] == "folders" and report.source["images_dir"] == str(digits / "val")
     assert [c.key for c in report.classes] == names[::-1]  # the checkpoint's order, not the folders'
     for c in report.classes:
@@ -320,6 +320,7 @@ def test_class_names_of_a_checkpoint_and_train_evaluate_agree(tmp_path: Path) ->
     model.fc.weight.data, model.fc.bias.data = model.fc.weight.data.flip(0), model.fc.bias.data.flip(0)
     sorted_weights = save_safetensors(model, tmp_path / "sorted.safetensors", class_names=names, image_size=32)
     summary = fit(TrainConfig(data=digits, evaluate=True, pretrained_from_file=sorted_weights, arch="resnet50",
-                              arch_kwargs=TINY_ARCH, image_size=32, batch_size=16, workers=0, progress=False))
+                              arch_kwargs=TINY_ARCH, image_size=32, batch_size=16, workers=0, progress=False,
+                              device="cpu"))
     assert summary.metrics["val_top1"] == pytest.approx(report.top1, abs=1e-9)
     assert summary.metrics["images"] == report.images == 40

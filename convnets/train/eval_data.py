@@ -34,7 +34,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from convnets.errors import DataError, InvalidArgumentError, MissingDependencyError
@@ -76,7 +76,6 @@ class EvalSamples:
     samples: list[tuple[str, int]]
     labels_file: Path | None = None
     skipped: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _is_image(path: Path) -> bool:
