@@ -338,8 +338,8 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         print(report.top1, report.confused_pairs[0])
 
     Args:
-        model: a model, a checkpoint path (any layout :func:`convnets.load_model` reads), or a
-            registered name (its pretrained weights).
+        model: a model (moved to ``device``, in eval mode), a checkpoint path (any layout
+            :func:`convnets.load_model` reads), or a registered name (its pretrained weights).
         data: the data set, in any layout of :mod:`convnets.train.eval_data`.
         labels: the labels file of a flat ImageNet layout (default: searched for).
         output: the report directory: ``report.json`` and ``confusion.png``; ``None``: none written.
