@@ -66,6 +66,7 @@ setup(
             "timm>=1.0",
             "scikit-image>=0.22",
             "scikit-learn>=1.3",
+            "scipy>=1.8",  # the evaluate tests write a devkit meta.mat
             "onnx>=1.15",
             "onnxruntime>=1.17",
             "openvino>=2025.0",

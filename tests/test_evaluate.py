@@ -34,6 +34,8 @@ from convnets.train.confusion import DPI, FIGSIZE, MAX_SHOWN, plot_confusion, sh
 from convnets.weights.safetensors_io import save_safetensors
 
 require_module("sklearn", extra="test")
+require_module("scipy", extra="imagenet")
+require_module("matplotlib", extra="plots")
 from sklearn import metrics  # noqa: E402
 
 USED = [0, 1, 100, 250, 400, 600, 800, 999]  # ImageNet classes that the digits 0-7 stand for
@@ -324,3 +326,24 @@ def test_class_names_of_a_checkpoint_and_train_evaluate_agree(tmp_path: Path) ->
                               device="cpu"))
     assert summary.metrics["val_top1"] == pytest.approx(report.top1, abs=1e-9)
     assert summary.metrics["images"] == report.images == 40
+
+
+def test_without_matplotlib_the_report_is_written_with_one_line_about_the_figure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import sys
+
+    from convnets.train.evaluation import EvalTotals
+
+    cm = np.array([[3, 1], [0, 2]])
+    report = EvaluationReport.from_totals(EvalTotals(1.5, 5, 6, 6, 0, cm), ["a", "b"], ["a", "b"])
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import name` raises ImportError
+    with caplog.at_level(logging.WARNING, logger="convnets"):
+        written = report.write(tmp_path)
+    assert written == [tmp_path / "report.json"] and not (tmp_path / "confusion.png").exists()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "pip install 'convnets-hub[plots]'" in lines[0]
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["confusion_matrix"] == [[3, 1], [0, 2]] and saved["top1"] == pytest.approx(500 / 6)
+    assert [c["precision"] for c in saved["classes"]] == [1.0, pytest.approx(2 / 3)]
