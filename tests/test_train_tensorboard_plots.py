@@ -178,7 +178,7 @@ class _Stop(Exception):
 
 
 def test_print_freq_logs_training_scalars_at_global_steps_that_resume_continues(
-        digits: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        digits: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """--print-freq 2 with 4 steps per epoch: train/* at global steps 2, 4, 6, 8 in tensorboard/steps/,
     the same steps and losses whether the run was resumed or not, stale points of a killed session hidden."""
     from torch.utils.tensorboard import SummaryWriter
@@ -189,7 +189,11 @@ def test_print_freq_logs_training_scalars_at_global_steps_that_resume_continues(
         TrainConfig(data=digits, output=tmp_path, print_freq=0)
 
     straight = tmp_path / "straight"
-    fit(tiny(digits, straight, epochs=2, print_freq=2))
+    with caplog.at_level(logging.INFO, logger="convnets.train.loop"):
+        fit(tiny(digits, straight, epochs=2, print_freq=2))
+    # No progress bar (progress=False): the same intervals as log lines.
+    assert [m.split(":")[0] for m in caplog.messages if m.startswith("step ")] == ["step 2", "step 4", "step 6",
+                                                                                  "step 8"]
     resumed = tmp_path / "resumed"
     add_record = TensorBoardLog.add_record
 

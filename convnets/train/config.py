@@ -116,7 +116,8 @@ class TrainConfig:
             ``output/tensorboard/`` (rank 0; when the ``tensorboard`` package is installed).
         print_freq: every this many optimizer steps of an epoch, also write the training loss,
             lr and images/s of those steps as TensorBoard events (``output/tensorboard/steps/``,
-            at the global optimizer step; upstream's ``--print-freq``, default 10).
+            at the global optimizer step) and, without a progress bar, as INFO log lines
+            (upstream's ``--print-freq``, default 10).
         max_nonfinite_steps: stop after this many optimizer steps in a row skipped for a
             non-finite loss or gradient.
 
@@ -178,7 +179,8 @@ class TrainConfig:
         "write no TensorBoard events (default: OUT/tensorboard/ when the tensorboard package is installed)", RUN))
     print_freq: int = field(default=10, metadata=option(
         "every N optimizer steps, write the training loss, lr and img/s of those steps to TensorBoard "
-        "(OUT/tensorboard/steps/, at the global step; default: %(default)s)", RUN, metavar="N"))
+        "(OUT/tensorboard/steps/, at the global step) and, with --no-progress -v, to the log (default: "
+        "%(default)s)", RUN, metavar="N"))
     max_nonfinite_steps: int = field(default=10, metadata=option(
         "stop after this many optimizer steps in a row skipped for a non-finite loss or gradient "
         "(default: %(default)s)", RUN, metavar="N"))

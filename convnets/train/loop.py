@@ -262,7 +262,8 @@ def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg
     """One pass over this rank's shard; returns the epoch's training metrics (averaged over ranks).
 
     Every ``cfg.print_freq`` steps of the epoch (counted from its start, so a resumed run logs the
-    steps an uninterrupted one does) the interval's loss, lr and img/s go to ``board`` (rank 0).
+    steps an uninterrupted one does) the interval's loss, lr and img/s go to ``board`` (rank 0)
+    and, when no progress bar shows them, to the log (INFO: ``convnets train -v``).
     """
     precision = trainer.precision
     rng = np.random.default_rng((cfg.seed, epoch, ctx.rank))  # MixUp draws: a function of (seed, epoch, rank)
@@ -295,7 +296,7 @@ def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg
             bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.4g}", img_s=f"{rate:.0f}", refresh=False)
             bar.update()
             interval.add(result, sum(len(y) for _, y in micro))
-            if cfg.tensorboard and (i + 1) % cfg.print_freq == 0:
+            if (i + 1) % cfg.print_freq == 0:
                 interval.log(board, epoch * steps + i + 1, lr, ctx, to_log=not cfg.progress)
     seconds = time.perf_counter() - start
     loss_sum, finite_steps, images, unreadable = dist.all_reduce_sum([loss_sum, finite_steps, images, unreadable], ctx)
