@@ -57,6 +57,8 @@ setup(
         # convnets train: OUT/tensorboard/ event files; OUT/curves.png and `convnets plot`.
         "tensorboard": ["tensorboard>=2.14"],
         "plots": ["matplotlib>=3.7"],
+        # `convnets evaluate` on ImageNet's devkit layout (meta.mat; torchvision's devkit parser needs it too)
+        "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`
         "parquet": ["pyarrow>=14"],
         "test": [
@@ -64,6 +66,7 @@ setup(
             "timm>=1.0",
             "scikit-image>=0.22",
             "scikit-learn>=1.3",
+            "scipy>=1.8",  # the evaluate tests write a devkit meta.mat
             "onnx>=1.15",
             "onnxruntime>=1.17",
             "openvino>=2025.0",

@@ -46,6 +46,9 @@ COMMANDS: dict[str, Command] = {
     "weights": Command("convnets.commands.weights",
                        "list pretrained weights and their cache state, fetch them, or convert a checkpoint to "
                        "safetensors"),
+    "evaluate": Command("convnets.commands.evaluate",
+                        "top-1/top-5, per-class precision/recall/F1 and the confusion matrix on a labelled image set "
+                        "(class folders or ImageNet's validation layouts)"),
     "plot": Command("convnets.commands.plot",
                     "draw a training run's loss and top-1 curves (OUT/curves.png) from its metrics.jsonl"),
 }

@@ -27,6 +27,7 @@ from convnets.train import TrainConfig, fit
 from convnets.train.curves import DPI, FIGSIZE, plot_curves
 from convnets.train.metrics import read_metrics as read_metrics_file
 from convnets.train.recipe import Precision
+from convnets.train.tensorboard import TensorBoardLog
 
 require_module("tensorboard", extra="tensorboard")
 require_module("matplotlib", extra="plots")
@@ -170,3 +171,58 @@ def test_curves_draw_what_the_records_hold(tmp_path: Path) -> None:
         assert (np.abs(pixels - colour).sum(1) < 30).sum() > 100, colour
     assert (pixels == 255).all(1).mean() > 0.5
     assert not list(tmp_path.glob(".*.tmp"))  # written through a temporary file, none left
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_print_freq_logs_training_scalars_at_global_steps_that_resume_continues(
+        digits: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """--print-freq 2 with 4 steps per epoch: train/* at global steps 2, 4, 6, 8 in tensorboard/steps/,
+    the same steps and losses whether the run was resumed or not, stale points of a killed session hidden."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    args = cli.build_parser(["train"]).parse_args(["train", "--data", "d", "--output", "o", "--print-freq", "3"])
+    assert config_from_args(args).print_freq == 3
+    with pytest.raises(ValueError, match="print_freq"):
+        TrainConfig(data=digits, output=tmp_path, print_freq=0)
+
+    straight = tmp_path / "straight"
+    with caplog.at_level(logging.INFO, logger="convnets.train.loop"):
+        fit(tiny(digits, straight, epochs=2, print_freq=2))
+    # No progress bar (progress=False): the same intervals as log lines.
+    assert [m.split(":")[0] for m in caplog.messages if m.startswith("step ")] == ["step 2", "step 4", "step 6",
+                                                                                  "step 8"]
+    resumed = tmp_path / "resumed"
+    add_record = TensorBoardLog.add_record
+
+    def stop_after_epoch_1(self: TensorBoardLog, record: dict[str, object]) -> None:
+        add_record(self, record)
+        if record["epoch"] == 1:  # after epoch 1's checkpoint: a session stopped there
+            raise _Stop
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TensorBoardLog, "add_record", stop_after_epoch_1)
+        with pytest.raises(_Stop):
+            fit(tiny(digits, resumed, epochs=2, print_freq=2))
+    time.sleep(1.1)  # event files are read in name order (whole seconds first): keep sessions in order
+    with SummaryWriter(str(resumed / "tensorboard" / "steps")) as stale:  # a session killed in epoch 2
+        stale.add_scalar("train/loss", -5.0, global_step=6)
+    time.sleep(1.1)
+    fit(tiny(digits, resumed, epochs=2, print_freq=2, resume=resumed / "checkpoint.pth.tar"))
+
+    want = scalars(straight / "tensorboard" / "steps")
+    assert set(want) == {"train/loss", "train/lr", "train/images_per_s"}
+    assert [s for s, _ in want["train/loss"]] == [2, 4, 6, 8]
+    got = scalars(resumed / "tensorboard" / "steps")
+    for tag in ("train/loss", "train/lr"):
+        assert got[tag] == [(s, pytest.approx(v, rel=1e-5)) for s, v in want[tag]], tag
+    assert [s for s, _ in got["train/images_per_s"]] == [2, 4, 6, 8]
+    assert all(v > 0 for _, v in got["train/images_per_s"])
+    # Each epoch's two intervals of two steps average to the epoch's train_loss of metrics.jsonl.
+    losses = [v for _, v in want["train/loss"]]
+    for record, pair in zip(read_metrics(straight), (losses[:2], losses[2:])):
+        assert record["train_loss"] == pytest.approx(sum(pair) / 2, rel=1e-5)
+    # The per-epoch run is unchanged: step = epoch.
+    assert [s for s, _ in scalars(straight / "tensorboard")["train/loss"]] == [1, 2]

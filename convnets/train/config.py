@@ -114,6 +114,10 @@ class TrainConfig:
         progress: show a progress bar per epoch (rank 0, stderr).
         tensorboard: also write the per-epoch metrics as TensorBoard events in
             ``output/tensorboard/`` (rank 0; when the ``tensorboard`` package is installed).
+        print_freq: every this many optimizer steps of an epoch, also write the training loss,
+            lr and images/s of those steps as TensorBoard events (``output/tensorboard/steps/``,
+            at the global optimizer step) and, without a progress bar, as INFO log lines
+            (upstream's ``--print-freq``, default 10).
         max_nonfinite_steps: stop after this many optimizer steps in a row skipped for a
             non-finite loss or gradient.
 
@@ -173,6 +177,10 @@ class TrainConfig:
     progress: bool = field(default=True, metadata=option("no progress bar", RUN))
     tensorboard: bool = field(default=True, metadata=option(
         "write no TensorBoard events (default: OUT/tensorboard/ when the tensorboard package is installed)", RUN))
+    print_freq: int = field(default=10, metadata=option(
+        "every N optimizer steps, write the training loss, lr and img/s of those steps to TensorBoard "
+        "(OUT/tensorboard/steps/, at the global step) and, with --no-progress -v, to the log (default: "
+        "%(default)s)", RUN, metavar="N"))
     max_nonfinite_steps: int = field(default=10, metadata=option(
         "stop after this many optimizer steps in a row skipped for a non-finite loss or gradient "
         "(default: %(default)s)", RUN, metavar="N"))
@@ -184,7 +192,7 @@ class TrainConfig:
                 setattr(self, name, Path(value))
         self.arch_kwargs = dict(self.arch_kwargs)
         problems: list[tuple[str, str]] = []  # (field, what is wrong): named per interface below
-        for name in ("epochs", "batch_size", "grad_accum", "image_size", "max_nonfinite_steps"):
+        for name in ("epochs", "batch_size", "grad_accum", "image_size", "print_freq", "max_nonfinite_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 problems.append((name, f"must be a positive integer, got {getattr(self, name)!r}"))
         for name in ("workers", "seed"):

@@ -37,7 +37,7 @@ from convnets.train.batches import Batch, DataSource, sample_seed
 from convnets.train.config import BACKENDS
 from convnets.train.dist import DistContext
 
-__all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "make_data",
+__all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "eval_loader", "make_data",
            "sample_seed", "scan_split", "train_transform", "val_transform"]
 
 log = logging.getLogger(__name__)
@@ -254,17 +254,35 @@ def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_sampl
     train_set = ImageFolderDataset(train_samples, train_transform(image_size), substitute=True)
     sampler = SeededSampler(train_set, ctx, seed)
     train_loader = DataLoader(train_set, sampler=sampler, drop_last=True, **loader_kwargs)
-    val_set = ImageFolderDataset(val_samples, val_transform(image_size), substitute=False)
-    # Every rank takes every world_size-th image, without DistributedSampler's padding, so that
-    # the summed metrics cover each validation image exactly once.
-    val_loader = DataLoader(val_set, sampler=list(range(ctx.rank, len(val_set), ctx.world_size)),
-                            **loader_kwargs)
+    val_loader = eval_loader(val_samples, EvalPreset.for_image_size(image_size), batch_size=batch_size,
+                             workers=workers, ctx=ctx)
 
     def train_epoch(epoch: int) -> Iterable[Batch]:
         sampler.set_epoch(epoch)
         return train_loader
 
     return DataSource(classes, steps, train_epoch, lambda: val_loader, len(train_samples), len(val_samples))
+
+
+def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch_size: int, workers: int,
+                ctx: DistContext) -> DataLoader[Any]:
+    """Evaluation batches of ``samples`` for this process: uint8, resized and cropped as ``preset`` says.
+
+    Every rank takes every ``world_size``-th image, without ``DistributedSampler``'s padding, so
+    that metrics summed over ranks cover each image exactly once. Unreadable images are dropped
+    and counted (see :func:`collate`).
+
+    Args:
+        samples: ``(path, class index)`` pairs.
+        preset: the evaluation resize and crop (normalise later with :func:`to_device`).
+        batch_size: images per batch.
+        workers: loader processes.
+        ctx: this process's place in the job.
+    """
+    dataset = ImageFolderDataset(samples, val_transform(preset), substitute=False)
+    return DataLoader(dataset, sampler=list(range(ctx.rank, len(dataset), ctx.world_size)), batch_size=batch_size,
+                      num_workers=workers, collate_fn=collate, pin_memory=ctx.device.type == "cuda",
+                      persistent_workers=workers > 0)
 
 
 def _synthetic(batch_size: int, image_size: int, seed: int, ctx: DistContext) -> DataSource:

@@ -34,10 +34,11 @@ from convnets.train.config import TrainConfig
 from convnets.train.curves import CURVES, write_curves
 from convnets.train.data import Batch, DataSource, make_data, to_device
 from convnets.train.dist import DistContext
+from convnets.train.evaluation import accumulate
 from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_history
 from convnets.train.recipe import Precision, default_warmup_epochs, resolve_precision, scaled_lr
 from convnets.train.step import Trainer, configure_backends
-from convnets.train.tensorboard import TENSORBOARD_DIR, open_tensorboard
+from convnets.train.tensorboard import TENSORBOARD_DIR, TensorBoardLog, open_tensorboard
 from convnets.weights.checkpoint import TrainingCheckpoint
 from convnets.weights.safetensors_io import save_safetensors
 
@@ -182,12 +183,13 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
 
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
     # Fed the very records of metrics.jsonl (after each is appended), so the two cannot disagree.
-    board = open_tensorboard(out / TENSORBOARD_DIR, history) if ctx.is_main and cfg.tensorboard else None
+    board = (open_tensorboard(out / TENSORBOARD_DIR, history, first_step=first_epoch * steps_per_epoch)
+             if ctx.is_main and cfg.tensorboard else None)
     try:
         for epoch in range(first_epoch, cfg.epochs):
             epoch_start = time.perf_counter()
             record: dict[str, Any] = {"epoch": epoch + 1}
-            record.update(_train_epoch(trainer, data, epoch, steps_per_epoch, cfg, ctx))
+            record.update(_train_epoch(trainer, data, epoch, steps_per_epoch, cfg, ctx, board))
             trainer.sync_buffers()
             val = evaluate(model, data.val(), precision, ctx, criterion)
             record.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"], val_images=val["images"])
@@ -217,6 +219,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
                 append_metrics(out / METRICS, record)
                 if board is not None:
                     board.add_record(record)
+                    board.flush()
     finally:
         if board is not None:
             board.close()
@@ -255,8 +258,13 @@ def _check_resume(ckpt: TrainingCheckpoint, model: ResNet, classes: list[str], c
 
 
 def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg: TrainConfig,
-                 ctx: DistContext) -> dict[str, Any]:
-    """One pass over this rank's shard; returns the epoch's training metrics (averaged over ranks)."""
+                 ctx: DistContext, board: TensorBoardLog | None = None) -> dict[str, Any]:
+    """One pass over this rank's shard; returns the epoch's training metrics (averaged over ranks).
+
+    Every ``cfg.print_freq`` steps of the epoch (counted from its start, so a resumed run logs the
+    steps an uninterrupted one does) the interval's loss, lr and img/s go to ``board`` (rank 0)
+    and, when no progress bar shows them, to the log (INFO: ``convnets train -v``).
+    """
     precision = trainer.precision
     rng = np.random.default_rng((cfg.seed, epoch, ctx.rank))  # MixUp draws: a function of (seed, epoch, rank)
     batches = iter(data.train_epoch(epoch))
@@ -265,8 +273,9 @@ def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg
     loss_sum = finite_steps = images = unreadable = skipped = 0
     lr = trainer.lr
     start = time.perf_counter()
+    interval = _Interval(start)
     with bar:
-        for _ in range(steps):
+        for i in range(steps):
             micro = []
             for _ in range(cfg.grad_accum):
                 x, y, bad = next(batches)
@@ -286,6 +295,9 @@ def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg
             rate = images * ctx.world_size / max(time.perf_counter() - start, 1e-9)
             bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.4g}", img_s=f"{rate:.0f}", refresh=False)
             bar.update()
+            interval.add(result, sum(len(y) for _, y in micro))
+            if (i + 1) % cfg.print_freq == 0:
+                interval.log(board, epoch * steps + i + 1, lr, ctx, to_log=not cfg.progress)
     seconds = time.perf_counter() - start
     loss_sum, finite_steps, images, unreadable = dist.all_reduce_sum([loss_sum, finite_steps, images, unreadable], ctx)
     return {"train_loss": loss_sum / finite_steps if finite_steps else float("nan"), "lr": lr,
@@ -293,12 +305,38 @@ def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg
             "unreadable_images": int(unreadable)}
 
 
-@torch.inference_mode()
+class _Interval:
+    """The training figures of the steps since the last ``--print-freq`` point."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.loss_sum, self.finite, self.images = start, 0.0, 0, 0
+
+    def add(self, result: Any, images: int) -> None:
+        if not result.skipped and math.isfinite(result.loss):
+            self.loss_sum += result.loss
+            self.finite += 1
+        self.images += images
+
+    def log(self, board: TensorBoardLog | None, step: int, lr: float, ctx: DistContext, *, to_log: bool) -> None:
+        """Write the interval at global ``step`` and start the next one (every rank calls this:
+        the sums are all-reduced, as the epoch's are)."""
+        now = time.perf_counter()
+        loss_sum, finite, images = dist.all_reduce_sum([self.loss_sum, self.finite, self.images], ctx)
+        loss = loss_sum / finite if finite else float("nan")
+        rate = images / max(now - self.start, 1e-9)
+        if board is not None:
+            board.add_interval(step, loss, lr, rate)
+        if to_log and ctx.is_main:  # no progress bar shows them
+            log.info("step %d: loss %.4f, lr %.4g, %.0f img/s", step, loss, lr, rate)
+        self.start, self.loss_sum, self.finite, self.images = now, 0.0, 0, 0
+
+
 def evaluate(model: nn.Module, batches: Iterable[Batch], precision: Precision, ctx: DistContext,
              criterion: nn.Module | None = None) -> dict[str, float]:
     """Validation loss, top-1 and top-5 accuracy (percent) over all processes' batches.
 
-    Sums (not means) are all-reduced, so the result is that of the whole validation set.
+    Sums (not means) are all-reduced (:func:`convnets.train.evaluation.accumulate`, the loop that
+    ``convnets evaluate`` runs too), so the result is that of the whole validation set.
 
     Returns:
         ``{"loss", "top1", "top5", "images", "unreadable"}``.
@@ -306,25 +344,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], precision: Precision, c
     Raises:
         DataError: no validation image could be read.
     """
-    model.eval()
-    criterion = criterion or nn.CrossEntropyLoss()
-    device = precision.device
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, top-1 hits, top-5 hits
-    images_seen = unreadable = 0
-    for images, targets, bad in batches:
-        unreadable += bad
-        if len(targets) == 0:
-            continue
-        x = to_device(images, device, precision.memory_format)
-        y = targets.to(device, non_blocking=True)
-        with precision.autocast():
-            out = model(x)
-        hits = out.topk(min(5, out.shape[1]), dim=1).indices == y[:, None]
-        sums += torch.stack([criterion(out.float(), y).double() * len(y), hits[:, 0].sum(), hits.any(1).sum()])
-        images_seen += len(y)
-    loss_sum, top1, top5 = sums.tolist()
-    loss_sum, top1, top5, n, unreadable = dist.all_reduce_sum([loss_sum, top1, top5, images_seen, unreadable], ctx)
-    if n == 0:
-        raise DataError("no validation image could be read")
-    return {"loss": loss_sum / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n, "images": int(n),
-            "unreadable": int(unreadable)}
+    totals = accumulate(model, batches, precision, ctx, criterion)
+    n = totals.images
+    return {"loss": totals.loss_sum / n, "top1": 100 * totals.top1 / n, "top5": 100 * totals.top5 / n, "images": n,
+            "unreadable": totals.unreadable}

@@ -1,0 +1,76 @@
+"""``convnets evaluate``: accuracy, per-class figures and the confusion matrix of a model on a labelled image set.
+
+The evaluation loop of ``convnets train --evaluate`` (:func:`convnets.train.evaluation.evaluate_model`),
+on class folders or ImageNet's flat validation images with Kaggle's or the devkit's labels (see
+:mod:`convnets.train.eval_data`). Prints a table; ``--output DIR`` also writes ``DIR/report.json``
+and ``DIR/confusion.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
+                                       add_precision_argument, device_from_args, load_from_args, positive_int)
+
+_EPILOG = """\
+data layouts (detected):
+  DIR/<class>/*            class folders: the checkpoint's class names, or WordNet ids (n01440764, ...)
+                           for 1000-class ImageNet models; DIR/val/<class>/* (convnets train's DIR) too
+  DIR/*.JPEG + LOC_val_solution.csv    Kaggle's ImageNet; the CSV in DIR or up to 4 folders above
+                           (DIR may be the Kaggle download itself: ILSVRC/Data/CLS-LOC/val is found)
+  DIR/ILSVRC2012_val_*.JPEG + the devkit: ILSVRC2012_devkit_t12.tar.gz, torchvision's meta.bin or the
+                           extracted ILSVRC2012_devkit_t12/data/ (ground truth + meta.mat), in or above DIR
+examples:
+  convnets evaluate --data imagenet/val --model se_resnext101_32x4d --pretrained --output report/
+  convnets evaluate --data runs/a/data/val --weights runs/a/model_best.pth.tar --output runs/a/eval
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add this command's options."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    data = parser.add_argument_group("data and report")
+    data.add_argument("--data", required=True, metavar="DIR", help="the labelled images (layouts below)")
+    data.add_argument("--labels", metavar="FILE", default=None,
+                      help="the labels file of flat ImageNet images (LOC_val_solution.csv, the devkit's .tar.gz or "
+                           "data/ILSVRC2012_validation_ground_truth.txt, meta.bin); default: searched for")
+    data.add_argument("--output", metavar="REPORT_DIR", default=None,
+                      help="write REPORT_DIR/report.json and REPORT_DIR/confusion.png (matplotlib)")
+    data.add_argument("--batch-size", type=positive_int, default=64, metavar="B",
+                      help="images per forward pass (default 64)")
+    data.add_argument("--workers", type=int, default=4, metavar="N",
+                      help="data-loader processes (default 4; 0: decode in this process)")
+    data.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="progress bar on stderr (default: when stderr is a terminal)")
+    add_model_arguments(parser, default_weights="pretrained")
+    run = parser.add_argument_group("precision and device")
+    add_device_argument(run)
+    add_precision_argument(run, help="fp32 (default); bf16 or fp16 autocast (GPUs; bf16 also on CPUs with "
+                                     "AVX512-BF16 or AMX)")
+    add_memory_format_argument(run, default=None, help="layout of the model and its batches (default: channels_last "
+                                                      "under bf16/fp16, else contiguous)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``convnets evaluate``."""
+    from convnets.errors import InvalidArgumentError
+    from convnets.train.evaluation import evaluate_model
+
+    if args.workers < 0:
+        raise InvalidArgumentError(f"--workers must be 0 or more, got {args.workers}")
+    device = device_from_args(args)
+    loaded = load_from_args(args)
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    report = evaluate_model(loaded.model, args.data, labels=args.labels, output=None, batch_size=args.batch_size,
+                            workers=args.workers, device=device, precision=args.precision,
+                            memory_format=args.memory_format, progress=progress)
+    report.source.update(model=loaded.name, weights=loaded.weights)
+    print(report.table(), flush=True)
+    if args.output is not None:
+        files = report.write(Path(args.output))
+        print("wrote " + ", ".join(str(f) for f in files), flush=True)
+    return 0

@@ -1,0 +1,311 @@
+"""The images and true classes of an evaluation data set, in every layout ``convnets evaluate`` reads.
+
+:func:`find_eval_samples` detects the layout of ``--data DIR`` and returns ``(path, class index)``
+pairs in the *model's* class order (:class:`EvalSamples`):
+
+* ``folders``: ``DIR/<class>/*`` (also ``DIR/val/<class>/*``, the ``convnets train`` layout).
+  Folder names are matched to the model's ``class_names`` when it has them, to the bundled
+  ImageNet WordNet ids (``n01440764``, ...) for a 1000-class model; a model without class names
+  and as many outputs as there are folders takes them in sorted order (as ``train`` does).
+* ``kaggle``: flat images with Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``;
+  the first word of ``PredictionString`` is the image's WordNet id), searched in ``DIR`` and up to
+  four folders above it (the Kaggle download keeps it four levels above
+  ``ILSVRC/Data/CLS-LOC/val/``; ``DIR`` may also be that download's top folder).
+* ``devkit``: flat ``ILSVRC2012_val_NNNNNNNN.JPEG`` images with the ILSVRC2012 devkit: its archive
+  ``ILSVRC2012_devkit_t12.tar.gz`` or torchvision's ``meta.bin`` (both read by torchvision's own
+  ImageNet parser), or the extracted ``ILSVRC2012_devkit_t12/data/`` (the ground-truth file lists
+  devkit labels 1..1000 in the devkit's ILSVRC2012_ID order, which ``meta.mat`` maps to WordNet
+  ids; read with scipy as torchvision reads it). Image ``N`` is line ``N`` of the ground truth, so a
+  partial copy of the 50 000 images is labelled right too.
+
+WordNet ids are mapped to the model's class order through the bundled 1000-class table
+(:mod:`convnets.preprocessing.classes`) or the model's own class names. ``labels=`` (``--labels
+FILE``) names the labels file instead of searching. When nothing matches, :class:`DataError`
+says what was looked for, naming ``--data`` (``data=`` in Python).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from convnets.errors import DataError, InvalidArgumentError, MissingDependencyError
+from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_synsets
+
+__all__ = ["DEVKIT_ARCHIVE", "GROUND_TRUTH", "KAGGLE_SOLUTION", "LAYOUTS", "EvalSamples", "find_eval_samples"]
+
+log = logging.getLogger(__name__)
+
+#: The layouts :func:`find_eval_samples` recognises.
+LAYOUTS = ("folders", "kaggle", "devkit")
+#: Kaggle's validation labels (ImageNet Object Localization Challenge).
+KAGGLE_SOLUTION = "LOC_val_solution.csv"
+#: The ILSVRC2012 devkit archive (what torchvision.datasets.ImageNet reads).
+DEVKIT_ARCHIVE = "ILSVRC2012_devkit_t12.tar.gz"
+#: The devkit's validation ground truth (``data/`` of the extracted devkit, beside ``meta.mat``).
+GROUND_TRUTH = "ILSVRC2012_validation_ground_truth.txt"
+_TORCHVISION_META = "meta.bin"  # torchvision.datasets.imagenet.META_FILE: the parsed devkit
+_KAGGLE_VAL = Path("ILSVRC", "Data", "CLS-LOC", "val")
+_LEVELS_UP = 4
+_VAL_NUMBER = re.compile(r"ILSVRC2012_val_(\d+)$")
+_IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+
+
+@dataclass(frozen=True)
+class EvalSamples:
+    """An evaluation set, labelled in the model's class order.
+
+    Attributes:
+        layout: one of :data:`LAYOUTS`.
+        images: the directory the images were found in.
+        samples: ``(path, class index of the model)`` pairs, sorted by path.
+        labels_file: the labels file of a flat layout.
+        skipped: images of the directory that have no label (flat layouts), left out.
+    """
+
+    layout: str
+    images: Path
+    samples: list[tuple[str, int]]
+    labels_file: Path | None = None
+    skipped: int = 0
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix.lower() in _IMAGE_SUFFIXES and not path.name.startswith(".")
+
+
+def _flat_images(directory: Path) -> list[Path]:
+    with os.scandir(directory) as entries:
+        return sorted(Path(e.path) for e in entries if e.is_file() and _is_image(Path(e.name)))
+
+
+def _class_folders(directory: Path) -> list[str]:
+    with os.scandir(directory) as entries:
+        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+
+
+def _class_index(keys: Sequence[str], class_names: Sequence[str] | None, num_classes: int,
+                 what: str) -> dict[str, int] | None:
+    """``key -> model output`` for the class keys (folder names or WordNet ids) of a data set:
+    through the model's class names, else the bundled ImageNet ids for 1000 outputs; ``None`` when
+    neither names every key."""
+    tables = []
+    if class_names is not None:
+        tables.append(list(class_names))
+    if num_classes == NUM_CLASSES:
+        tables.append([str(s) for s in get_imgnet_synsets()])
+    for table in tables:
+        index = {name: i for i, name in enumerate(table)}
+        if all(k in index for k in keys):
+            return {k: index[k] for k in keys}
+    missing = [k for k in keys if not any(k in t for t in tables)]
+    log.debug("%s: %d keys not among the model's classes, e.g. %s", what, len(missing), missing[:3])
+    return None
+
+
+def _ancestors(directory: Path) -> Iterator[Path]:
+    yield directory
+    yield from list(directory.resolve().parents)[:_LEVELS_UP]
+
+
+def _find_labels(directories: Sequence[Path]) -> Path | None:
+    """The nearest labels file of a flat layout in or above ``directories``."""
+    seen: set[Path] = set()
+    for start in directories:
+        for folder in _ancestors(start):
+            if folder in seen:
+                continue
+            seen.add(folder)
+            for candidate in (folder / KAGGLE_SOLUTION, folder / _TORCHVISION_META, folder / DEVKIT_ARCHIVE,
+                              folder / "ILSVRC2012_devkit_t12" / "data" / GROUND_TRUTH,
+                              folder / "data" / GROUND_TRUTH, folder / GROUND_TRUTH):
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+def _read_kaggle(path: Path) -> dict[str, str]:
+    """``ImageId -> WordNet id`` of ``LOC_val_solution.csv``."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
+            raise DataError(f"{path} is not Kaggle's {KAGGLE_SOLUTION}: its header is {reader.fieldnames}, "
+                            "expected ImageId,PredictionString")
+        labels = {}
+        for number, row in enumerate(reader, 2):
+            words = (row["PredictionString"] or "").split()
+            if not row["ImageId"] or not words:
+                raise DataError(f"{path}, line {number}: no ImageId or no class in PredictionString")
+            labels[row["ImageId"]] = words[0]
+    return labels
+
+
+def _parse_meta_mat(devkit_data: Path) -> dict[int, str]:
+    """``ILSVRC2012_ID -> WordNet id`` of the 1000 leaf synsets of ``meta.mat``.
+
+    torchvision parses the devkit *archive* only (its ``parse_meta_mat`` is internal); this reads
+    an extracted devkit the same way: the synsets without children, ids and WordNet ids.
+    """
+    try:
+        import scipy.io
+    except ImportError as e:
+        raise MissingDependencyError(f"scipy is needed to read the devkit's meta.mat ({e}); install the "
+                                     "'imagenet' extra: pip install 'convnets-hub[imagenet]'") from e
+    path = devkit_data / "meta.mat"
+    if not path.is_file():
+        raise DataError(f"{devkit_data / GROUND_TRUTH} needs the devkit's meta.mat beside it (it maps the devkit's "
+                        "labels 1..1000 to WordNet ids); keep the devkit's data/ folder whole")
+    synsets = scipy.io.loadmat(str(path), squeeze_me=True)["synsets"]
+    return {int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in synsets if int(s["num_children"]) == 0}
+
+
+def _devkit_wnids(labels: Path) -> list[str]:
+    """The WordNet id of validation image ``N`` at index ``N - 1``, from any form of the devkit."""
+    if labels.name == GROUND_TRUTH or labels.suffix == ".txt":
+        idx_to_wnid = _parse_meta_mat(labels.parent)
+        lines = [line.strip() for line in labels.read_text().splitlines() if line.strip()]
+        try:
+            return [idx_to_wnid[int(line)] for line in lines]
+        except (KeyError, ValueError) as e:
+            raise DataError(f"{labels}: {e} is not a devkit label of {labels.parent / 'meta.mat'}") from e
+    from torchvision.datasets import imagenet
+
+    try:
+        if labels.name.endswith((".tar.gz", ".tgz", ".tar")):
+            # torchvision writes its meta.bin beside the archive: parse in a folder of our own, so
+            # the user's data directory is left as it was.
+            with tempfile.TemporaryDirectory() as tmp:
+                link = Path(tmp) / labels.name
+                with contextlib.suppress(OSError):
+                    link.symlink_to(labels.resolve())
+                if not link.exists():
+                    shutil.copy(labels, link)
+                imagenet.parse_devkit_archive(tmp, labels.name)
+                return list(imagenet.load_meta_file(tmp)[1])
+        return list(imagenet.load_meta_file(str(labels.parent), labels.name)[1])
+    except ImportError as e:
+        raise MissingDependencyError(f"scipy is needed to parse the devkit ({e}); install the 'imagenet' extra: "
+                                     "pip install 'convnets-hub[imagenet]'") from e
+    except RuntimeError as e:  # torchvision: a missing or corrupted archive / meta file
+        raise DataError(f"{labels}: {e}") from e
+
+
+def _label_kind(labels: Path) -> str:
+    if labels.suffix.lower() == ".csv":
+        return "kaggle"
+    if labels.name.endswith((".tar.gz", ".tgz", ".tar", ".bin", ".txt")):
+        return "devkit"
+    kinds = (f"Kaggle's {KAGGLE_SOLUTION}, the devkit's {DEVKIT_ARCHIVE}, its data/{GROUND_TRUTH} (with meta.mat "
+             f"beside it) or torchvision's {_TORCHVISION_META}")
+    raise InvalidArgumentError(f"labels={str(labels)!r} is not a labels file of a known kind; give {kinds}",
+                               cli=f"--labels {labels} is not a labels file of a known kind; give {kinds}",
+                               keyword="labels")
+
+
+def _flat_samples(images: Path, files: list[Path], labels: Path, class_names: Sequence[str] | None,
+                  num_classes: int) -> EvalSamples:
+    kind = _label_kind(labels)
+    if kind == "kaggle":
+        by_id = _read_kaggle(labels)
+        wnid_of = {f: by_id.get(f.stem) for f in files}
+    else:
+        wnids = _devkit_wnids(labels)
+        wnid_of = {}
+        for f in files:
+            m = _VAL_NUMBER.match(f.stem)
+            number = int(m.group(1)) if m else 0
+            wnid_of[f] = wnids[number - 1] if 1 <= number <= len(wnids) else None
+    labelled = {f: w for f, w in wnid_of.items() if w is not None}
+    skipped = len(files) - len(labelled)
+    if not labelled:
+        raise DataError(f"none of the {len(files)} images in {images} has a label in {labels} (image names such as "
+                        f"{files[0].name} must match its entries)")
+    if skipped:
+        log.warning("%d of %d images in %s have no label in %s and are left out", skipped, len(files), images, labels)
+    index = _class_index(sorted(set(labelled.values())), class_names, num_classes, str(labels))
+    if index is None:
+        raise DataError(f"the classes of {labels} (WordNet ids such as {next(iter(labelled.values()))}) are not the "
+                        f"model's: it has {num_classes} outputs"
+                        + (f" named e.g. {list(class_names[:3])}" if class_names else " and no class names"))
+    samples = sorted((str(f), index[w]) for f, w in labelled.items())
+    return EvalSamples(kind, images, samples, labels_file=labels, skipped=skipped)
+
+
+def _folder_samples(directory: Path, class_names: Sequence[str] | None, num_classes: int) -> EvalSamples:
+    from torchvision import datasets
+
+    folders = _class_folders(directory)
+    index = _class_index(folders, class_names, num_classes, str(directory))
+    if index is None:
+        if class_names is None and len(folders) == num_classes:
+            log.info("%s: class folders taken in sorted order as the model's %d outputs", directory, num_classes)
+            index = {name: i for i, name in enumerate(folders)}
+        else:
+            names = f"class names (e.g. {list(class_names[:3])})" if class_names else "no class names"
+            raise DataError(f"the {len(folders)} class folders of {directory} (e.g. {folders[:3]}) are not the model's "
+                            f"classes: it has {num_classes} outputs and {names}"
+                            + ("; a 1000-class ImageNet model reads WordNet-id folders (n01440764, ...)"
+                               if num_classes == NUM_CLASSES else ""))
+    samples = datasets.folder.make_dataset(str(directory), index, extensions=tuple(_IMAGE_SUFFIXES),
+                                           allow_empty=True)
+    if not samples:
+        raise DataError(f"the class folders of {directory} hold no images")
+    return EvalSamples("folders", directory, sorted(samples))
+
+
+def find_eval_samples(data: str | os.PathLike[str], *, class_names: Sequence[str] | None, num_classes: int,
+                      labels: str | os.PathLike[str] | None = None) -> EvalSamples:
+    """The labelled images of ``data`` in any layout of the module docstring.
+
+    Args:
+        data: the data directory (``--data``).
+        class_names: the model's class names, or ``None``.
+        num_classes: the model's number of outputs.
+        labels: the labels file of a flat layout (``--labels``); ``None``: searched for.
+
+    Returns:
+        The samples, labelled with the model's class indices.
+
+    Raises:
+        DataError: no layout matches, or its classes are not the model's.
+        InvalidArgumentError: ``labels`` is not a labels file of a known kind.
+        MissingDependencyError: a devkit without scipy installed.
+    """
+    data = Path(data)
+    if not data.is_dir():
+        raise DataError(f"data={str(data)!r} is not a directory", cli=f"--data {data} is not a directory", keyword="data")
+    if labels is not None and not Path(labels).is_file():
+        raise DataError(f"labels={str(labels)!r} is not a file", cli=f"--labels {labels} is not a file",
+                        keyword="labels")
+    # Where the images are: DIR itself, a Kaggle download's top folder, or a train/val layout.
+    images = data
+    if not _flat_images(data):
+        for inner in (data / _KAGGLE_VAL, data / "val"):
+            if inner.is_dir():
+                images = inner
+                break
+    files = _flat_images(images)
+    if files:
+        found = Path(labels) if labels is not None else _find_labels([images, data])
+        if found is not None:
+            return _flat_samples(images, files, found, class_names, num_classes)
+    if _class_folders(images):
+        if labels is not None:
+            log.warning("--labels %s is not used: %s holds class folders", labels, images)
+        return _folder_samples(images, class_names, num_classes)
+    what = f"{len(files)} images but no labels file" if files else "no images and no class folders"
+
+    def message(data_opt: str, labels_opt: str) -> str:
+        return (f"{data_opt}{data} has {what}. It must be a class tree DIR/<class>/*, or flat ImageNet validation "
+                f"images with Kaggle's {KAGGLE_SOLUTION} or the devkit ({DEVKIT_ARCHIVE}, or its data/{GROUND_TRUTH} "
+                f"with meta.mat) in DIR or up to {_LEVELS_UP} folders above it; name a labels file elsewhere with "
+                f"{labels_opt}")
+    raise DataError(message("data=", "labels=FILE"), cli=message("--data ", "--labels FILE"), keyword="data")

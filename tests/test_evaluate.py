@@ -1,0 +1,349 @@
+"""``convnets evaluate`` and :func:`convnets.train.evaluation.evaluate_model`: the report's numbers
+against scikit-learn on predictions computed here, ImageNet's flat validation layouts (Kaggle CSV,
+devkit) against the same images in a class tree, confusion.png, and the errors.
+
+The model is a tiny ResNet with ImageNet's 1000 outputs whose classifier is a nearest-centroid
+one for 8 of the classes (so its predictions are neither all right nor all one class); the images
+are scikit-learn's handwritten digits (real scans), one digit per ImageNet class, as JPEG.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import randomize_bn, run_cli
+from PIL import Image
+from strict_skips import require_module
+from train_support import TINY_ARCH
+
+import convnets
+from convnets import cli
+from convnets.errors import DataError, InvalidArgumentError
+from convnets.train import EvaluationReport, evaluate_model
+from convnets.train.confusion import DPI, FIGSIZE, MAX_SHOWN, plot_confusion, shown_classes
+from convnets.weights.safetensors_io import save_safetensors
+
+require_module("sklearn", extra="test")
+require_module("scipy", extra="imagenet")
+require_module("matplotlib", extra="plots")
+from sklearn import metrics  # noqa: E402
+
+USED = [0, 1, 100, 250, 400, 600, 800, 999]  # ImageNet classes that the digits 0-7 stand for
+PER_CLASS = 6
+IMAGE_SIZE = 32
+PNG_SIZE = (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
+TSV = Path(convnets.__file__).parent / "preprocessing" / "imagenet_classes.tsv"
+
+
+def synsets() -> list[str]:
+    """The bundled class order, read here with csv (not through the package)."""
+    with open(TSV, newline="") as f:
+        return [row["synset"] for row in csv.DictReader(f, delimiter="\t")]
+
+
+def reference_input(path: str) -> torch.Tensor:
+    """The EvalPreset of a 32-pixel model, with PIL and torchvision's functional transforms."""
+    import torchvision.transforms.functional as TF
+
+    image = Image.open(path).convert("RGB")
+    image = TF.resize(image, round(IMAGE_SIZE * 256 / 224), interpolation=TF.InterpolationMode.BILINEAR,
+                      antialias=True)
+    x = TF.to_tensor(TF.center_crop(image, IMAGE_SIZE))
+    return TF.normalize(x, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+
+
+@pytest.fixture(scope="module")
+def imagenet_like(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from sklearn.datasets import load_digits
+
+    root = tmp_path_factory.mktemp("imagenet")
+    wnids = synsets()
+    digits = load_digits()
+    labels: list[tuple[str, str]] = []  # (ImageId, wnid) in image-number order
+    for k, cls in enumerate(USED):
+        for i in np.flatnonzero(digits.target == k)[:PER_CLASS]:
+            name = f"ILSVRC2012_val_{len(labels) + 1:08d}"
+            pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
+            image = Image.fromarray(pixels).resize((40, 48), Image.BILINEAR).convert("RGB")
+            folder = root / "tree" / wnids[cls]
+            folder.mkdir(parents=True, exist_ok=True)
+            image.save(folder / f"{name}.JPEG", quality=95)
+            labels.append((name, wnids[cls]))
+    files = sorted((root / "tree").glob("*/*.JPEG"))
+
+    # Tiny 1000-class network; its classifier: nearest centroid of the 8 classes' features.
+    torch.manual_seed(0)
+    model = randomize_bn(convnets.get_model("resnet50", **TINY_ARCH)).eval()
+    features: list[torch.Tensor] = []
+    hook = model.fc.register_forward_pre_hook(lambda m, args: features.append(args[0]))
+    with torch.no_grad():
+        model(torch.stack([reference_input(str(f)) for f in files]))
+        hook.remove()
+        feats = features[0]
+        feats = feats / feats.norm(dim=1, keepdim=True)
+        truth = torch.tensor([wnids.index(f.parent.name) for f in files])
+        model.fc.weight.zero_()
+        model.fc.bias.fill_(-8.0)
+        for cls in USED:
+            centroid = feats[truth == cls].mean(0)
+            model.fc.weight[cls] = 10 * centroid
+            model.fc.bias[cls] = -5 * centroid.dot(centroid)
+    weights = save_safetensors(model, root / "tiny1000.safetensors", image_size=IMAGE_SIZE)
+
+    # Kaggle: flat images; the CSV at the download's top, four levels above them; boxes after each id.
+    kaggle_val = root / "kaggle" / "ILSVRC" / "Data" / "CLS-LOC" / "val"
+    kaggle_val.mkdir(parents=True)
+    for f in files:
+        shutil.copy(f, kaggle_val)
+    with open(root / "kaggle" / "LOC_val_solution.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["ImageId", "PredictionString"])
+        for name, wnid in [*labels, ("ILSVRC2012_val_00049999", wnids[5])]:  # one image not in this copy
+            writer.writerow([name, f"{wnid} 10 12 30 40 {wnid} 1 2 20 20"])
+
+    # Devkit: flat images beside ILSVRC2012_devkit_t12/data/{meta.mat, ground truth}. Devkit labels
+    # are ILSVRC2012_IDs, in an order of their own (here a permutation), and meta.mat also lists
+    # non-leaf synsets (num_children > 0), which torchvision leaves out.
+    from scipy.io import savemat
+
+    ids = np.random.default_rng(0).permutation(1000) + 1  # ILSVRC2012_ID of class i
+    fields = ["ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children", "wordnet_height",
+              "num_train_images"]
+    table = np.zeros(1003, dtype=[(name, object) for name in fields])
+    for i, wnid in enumerate(wnids):
+        table[i] = (int(ids[i]), wnid, f"words {i}", "gloss", 0, np.zeros(0), 0, 1300)
+    for j in range(3):
+        table[1000 + j] = (1001 + j, f"n9999999{j}", "parent", "gloss", 2, np.array([1, 2]), 1, 0)
+    data_dir = root / "devkit" / "ILSVRC2012_devkit_t12" / "data"
+    data_dir.mkdir(parents=True)
+    savemat(str(data_dir / "meta.mat"), {"synsets": table.reshape(-1, 1)})
+    (data_dir / "ILSVRC2012_validation_ground_truth.txt").write_text(
+        "".join(f"{ids[wnids.index(wnid)]}\n" for _, wnid in labels))
+    (root / "devkit" / "val").mkdir()
+    for f in files:
+        shutil.copy(f, root / "devkit" / "val")
+    # The archive that torchvision.datasets.ImageNet reads, made from the same folder.
+    archive = root / "archive" / "ILSVRC2012_devkit_t12.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(root / "devkit" / "ILSVRC2012_devkit_t12", arcname="ILSVRC2012_devkit_t12")
+    return {"root": root, "tree": root / "tree", "weights": weights, "kaggle": root / "kaggle",
+            "kaggle_val": kaggle_val, "devkit_val": root / "devkit" / "val", "archive": archive}
+
+
+def reference_predictions(data: dict[str, Path]) -> tuple[np.ndarray, np.ndarray, list[Path]]:
+    """True classes and softmax probabilities of every image, computed here in one batch."""
+    model = convnets.load_model(data["weights"])
+    files = sorted(data["tree"].glob("*/*.JPEG"))
+    wnids = synsets()
+    with torch.no_grad():
+        logits = model(torch.stack([reference_input(str(f)) for f in files])).double()
+    y_true = np.array([wnids.index(f.parent.name) for f in files])
+    return y_true, torch.softmax(logits, 1).numpy(), files
+
+
+def test_report_equals_scikit_learn_on_the_same_predictions(imagenet_like: dict[str, Path], tmp_path: Path) -> None:
+    report = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], output=tmp_path, batch_size=16,
+                            workers=0, device="cpu")
+    y_true, probs, files = reference_predictions(imagenet_like)
+    y_pred = probs.argmax(1)
+    labels = np.arange(1000)
+    assert 0.3 < metrics.accuracy_score(y_true, y_pred) < 0.95  # neither trivial nor perfect
+    assert report.images == len(files) == len(USED) * PER_CLASS and report.unreadable == 0
+    assert report.top1 == pytest.approx(100 * metrics.accuracy_score(y_true, y_pred), abs=1e-9)
+    assert report.top5 == pytest.approx(100 * metrics.top_k_accuracy_score(y_true, probs, k=5, labels=labels),
+                                        abs=1e-9)
+    assert report.loss == pytest.approx(metrics.log_loss(y_true, probs, labels=labels), rel=1e-5)
+    np.testing.assert_array_equal(report.confusion, metrics.confusion_matrix(y_true, y_pred, labels=labels))
+    p, r, f, s = metrics.precision_recall_fscore_support(y_true, y_pred, labels=labels, zero_division=0)
+    np.testing.assert_allclose([c.precision for c in report.classes], p, atol=1e-12)
+    np.testing.assert_allclose([c.recall for c in report.classes], r, atol=1e-12)
+    np.testing.assert_allclose([c.f1 for c in report.classes], f, atol=1e-12)
+    np.testing.assert_array_equal([c.support for c in report.classes], s)
+    macro = metrics.precision_recall_fscore_support(y_true, y_pred, labels=USED, average="macro", zero_division=0)
+    assert (report.macro_precision, report.macro_recall, report.macro_f1) == pytest.approx(macro[:3], abs=1e-12)
+    # The most confused pair is the largest off-diagonal cell.
+    off = metrics.confusion_matrix(y_true, y_pred, labels=labels)
+    np.fill_diagonal(off, 0)
+    top = report.confused_pairs[0]
+    assert top.count == off.max() and off[top.true, top.predicted] == off.max()
+    assert top.fraction == pytest.approx(off.max() / PER_CLASS)
+    assert report.classes[0].key == "n01440764" and report.classes[0].name == "tench"
+
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved == json.loads(json.dumps(report.to_dict()))
+    assert saved["layout"] == "folders" and saved["preset"]["crop_size"] == IMAGE_SIZE
+    assert np.array_equal(np.array(saved["confusion_matrix"]), report.confusion)
+    assert not list(tmp_path.glob(".*.tmp"))
+    with Image.open(tmp_path / "confusion.png") as image:
+        assert image.format == "PNG" and image.size == PNG_SIZE
+
+
+def _same_results(a: EvaluationReport, b: EvaluationReport) -> None:
+    np.testing.assert_array_equal(a.confusion, b.confusion)
+    assert (a.images, a.top1, a.top5) == (b.images, b.top1, b.top5)
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+    assert [(c.precision, c.recall, c.support) for c in a.classes] == [(c.precision, c.recall, c.support)
+                                                                       for c in b.classes]
+
+
+def test_flat_imagenet_layouts_evaluate_like_the_class_tree(imagenet_like: dict[str, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], batch_size=16, workers=0, device="cpu")
+    for data, layout, labels_file in (
+        (imagenet_like["kaggle_val"], "kaggle", "LOC_val_solution.csv"),  # the CSV four levels up
+        (imagenet_like["kaggle"], "kaggle", "LOC_val_solution.csv"),  # the download's top folder
+        (imagenet_like["devkit_val"], "devkit", "ILSVRC2012_validation_ground_truth.txt"),
+    ):
+        flat = evaluate_model(imagenet_like["weights"], data, batch_size=16, workers=0, device="cpu")
+        assert (flat.source["layout"], Path(flat.source["labels_file"]).name) == (layout, labels_file), data
+        _same_results(flat, tree)
+    assert evaluate_model(imagenet_like["weights"], imagenet_like["kaggle"], workers=0, device="cpu").source[
+        "unlabelled_images"] == 0
+
+    # The devkit archive, parsed by torchvision's own ImageNet code (which checks the real
+    # archive's MD5: this one is generated, so its MD5 stands in for the official one).
+    from torchvision.datasets import imagenet
+
+    archive = imagenet_like["archive"]
+    monkeypatch.setitem(imagenet.ARCHIVE_META, "devkit",
+                        (archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
+    flat = evaluate_model(imagenet_like["weights"], imagenet_like["devkit_val"], labels=archive, batch_size=16,
+                          workers=0, device="cpu")
+    assert flat.source["layout"] == "devkit" and flat.source["labels_file"] == str(archive)
+    _same_results(flat, tree)
+    assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]  # no meta.bin left beside it
+
+
+def test_cli_tree_and_kaggle_layouts_write_the_same_report(imagenet_like: dict[str, Path], tmp_path: Path) -> None:
+    reports = {}
+    for name, data, workers in (("tree", imagenet_like["tree"], "0"), ("kaggle", imagenet_like["kaggle_val"], "1")):
+        done = run_cli("evaluate", "--data", str(data), "--weights", str(imagenet_like["weights"]), "--output",
+                       str(tmp_path / name), "--batch-size", "16", "--workers", workers, "--no-progress", "--device", "cpu")
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].startswith(f"{len(USED) * PER_CLASS} images ({name if name == 'kaggle' else 'folders'} layout")
+        assert lines[1].startswith("top-1 ") and "most confused (true -> predicted" in done.stdout
+        assert "tench" in done.stdout and lines[-1].startswith("wrote ")
+        reports[name] = json.loads((tmp_path / name / "report.json").read_text())
+        with Image.open(tmp_path / name / "confusion.png") as image:
+            assert image.size == PNG_SIZE
+    tree, kaggle = reports["tree"], reports["kaggle"]
+    assert tree["confusion_matrix"] == kaggle["confusion_matrix"] and tree["top1"] == kaggle["top1"]
+    assert tree["loss"] == pytest.approx(kaggle["loss"], rel=1e-6)
+    assert kaggle["layout"] == "kaggle" and kaggle["labels_file"].endswith("kaggle/LOC_val_solution.csv")
+
+
+def test_layout_errors_name_the_option(imagenet_like: dict[str, Path], tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for f in sorted(imagenet_like["tree"].glob("*/*.JPEG"))[:3]:
+        shutil.copy(f, flat)
+    weights = str(imagenet_like["weights"])
+    assert cli.main(["evaluate", "--data", str(flat), "--weights", weights, "--workers", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"convnets evaluate: error: --data {flat} has 3 images but no labels")
+    assert "LOC_val_solution.csv" in err[0] and "--labels FILE" in err[0] and "labels=" not in err[0]
+    with pytest.raises(DataError, match=r"data=.*labels=FILE"):
+        evaluate_model(weights, flat, workers=0, device="cpu")
+    (tmp_path / "labels.json").write_text("{}")
+    with pytest.raises(InvalidArgumentError, match="labels="):
+        evaluate_model(weights, flat, labels=tmp_path / "labels.json", workers=0, device="cpu")
+    # Class folders that are neither the checkpoint's classes nor WordNet ids.
+    wrong = tmp_path / "wrong" / "cats"
+    wrong.mkdir(parents=True)
+    shutil.copy(next(imagenet_like["tree"].glob("*/*.JPEG")), wrong)
+    with pytest.raises(DataError, match="WordNet-id folders"):
+        evaluate_model(weights, wrong.parent, workers=0, device="cpu")
+    assert cli.main(["evaluate", "--data", str(tmp_path / "nowhere"), "--weights", weights]) == 1
+    assert "--data " in capsys.readouterr().err
+
+
+def test_many_classes_show_the_most_confused_submatrix(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    n = 200
+    cm = np.diag(rng.integers(20, 50, n))
+    for _ in range(400):  # scattered single confusions, and a few large ones
+        cm[rng.integers(n), rng.integers(n)] += 1
+    big = [(3, 150, 30), (150, 3, 25), (77, 78, 20), (10, 190, 18), (42, 43, 15)]
+    for t, p, count in big:
+        cm[t, p] += count
+    pairs = [(t, p) for t, p, _ in big]
+    shown = shown_classes(cm, pairs + [(int(i), int(i) + 1) for i in range(100, 140)])
+    assert len(shown) <= MAX_SHOWN and shown == sorted(shown)
+    assert {3, 150, 77, 78, 10, 190, 42, 43} <= set(shown)
+    # A report of 200 classes draws the sub-matrix at the fixed size.
+    from convnets.train.evaluation import EvalTotals
+
+    names = [f"class {i}" for i in range(n)]
+    report = EvaluationReport.from_totals(EvalTotals(0.0, int(np.trace(cm)), int(np.trace(cm)), int(cm.sum()), 0, cm),
+                                          names, names)
+    assert [(p.true, p.predicted) for p in report.confused_pairs[:5]] == pairs
+    plot_confusion(report, tmp_path / "c.png")
+    if os.environ.get("CONVNETS_KEEP_PNG"):  # to look at it
+        shutil.copy(tmp_path / "c.png", os.environ["CONVNETS_KEEP_PNG"])
+    with Image.open(tmp_path / "c.png") as image:
+        assert image.size == PNG_SIZE
+        pixels = np.asarray(image.convert("RGB")).reshape(-1, 3).astype(int)
+    assert (pixels > 235).all(1).mean() > 0.5  # mostly (near) white: a light matrix, not a dark block
+    assert (np.abs(pixels - (8, 48, 107)).sum(1) < 40).sum() > 1000  # Blues' darkest: the diagonal
+
+
+def test_class_names_of_a_checkpoint_and_train_evaluate_agree(tmp_path: Path) -> None:
+    """A fine-tuned checkpoint's class names map the folders of DIR/val (convnets train's DIR), and
+    convnets evaluate measures what train --evaluate measures on them (one loop)."""
+    from train_support import make_digits
+
+    from convnets.train import TrainConfig, fit
+
+    digits = make_digits(tmp_path / "digits", n_train=32, n_val=40)
+    torch.manual_seed(0)
+    model = randomize_bn(convnets.get_model("resnet50", num_classes=4, **TINY_ARCH)).eval()
+    names = ["digit0", "digit1", "digit2", "digit3"]
+    weights = save_safetensors(model, tmp_path / "digits.safetensors", class_names=names[::-1], image_size=32)
+    report = evaluate_model(weights, digits, batch_size=16, workers=0, device="cpu")
+    assert report.source["layout"] == "folders" and report.source["images_dir"] == str(digits / "val")
+    assert [c.key for c in report.classes] == names[::-1]  # the checkpoint's order, not the folders'
+    for c in report.classes:
+        assert c.support == len(list((digits / "val" / c.key).iterdir()))
+    # train --evaluate needs the folders' own order: the same weights with the head in that order.
+    model.fc.weight.data, model.fc.bias.data = model.fc.weight.data.flip(0), model.fc.bias.data.flip(0)
+    sorted_weights = save_safetensors(model, tmp_path / "sorted.safetensors", class_names=names, image_size=32)
+    summary = fit(TrainConfig(data=digits, evaluate=True, pretrained_from_file=sorted_weights, arch="resnet50",
+                              arch_kwargs=TINY_ARCH, image_size=32, batch_size=16, workers=0, progress=False,
+                              device="cpu"))
+    assert summary.metrics["val_top1"] == pytest.approx(report.top1, abs=1e-9)
+    assert summary.metrics["images"] == report.images == 40
+
+
+def test_without_matplotlib_the_report_is_written_with_one_line_about_the_figure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import sys
+
+    from convnets.train.evaluation import EvalTotals
+
+    cm = np.array([[3, 1], [0, 2]])
+    report = EvaluationReport.from_totals(EvalTotals(1.5, 5, 6, 6, 0, cm), ["a", "b"], ["a", "b"])
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import name` raises ImportError
+    with caplog.at_level(logging.WARNING, logger="convnets"):
+        written = report.write(tmp_path)
+    assert written == [tmp_path / "report.json"] and not (tmp_path / "confusion.png").exists()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "pip install 'convnets-hub[plots]'" in lines[0]
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["confusion_matrix"] == [[3, 1], [0, 2]] and saved["top1"] == pytest.approx(500 / 6)
+    assert [c["precision"] for c in saved["classes"]] == [1.0, pytest.approx(2 / 3)]
