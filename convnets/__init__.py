@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from convnets.deploy.optimize import optimize_for_inference
     from convnets.models.resnet import ResNet
     from convnets.registry import get_model, load_model, resnet50, resnext101_32x4d, se_resnext101_32x4d
+    from convnets.train.evaluation import evaluate_model
 
 __version__ = "0.1.0"
 
@@ -52,6 +53,7 @@ _LAZY: dict[str, str] = {
     "get_model": "convnets.registry",
     "load_model": "convnets.registry",
     "optimize_for_inference": "convnets.deploy.optimize",
+    "evaluate_model": "convnets.train.evaluation",
     **{name: "convnets.registry" for name in list_models()},
 }
 
@@ -75,6 +77,7 @@ __all__ = [
     "UnknownModelError",
     "UnsupportedPrecisionError",
     "WeightsUnavailableError",
+    "evaluate_model",
     "get_model",
     "list_models",
     "load_model",
