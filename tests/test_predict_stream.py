@@ -281,7 +281,7 @@ def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) ->
 MEMORY_PROBE = textwrap.dedent("""
     import resource, sys, tracemalloc
     from convnets.predict import iter_inputs
-    from convnets.commands.predict import _read_list, _skip_recorded
+    from convnets.commands.options import read_list as _read_list
 
     def peak(n, path):
         with open(path, "w") as f:
