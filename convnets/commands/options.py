@@ -394,7 +394,7 @@ def workers_from_args(args: argparse.Namespace) -> int:
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, resume_help: str,
-                         required: bool = False) -> argparse._MutuallyExclusiveGroup:
+                         required: bool = False) -> argparse._ArgumentGroup:
     """Add the ``output`` group: ``--output FILE`` and ``--resume``.
 
     Args:
@@ -403,12 +403,12 @@ def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, r
         required: ``--output`` must be given (no output on standard output).
 
     Returns:
-        The group of mutually exclusive destinations that holds ``--output``, for a command to add
-        its standard-output formats (``predict --json``).
+        Without ``required``: the group of mutually exclusive destinations that holds ``--output``,
+        for a command to add its standard-output formats (``predict --json``); else the ``output`` group.
     """
     group = parser.add_argument_group("output")
-    where = group.add_mutually_exclusive_group(required=required)
-    where.add_argument("--output", metavar="FILE", default=None, help=output_help)
+    where = group if required else group.add_mutually_exclusive_group()
+    where.add_argument("--output", metavar="FILE", default=None, required=required, help=output_help)
     group.add_argument("--resume", action="store_true", help=resume_help)
     return where
 
