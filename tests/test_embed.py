@@ -280,3 +280,38 @@ def test_torch_free_layer_list_agrees() -> None:
 
     assert LAYERS == LIBRARY_LAYERS
     assert json.dumps(convnets.__all__).count('"embed"') == 1 and callable(convnets.embed)
+
+
+def test_parts_merge_batch_by_batch_into_the_single_process_file(tmp_path: Path) -> None:
+    """The shard contract (PLAN3): batch k goes to rank k % world; each rank leaves its part's spool
+    (assemble=False); taking batch_size records from part 0, then part 1, ... through the same writer
+    gives the single-process file byte for byte, unreadable inputs (no vector) included."""
+    rng = np.random.default_rng(0)
+    records = [{"input": f"img{i}.jpg", "embedding": rng.standard_normal(5).astype(np.float32)} if i % 7 != 3
+               else {"input": f"img{i}.jpg", "error": "Cannot load image"} for i in range(23)]
+    batch_size, world = 4, 2
+    for fmt in ("npy", "parquet"):
+        single, merged = tmp_path / f"single.{fmt}", tmp_path / f"merged.{fmt}"
+        with ExitStack() as stack:
+            writer, _ = open_embedding_writer(single, dim=5, resume=False, stack=stack)
+            for record in records:
+                writer.write(record)
+        parts = [tmp_path / f"part{rank}.{fmt}" for rank in range(world)]
+        with ExitStack() as stack:
+            writers = [open_embedding_writer(p, dim=5, resume=False, stack=stack, assemble=False)[0] for p in parts]
+            for k in range(0, len(records), batch_size):
+                for record in records[k:k + batch_size]:
+                    writers[k // batch_size % world].write(record)
+                writers[k // batch_size % world].flush()
+        readers = [read_embedding_records(p) for p in parts]
+        with ExitStack() as stack:
+            writer, _ = open_embedding_writer(merged, dim=5, resume=False, stack=stack)
+            rank = 0
+            while batch := [r for _, r in zip(range(batch_size), readers[rank])]:
+                for record in batch:
+                    writer.write(record)
+                rank = (rank + 1) % world
+        assert merged.read_bytes() == single.read_bytes()
+        if fmt == "npy":
+            assert (tmp_path / "merged.npy.inputs.txt").read_text() == (tmp_path / "single.npy.inputs.txt").read_text()
+            assert np.load(merged).shape == (sum("embedding" in r for r in records), 5)
