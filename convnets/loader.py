@@ -14,6 +14,11 @@ preprocessing each batch (:func:`~convnets.preprocessing.pipeline.prepare_batch`
   ``prefetch * N`` batches are in flight, so memory does not grow with the number of inputs.
 
 On CUDA the batch is put in pinned memory and copied with ``non_blocking=True``.
+
+With workers, the main process reads the inputs ``PREFETCH * workers + 1`` batches ahead of the
+batch it hands out (DataLoader asks for the next batch's inputs before returning one): an input
+source that blocks (``--from-file -`` fed slowly through a pipe) delays finished batches until
+more inputs arrive or the source ends. ``workers=0`` reads exactly one batch ahead.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ Used by ``convnets predict``; also usable from Python::
         print(result.input, result.top[0].label if result.ok else result.error)
 
 Inputs are read lazily, a batch at a time (any iterable: a generator over a list file of millions
-of paths costs no more memory than a few); results come in input order. Writing them to files is
-:mod:`convnets.records`.
+of paths costs no more memory than a few); results come in input order. ``workers=N`` decodes the
+next batches in N processes while the model runs (:mod:`convnets.loader`). Writing results to files
+is :mod:`convnets.records`; embeddings are :mod:`convnets.embeddings`.
 """
 
 from __future__ import annotations
