@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO
 
 from convnets.errors import CheckpointError, ConvnetsError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models, registered_name
@@ -45,8 +45,6 @@ __all__ = ["DEFAULT_TIMEOUT", "WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_
            "skip_recorded", "sources_from_args", "workers_from_args"]
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 #: Where a model's weights come from when no ``--weights`` file is given.
 WEIGHT_SOURCES: tuple[str, ...] = ("pretrained", "random-init")
@@ -462,7 +460,8 @@ def sources_from_args(args: argparse.Namespace, stack: ExitStack) -> Iterator[st
         yield from read_list(stream)
 
 
-def skip_recorded(items: Iterator[_T], recorded: Iterable[str], output: str) -> Iterator[_T]:
+def skip_recorded(items: Iterator[tuple[str, Any]], recorded: Iterable[str],
+                  output: str) -> Iterator[tuple[str, Any]]:
     """``items`` (``(input, error)`` pairs) after those that ``recorded`` (a resumed file's inputs)
     already holds, in order.
 
@@ -474,8 +473,8 @@ def skip_recorded(items: Iterator[_T], recorded: Iterable[str], output: str) -> 
     """
     for position, name in enumerate(recorded, 1):
         item = next(items, None)
-        if item is None or item[0] != name:  # type: ignore[index]
-            now = f"the inputs now give {item[0]!r} there" if item else "the inputs now end before it"  # type: ignore[index]
+        if item is None or item[0] != name:
+            now = f"the inputs now give {item[0]!r} there" if item else "the inputs now end before it"
             raise InvalidArgumentError(f"--resume: {output} records {name!r} as input {position} but {now}; "
                                        "resume with the same inputs and options, or write a new --output")
     return items
