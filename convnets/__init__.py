@@ -40,6 +40,7 @@ from convnets.models.specs import ArchSpec, list_models
 
 if TYPE_CHECKING:
     from convnets.deploy.optimize import optimize_for_inference
+    from convnets.embeddings import embed
     from convnets.models.resnet import ResNet
     from convnets.registry import get_model, load_model, resnet50, resnext101_32x4d, se_resnext101_32x4d
     from convnets.train.evaluation import evaluate_model
@@ -50,6 +51,7 @@ __version__ = "0.1.0"
 #: model's builder (``convnets.resnet50``, ...) comes from the registry.
 _LAZY: dict[str, str] = {
     "ResNet": "convnets.models.resnet",
+    "embed": "convnets.embeddings",
     "get_model": "convnets.registry",
     "load_model": "convnets.registry",
     "optimize_for_inference": "convnets.deploy.optimize",
@@ -77,6 +79,7 @@ __all__ = [
     "UnknownModelError",
     "UnsupportedPrecisionError",
     "WeightsUnavailableError",
+    "embed",
     "evaluate_model",
     "get_model",
     "list_models",

@@ -36,6 +36,8 @@ class Command:
 #: subcommand -> its module and help line (the help lives here so that listing needs no import)
 COMMANDS: dict[str, Command] = {
     "predict": Command("convnets.commands.predict", "classify images (files, directories of images, http(s) URLs)"),
+    "embed": Command("convnets.commands.embed",
+                     "write one vector per image (a stage's pooled features) to .npy or .parquet, resumable"),
     "train": Command("convnets.commands.train",
                      "fine-tune a model on an ImageFolder data set (NVIDIA's recipe; DDP under torchrun)"),
     "export": Command("convnets.commands.export",
@@ -68,7 +70,7 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     selected = set(COMMANDS) if commands is None else set(commands)
     parser = argparse.ArgumentParser(
         prog="convnets",
-        description="NVIDIA's ResNet-family classifiers: predict, train, export, benchmark, manage weights.")
+        description="NVIDIA's ResNet-family classifiers: predict, embed, train, export, benchmark, manage weights.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():

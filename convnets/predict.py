@@ -7,14 +7,14 @@ Used by ``convnets predict``; also usable from Python::
         print(result.input, result.top[0].label if result.ok else result.error)
 
 Inputs are read lazily, a batch at a time (any iterable: a generator over a list file of millions
-of paths costs no more memory than a few); results come in input order. Writing them to files is
-:mod:`convnets.records`.
+of paths costs no more memory than a few); results come in input order. ``workers=N`` decodes the
+next batches in N processes while the model runs (:mod:`convnets.loader`). Writing results to files
+is :mod:`convnets.records`; embeddings are :mod:`convnets.embeddings`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,13 +25,15 @@ from typing import Any
 import torch
 
 from convnets.errors import ImageLoadError, InvalidArgumentError
+from convnets.loader import iter_batches
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
-from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
+from convnets.runtime import check_workers
 
 __all__ = ["IMAGE_SUFFIXES", "InputItem", "Prediction", "TopClass", "class_labels", "expand_inputs", "iter_inputs",
+           "resolve_preset",
            "predict", "predict_items"]
 
 log = logging.getLogger(__name__)
@@ -145,8 +147,8 @@ def class_labels(model: ResNet) -> list[str]:
     return [f"class {i}" for i in range(model.num_classes)]
 
 
-def _resolve_preset(model: object, preset: EvalPreset | None, image_size: int | None,
-                    resize_size: int | None) -> EvalPreset:
+def resolve_preset(model: object, preset: EvalPreset | None, image_size: int | None,
+                   resize_size: int | None) -> EvalPreset:
     """The preset ``predict`` uses: ``preset`` or the model's, with the sizes given applied."""
     base = preset if preset is not None else preset_for_model(model)
     if image_size is not None:
@@ -175,7 +177,7 @@ def predict(
             iterable, e.g. a generator reading a list file.
         recursive: search directories' subfolders too.
         **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``,
-            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``on_batch``).
+            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``on_batch``, ``workers``).
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
@@ -199,6 +201,7 @@ def predict_items(
     timeout: float = DEFAULT_TIMEOUT,
     on_batch: Callable[[int], None] | None = None,
     start: int = 0,
+    workers: int = 0,
 ) -> Iterator[Prediction]:
     """:func:`predict` for inputs already expanded by :func:`iter_inputs` (e.g. after skipping
     the ones an earlier run recorded).
@@ -219,12 +222,16 @@ def predict_items(
         start: how many inputs of the whole run come before ``items`` (a resumed run's skipped
             ones): batches keep the boundaries of the uninterrupted run (multiples of
             ``batch_size``), so each image is computed in the same batch and gives the same numbers.
+        workers: processes that decode the next batches while the model runs (a PyTorch
+            ``DataLoader``; the same tensors, bit for bit, and the same order); 0 (default): decode
+            in this process, on threads, between model calls. See :mod:`convnets.loader`.
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
 
     Raises:
-        InvalidArgumentError: ``topk`` or ``batch_size`` is not a positive integer, or ``labels``
+        InvalidArgumentError: ``topk`` or ``batch_size`` is not a positive integer, ``workers`` a
+            negative one, or ``labels``
             is missing for a model that is not a convnets ResNet (checked on the first ``next``).
     """
     if not isinstance(topk, int) or topk < 1:
@@ -233,30 +240,23 @@ def predict_items(
         raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(start, int) or start < 0:
         raise InvalidArgumentError(f"start must be a non-negative integer, got {start!r}")
+    check_workers(workers)
     if labels is None:
         if not isinstance(model, ResNet):
             raise InvalidArgumentError("pass labels= when the model is not a convnets ResNet")
         labels = class_labels(model)
     topk = min(topk, len(labels))
-    preset = _resolve_preset(model, preset, image_size, resize_size)
-    stream = iter(items)
-    first = batch_size - start % batch_size
-    while chunk := list(itertools.islice(stream, first or batch_size)):
-        first = 0
-        readable = [i for i, (_, error) in enumerate(chunk) if error is None]
-        batch = prepare_batch([chunk[i][0] for i in readable], on_error="collect", device=device,
-                              preset=preset, timeout=timeout)
-        errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
-        errors.update({readable[pos]: error for pos, error in batch.errors})
+    preset = resolve_preset(model, preset, image_size, resize_size)
+    for batch in iter_batches(items, batch_size=batch_size, preset=preset, timeout=timeout, workers=workers,
+                              device=device, start=start):
         tops: dict[int, list[TopClass]] = {}
-        if batch.indices:
+        if batch.rows:
             with torch.inference_mode():
                 probabilities = torch.softmax(model(batch.tensor).float(), dim=1).cpu()
             values, indices = probabilities.topk(topk, dim=1)
-            for row, pos in enumerate(batch.indices):
-                tops[readable[pos]] = [TopClass(int(c), labels[int(c)], float(p))
-                                          for p, c in zip(values[row], indices[row])]
-        for i, (name, _) in enumerate(chunk):
-            yield Prediction(name, tops.get(i, []), errors.get(i))
+            for row, pos in enumerate(batch.rows):
+                tops[pos] = [TopClass(int(c), labels[int(c)], float(p)) for p, c in zip(values[row], indices[row])]
+        for i, (name, _) in enumerate(batch.items):
+            yield Prediction(name, tops.get(i, []), batch.errors.get(i))
         if on_batch is not None:
-            on_batch(len(chunk))
+            on_batch(len(batch.items))

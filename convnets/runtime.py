@@ -15,6 +15,7 @@ command-line option (``"--precision"``) makes them say ``--precision bf16``.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "PrecisionName", "check_precision",
-           "check_precision_name", "cpu_has_bf16", "memory_format_name", "parse_memory_format",
-           "precision_dtype", "precision_name", "resolve_device", "setting"]
+           "check_precision_name", "check_workers", "cpu_has_bf16", "default_workers", "memory_format_name", "parse_memory_format",
+           "precision_dtype", "precision_name", "resolve_device", "setting", "usable_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -202,3 +203,35 @@ def resolve_device(value: str | torch.device | None, *, option: str = "device") 
         raise InvalidArgumentError(f"{setting(option, value)} was given but MPS is not available here; "
                                    f"use {setting(option, 'cpu')}")
     return device
+
+
+# --- decoding processes ----------------------------------------------------------------------------
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """Decoding processes when none are asked for (``convnets predict`` / ``embed``):
+    ``min(4, cores - 1)``, leaving a core to the model; 0 (decode in-process) on one core.
+
+    Four keep a GPU or a many-core CPU model fed with photo-sized JPEGs; more mostly cost memory.
+    """
+    return max(0, min(4, usable_cores() - 1))
+
+
+def check_workers(workers: object, *, option: str = "workers") -> int:
+    """``workers`` as a count of decoding processes (0: decode in the calling process).
+
+    Raises:
+        InvalidArgumentError: not a non-negative integer.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise InvalidArgumentError(f"{setting(option, workers)}: the number of decoding processes must be a "
+                                   "non-negative integer (0: decode in this process)")
+    return workers

@@ -204,7 +204,11 @@ def _kill_midway(args: list[str], out: Path, inputs: list[str], *, after_bytes: 
     All inputs but the last batch's are written to its stdin, which stays open: the process cannot
     finish before the kill, however fast it runs, so every kill lands mid-run.
     """
-    proc = subprocess.Popen([sys.executable, "-m", "convnets", "predict", *MODEL, *args, "--from-file", "-"],
+    # --workers 1: the main process reads the inputs PREFETCH * workers + 1 batches ahead of the records
+    # written, and those ahead wait on the open stdin; the default (up to 4 workers) would hold back
+    # more than the kill threshold on a machine with many cores.
+    proc = subprocess.Popen([sys.executable, "-m", "convnets", "predict", *MODEL, *args, "--workers", "1",
+                             "--from-file", "-"],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
@@ -281,7 +285,7 @@ def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) ->
 MEMORY_PROBE = textwrap.dedent("""
     import resource, sys, tracemalloc
     from convnets.predict import iter_inputs
-    from convnets.commands.predict import _read_list, _skip_recorded
+    from convnets.commands.options import read_list as _read_list
 
     def peak(n, path):
         with open(path, "w") as f:

@@ -1,0 +1,216 @@
+"""Image embeddings: the globally average-pooled output of a ResNet stage, one vector per image.
+
+The default, ``layer4`` pooled, is the input of the classifier (2048 values for the NGC models): the
+features that transfer learning, retrieval and deduplication use. ``layer1`` .. ``layer3`` give
+earlier, more local features (256, 512, 1024 values for the NGC models)::
+
+    model = convnets.resnet50(pretrained=True)
+    for name, vector in convnets.embed(model, ["photos/"], normalize=True, workers=4):
+        index.add(name, vector)
+
+The model runs as ``convnets.optimize_for_inference``'s torch engine runs classifiers (BatchNorm
+folded, channels_last, the precision asked for, optionally compiled), cut after the chosen stage.
+Inputs are read lazily and decoded as for predictions (:mod:`convnets.loader`); writing vectors to
+files is :mod:`convnets.records` (``.npy``, ``.parquet``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from convnets.errors import ImageLoadError, InvalidArgumentError
+from convnets.loader import iter_batches
+from convnets.models.resnet import ResNet
+from convnets.predict import InputItem, resolve_preset, iter_inputs
+from convnets.preprocessing.io import DEFAULT_TIMEOUT
+from convnets.preprocessing.presets import EvalPreset
+from convnets.runtime import PrecisionName, check_workers
+
+__all__ = ["LAYERS", "Embedding", "PooledFeatures", "embed", "embed_items", "features_model"]
+
+log = logging.getLogger(__name__)
+
+#: The stages whose pooled output can be taken (ResNet-family models have four).
+LAYERS: tuple[str, ...] = ("layer1", "layer2", "layer3", "layer4")
+
+
+class PooledFeatures(nn.Module):
+    """A ResNet up to and including ``layer``, then global average pooling: ``[N, 3, H, W] -> [N, D]``.
+
+    Shares the model's modules (no copy). The stem and the stages sit in one ``nn.Sequential``, so
+    BatchNorm folding (:func:`convnets.deploy.folding.fold_batchnorm`) finds every pair.
+
+    Args:
+        model: a convnets :class:`~convnets.models.resnet.ResNet`.
+        layer: ``"layer1"`` .. ``"layer4"``.
+
+    Attributes:
+        num_features: D, the channels of ``layer``'s output.
+    """
+
+    def __init__(self, model: ResNet, layer: str = "layer4") -> None:
+        super().__init__()
+        if not isinstance(model, ResNet):
+            raise InvalidArgumentError(f"embeddings need a convnets ResNet (its stages), got {type(model).__name__}; "
+                                       "build it with convnets.get_model or convnets.load_model")
+        if layer not in model.stage_names:
+            raise InvalidArgumentError(f"layer={layer!r} is not a stage of this model; choose one of "
+                                       f"{', '.join(model.stage_names)}", keyword="layer",
+                                       cli=f"--layer {layer} is not a stage of this model; choose one of "
+                                           f"{', '.join(model.stage_names)}")
+        stages = model.stages()[:model.stage_names.index(layer) + 1]
+        self.body = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool, *stages)
+        self.layer = layer
+        last = stages[-1][-1]
+        self.num_features = int(getattr(last, "conv3").out_channels)
+        self.input_size = model.input_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(self.body(x), 1), 1)
+
+
+def features_model(model: ResNet, layer: str = "layer4", *, precision: PrecisionName = "fp32",
+                   device: torch.device | str | None = None, compile: bool = False) -> nn.Module:
+    """The optimized callable from a batch to pooled features ``[N, D]`` (float32).
+
+    Args:
+        model: a convnets ResNet in eval mode (not modified).
+        layer: the stage whose output is pooled.
+        precision: ``"fp32"``, ``"bf16"``, ``"fp16"`` (see :func:`convnets.optimize_for_inference`).
+        device: where to run; default: where ``model``'s parameters are.
+        compile: ``torch.compile`` it (the first batch of each size waits for the compilation).
+
+    Returns:
+        The torch engine's :class:`~convnets.deploy.optimize.OptimizedModel` around :class:`PooledFeatures`
+        (``num_features`` and ``input_size`` copied).
+
+    Raises:
+        InvalidArgumentError: not a ResNet, an unknown layer, or a model in training mode.
+        UnsupportedPrecisionError: a precision the device cannot run.
+    """
+    from convnets.deploy.optimize import optimize_for_inference
+
+    features = PooledFeatures(model, layer)
+    if model.training:
+        raise InvalidArgumentError("embeddings need a model in eval mode: call model.eval() first")
+    optimized = optimize_for_inference(features.eval(), precision, device=device, engine="torch", compile=compile)
+    optimized.num_features = features.num_features
+    optimized.input_size = features.input_size
+    return optimized
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """The result for one input: its vector, or why it could not be read."""
+
+    input: str
+    vector: np.ndarray | None = None
+    error: ImageLoadError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the input was read and embedded."""
+        return self.error is None
+
+
+def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem], *, preset: EvalPreset,
+                normalize: bool = False, batch_size: int = 32, device: torch.device | str = "cpu",
+                timeout: float = DEFAULT_TIMEOUT, workers: int = 0, start: int = 0,
+                on_batch: Callable[[int], None] | None = None) -> Iterator[Embedding]:
+    """Embed expanded inputs (:func:`convnets.predict.iter_inputs`), one :class:`Embedding` each, in order.
+
+    Args:
+        features: from a normalised batch to ``[N, D]`` features (e.g. :func:`features_model`).
+        items: ``(input, error)`` pairs in order; those with an error are reported, not read.
+        preset: the preprocessing.
+        normalize: divide each vector by its L2 norm.
+        batch_size, device, timeout, workers, start, on_batch: as for
+            :func:`convnets.predict.predict_items`.
+
+    Yields:
+        An :class:`Embedding` per input: a float32 vector, or the input's error.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
+    check_workers(workers)
+    for batch in iter_batches(items, batch_size=batch_size, preset=preset, timeout=timeout, workers=workers,
+                              device=device, start=start):
+        vectors: dict[int, np.ndarray] = {}
+        if batch.rows:
+            with torch.inference_mode():
+                out = features(batch.tensor).float()
+                if normalize:
+                    out = nn.functional.normalize(out, dim=1)
+            array = out.cpu().numpy()
+            vectors = {pos: array[row] for row, pos in enumerate(batch.rows)}
+        for i, (name, _) in enumerate(batch.items):
+            yield Embedding(name, vectors.get(i), batch.errors.get(i))
+        if on_batch is not None:
+            on_batch(len(batch.items))
+
+
+def embed(
+    model: ResNet,
+    inputs: Iterable[str],
+    *,
+    layer: str = "layer4",
+    normalize: bool = False,
+    batch_size: int = 32,
+    workers: int = 0,
+    precision: PrecisionName = "fp32",
+    device: torch.device | str | None = None,
+    compile: bool = False,
+    recursive: bool = False,
+    image_size: int | None = None,
+    resize_size: int | None = None,
+    preset: EvalPreset | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_error: Literal["skip", "raise"] = "skip",
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Embed images: yields ``(input, vector)`` per readable input, in input order.
+
+    Args:
+        model: a convnets ResNet in eval mode, e.g. ``convnets.resnet50(pretrained=True)``.
+        inputs: paths, directories (their images) and http(s) URLs; any iterable, read lazily.
+        layer: ``"layer4"`` (default: the classifier's input, 2048 values for the NGC models) or
+            ``"layer1"`` .. ``"layer3"``; its output is averaged over the image.
+        normalize: L2-normalise each vector (for cosine similarity by dot product).
+        batch_size: images per forward pass.
+        workers: processes that decode the next batches while the model runs (0: decode here).
+        precision, device, compile: how the model runs (see :func:`features_model`).
+        recursive: search directories' subfolders too.
+        image_size, resize_size, preset: preprocessing, as for :func:`convnets.predict.predict`.
+        timeout: total seconds allowed for each URL download.
+        on_error: an input that cannot be read is logged and skipped (``"skip"``) or raises its
+            :class:`~convnets.errors.ImageLoadError` (``"raise"``).
+
+    Yields:
+        ``(input, vector)``: ``vector`` is a float32 numpy array of D values.
+
+    Raises:
+        InvalidArgumentError: bad options (on the first ``next``).
+        ImageLoadError: with ``on_error="raise"``, for the first unreadable input.
+    """
+    if on_error not in ("skip", "raise"):
+        raise InvalidArgumentError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+    if isinstance(inputs, (str, os.PathLike)):  # one path, not an iterable of its characters
+        inputs = [inputs]
+    net: Any = features_model(model, layer, precision=precision, device=device, compile=compile)
+    chosen = resolve_preset(model, preset, image_size, resize_size)
+    for result in embed_items(net, iter_inputs(inputs, recursive=recursive), preset=chosen, normalize=normalize,
+                              batch_size=batch_size, device=net.device, timeout=timeout, workers=workers):
+        if result.error is not None:
+            if on_error == "raise":
+                raise result.error
+            log.warning("skipping %s: %s", result.input, result.error)
+            continue
+        assert result.vector is not None
+        yield result.input, result.vector
