@@ -32,7 +32,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +42,7 @@ from convnets.errors import InvalidArgumentError, MissingDependencyError
 
 __all__ = ["CSV_COLUMNS", "FORMATS", "RESUMABLE_FORMATS", "RecordWriter", "ScanResult", "check_destination",
            "format_of",
-           "open_writer", "recorded_inputs", "scan"]
+           "open_writer", "read_records", "recorded_inputs", "scan", "write_records"]
 
 log = logging.getLogger(__name__)
 
@@ -386,3 +386,64 @@ def open_writer(path: str | os.PathLike[str], *, resume: bool, topk: int, stack:
     writer = RecordWriter(stream, fmt, header=fmt == "csv" and (found is None or found.end == 0))
     stack.callback(writer.flush)
     return writer, found
+
+
+def read_records(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[Record]:
+    """The records of a complete file, in order, read lazily (the inverse of :func:`write_records`).
+
+    Args:
+        path: a file written by :class:`RecordWriter`.
+        fmt: its format (:data:`FORMATS`' values); default: from its suffix.
+
+    Yields:
+        Records as written: ``{"input", "top"}`` or ``{"input", "error"}``.
+
+    Raises:
+        InvalidArgumentError: a record cannot be read (a torn or damaged file: :func:`scan` repairs
+            what a killed writer leaves).
+    """
+    path = Path(path)
+    fmt = fmt or format_of(path)
+    if fmt == "parquet":
+        _, pq = _pyarrow()
+        for batch in pq.ParquetFile(path).iter_batches():
+            for row in batch.to_pylist():  # columns input, top, error: the unused one of the last two is null
+                yield {key: value for key, value in row.items() if value is not None}
+        return
+    for position, (record, _) in enumerate(_records(path, fmt, 0), 1):
+        if record is None:
+            raise InvalidArgumentError(f"{path}: record {position} cannot be read; the file is torn or damaged")
+        yield record
+
+
+def write_records(path: str | os.PathLike[str], batches: Iterable[Iterable[Record]], fmt: str | None = None) -> int:
+    """Write a new file of records atomically (``path`` appears complete, or not at all), a batch at a time.
+
+    Each batch is flushed as a run writes it (a Parquet row group per batch), so the file is the one
+    that a run with these batches writes, byte for byte.
+
+    Args:
+        path: the file to write; an existing one is replaced.
+        batches: the records, batch by batch.
+        fmt: the format (:data:`FORMATS`' values); default: from ``path``'s suffix.
+
+    Returns:
+        The number of records written.
+    """
+    from convnets.fileio import atomic_output
+
+    path = Path(path)
+    fmt = fmt or format_of(path)
+    count = 0
+    with atomic_output(path) as raw:
+        stream: IO[Any] = raw if fmt == "parquet" else io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        writer = RecordWriter(stream, fmt, header=fmt == "csv")
+        for batch in batches:
+            for record in batch:
+                writer.write(record)
+                count += 1
+            writer.flush()
+        writer.close()
+        if stream is not raw:
+            stream.detach()  # flushed; atomic_output closes the file itself
+    return count

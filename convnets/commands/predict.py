@@ -157,13 +157,19 @@ def _record(result: Prediction, error: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets predict``; exit status 1 if any input could not be read."""
-    from convnets.records import RecordWriter, check_destination, open_writer, recorded_inputs
+    from convnets.records import RecordWriter, check_destination, open_writer, recorded_inputs, scan
+    from convnets.shard import ShardedRun
 
     # Before PyTorch and the model load: a wrong --output fails at once.
     if args.resume and args.output is None:
         raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
+    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.shard).
+    sharded = ShardedRun.from_env(output=args.output, batch_size=args.batch_size, reads_stdin=args.from_file == "-")
+    output = None if args.output is None else sharded.part(args.output)
     if args.output is not None:
         check_destination(args.output, resume=args.resume)
+        if sharded.world > 1:
+            check_destination(output, resume=args.resume)
 
     from tqdm.auto import tqdm
 
@@ -172,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     from convnets.preprocessing.presets import preset_for_model
     if args.topk < 1:
         raise InvalidArgumentError(f"--topk must be a positive integer, got {args.topk}")
-    device = device_from_args(args)
+    device = sharded.join(device_from_args(args), resume=args.resume, repair=lambda path: scan(path, topk=args.topk))
     model = load_from_args(args, device=device).model
     labels = class_labels(model)
     if args.topk > len(labels):
@@ -184,19 +190,20 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         writer, found = None, None
         if args.output is not None:
-            writer, found = open_writer(args.output, resume=args.resume, topk=args.topk, stack=stack)
+            writer, found = open_writer(output, resume=args.resume, topk=args.topk, stack=stack)
         elif args.jsonl:
             writer = RecordWriter(sys.stdout, "jsonl")
-        items = iter_inputs(_sources(args, stack), recursive=args.recursive)
+        items = sharded.items(iter_inputs(_sources(args, stack), recursive=args.recursive))
         done = found.records if found else 0
         if done:
-            items = _skip_recorded(items, recorded_inputs(args.output, topk=args.topk), args.output)
+            items = _skip_recorded(items, recorded_inputs(output, topk=args.topk), str(output))
         # The total is known without listing anything only when every input is a file or URL named on
         # the command line; otherwise the bar counts without one (listing a tree twice costs time).
         total = None if args.recursive or args.from_file is not None or any(
-            _is_directory(i) for i in args.inputs) else len(args.inputs)
-        show = args.progress if args.progress is not None else (
-            sys.stderr.isatty() and (total is None or total > args.batch_size))
+            _is_directory(i) for i in args.inputs) else sharded.count(len(args.inputs))
+        # Under torchrun only rank 0 shows a bar, counting its own shard.
+        show = sharded.is_main and (args.progress if args.progress is not None else (
+            sys.stderr.isatty() and (total is None or total > args.batch_size)))
         results, failed = [], 0
 
         def on_batch(count: int) -> None:
@@ -222,9 +229,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     earlier = found.errors if found else 0
-    if failed or earlier:
+    # Under torchrun: totals over the ranks, and rank 0 merges the parts into --output.
+    failed, earlier, done = sharded.finish([failed, earlier, done])
+    if (failed or earlier) and sharded.is_main:
         also = f" ({earlier} recorded by the earlier run)" if earlier else ""
         print(f"convnets predict: {failed + earlier} of {done} inputs could not be read{also}", file=sys.stderr)
+    sharded.close()
     return 1 if failed or earlier else 0
 
 
