@@ -22,7 +22,11 @@ in order so that the caller can skip exactly them. A Parquet file is only comple
 is written at the end, so it is written to a temporary file renamed into place at the end of the
 run (a killed run leaves no ``FILE``), and cannot be resumed.
 
-This module imports neither PyTorch nor pyarrow until a Parquet file is written.
+Every format also has a reader, :func:`read_records` (a complete file's records, lazily), and
+:func:`write_records` writes a whole file atomically a batch at a time, byte for byte as a run
+would: :mod:`convnets.shard` merges and splits the parts of a sharded run with these two.
+
+This module imports neither PyTorch nor pyarrow until a Parquet file is written or read.
 """
 
 from __future__ import annotations

@@ -119,7 +119,8 @@ def interleave(streams: Sequence[Iterable[T]], batch_size: int) -> Iterator[list
             extra = [r for r, it in enumerate(iterators) if next(it, None) is not None]
             if extra:
                 raise InvalidArgumentError(f"shard {k % len(iterators)} ends at batch {k} but shard(s) "
-                                           f"{', '.join(map(str, extra))} hold more: these are not the parts of one run")
+                                           f"{', '.join(map(str, extra))} hold more: these are not the parts "
+                                           "of one run")
             return
 
 

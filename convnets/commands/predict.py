@@ -6,7 +6,9 @@ one such object per line instead. ``--output FILE`` writes records to a file as 
 (``.jsonl``, ``.csv``, ``.parquet``: see :mod:`convnets.records`), and ``--resume`` continues one
 that a killed run left. Inputs that cannot be read are reported on stderr, one line each, and leave
 the exit status at 1; the others are still predicted. Inputs are streamed (``--recursive`` trees,
-``--from-file`` lists), so their number does not cost memory.
+``--from-file`` lists), so their number does not cost memory. Under ``torchrun`` each process
+predicts its share of the batches into a part of ``--output`` (required there) and rank 0 merges the
+parts into it at the end: the file one process writes (see :mod:`convnets.shard`).
 """
 
 from __future__ import annotations
