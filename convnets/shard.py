@@ -32,9 +32,12 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from convnets.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ShardedRun", "interleave", "merge_parts", "part_path", "part_paths", "rank_world", "shard_count",
            "shard_items", "split_into_parts"]
@@ -217,25 +220,27 @@ class ShardedRun:
         rank, world: this process and the number of processes (:func:`rank_world`).
         output: the run's output file (required when ``world > 1``).
         batch_size: the run's batch size (the unit of sharding).
+        fmt: the output's format, for :func:`merge_parts`; default: from its suffix.
         option: the interface's name of ``output`` in messages.
     """
 
     def __init__(self, rank: int, world: int, *, output: str | os.PathLike[str] | None, batch_size: int,
-                 option: str = "output") -> None:
+                 fmt: str | None = None, option: str = "output") -> None:
         _check(rank, world, batch_size)
-        self.rank, self.world, self.batch_size, self.option = rank, world, batch_size, option
+        self.rank, self.world, self.batch_size, self.fmt, self.option = rank, world, batch_size, fmt, option
         self.output = None if output is None else Path(output)
         self._group: Any = None
 
     @classmethod
     def from_env(cls, *, output: str | os.PathLike[str] | None, batch_size: int, reads_stdin: bool = False,
-                 option: str = "output") -> ShardedRun:
+                 fmt: str | None = None, option: str = "output") -> ShardedRun:
         """The run as torchrun started this process; checks what a sharded run cannot do (no torch yet).
 
         Args:
             output: the run's output file.
             batch_size: the run's batch size.
             reads_stdin: the inputs come from standard input (``--from-file -``).
+            fmt: the output's format; default: from its suffix.
             option: the interface's name of ``output`` in messages.
 
         Raises:
@@ -251,7 +256,7 @@ class ShardedRun:
             raise InvalidArgumentError(f"under torchrun ({world} processes) every process lists all the inputs, "
                                        "so they cannot come from standard input: write them to a file and pass "
                                        "--from-file FILE", keyword="from_file")
-        return cls(rank, world, output=output, batch_size=batch_size, option=option)
+        return cls(rank, world, output=output, batch_size=batch_size, fmt=fmt, option=option)
 
     @property
     def is_main(self) -> bool:
@@ -270,7 +275,8 @@ class ShardedRun:
         """How many of ``total`` inputs this rank handles (``None`` stays unknown)."""
         return None if total is None else shard_count(total, self.rank, self.world, self.batch_size)
 
-    def join(self, device: Any, *, resume: bool = False, repair: Callable[[Path], object] | None = None) -> Any:
+    def join(self, device: torch.device, *, resume: bool = False,
+             repair: Callable[[Path], object] | None = None) -> torch.device:
         """Join torchrun's process group and return this rank's device (``device`` itself for one process).
 
         With ``resume``, when no part exists but the output does, rank 0 splits the output's records
@@ -309,7 +315,7 @@ class ShardedRun:
             return  # the parts are continued (an existing output is replaced by their merge)
         if repair is not None:
             repair(self.output)
-        counts = split_into_parts(self.output, self.world, self.batch_size)
+        counts = split_into_parts(self.output, self.world, self.batch_size, fmt=self.fmt)
         log.warning("%s: split its %d records into %d parts to resume them", self.output, sum(counts), self.world)
 
     def barrier(self) -> None:
@@ -339,7 +345,7 @@ class ShardedRun:
         """
         totals = self.sum(counts)
         if self._group is not None and self.is_main and self.output is not None:
-            merge_parts(self.output, self.world, self.batch_size, option=self.option)
+            merge_parts(self.output, self.world, self.batch_size, fmt=self.fmt, option=self.option)
         return totals
 
     def close(self) -> None:

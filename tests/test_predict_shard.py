@@ -108,24 +108,22 @@ def _only_file(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
-def test_two_ranks_write_the_single_process_file(fmt: str, setup: dict, tmp_path: Path) -> None:
-    out = tmp_path / f"all.{fmt}"
+def test_two_ranks_write_the_single_process_file(setup: dict, tmp_path: Path) -> None:
+    """JSONL here; CSV in the resume test below, Parquet in the next one."""
+    out = tmp_path / "all.jsonl"
     proc = torchrun(*setup["args"], str(setup["images"]), "--output", str(out))
-    expected = setup["single"] / f"all.{fmt}"
+    expected = setup["single"] / "all.jsonl"
     assert proc.returncode == 1, proc.stderr[-3000:]  # unreadable inputs on both ranks: the run fails
     assert out.read_bytes() == expected.read_bytes()
-    assert _only_file(tmp_path) == [out.name]  # the parts are gone
+    assert _only_file(tmp_path) == [out.name], proc.stderr  # the parts are gone
     # Each rank reported its own unreadable inputs; rank 0 alone the total over both.
-    assert sorted(_error_lines(proc.stderr)) == setup["errors"] and len(setup["errors"]) == 4
-    assert _summary_lines(proc.stderr) == [f"convnets predict: 4 of {N_GOOD + 4} inputs could not be read"]
-    if fmt == "jsonl":  # read back with json: every input once, in the folder's order
-        records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-        assert [r["input"] for r in records] == sorted(str(p) for p in setup["images"].iterdir())
-        assert sum("error" in r for r in records) == 4
-    else:
-        rows = _read_csv(out)
-        assert len(rows) == 3 * N_GOOD + 4 and rows == _read_csv(expected)
+    assert sorted(_error_lines(proc.stderr)) == setup["errors"] and len(setup["errors"]) == 4, proc.stderr
+    assert _summary_lines(proc.stderr) == [f"convnets predict: 4 of {N_GOOD + 4} inputs could not be read"], \
+        proc.stderr
+    # Read back with json: every input once, in the folder's order.
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["input"] for r in records] == sorted(str(p) for p in setup["images"].iterdir())
+    assert sum("error" in r for r in records) == 4
 
 
 def test_parquet_merge_and_a_clean_run_exits_zero(setup: dict, tmp_path: Path) -> None:
@@ -139,7 +137,37 @@ def test_parquet_merge_and_a_clean_run_exits_zero(setup: dict, tmp_path: Path) -
     assert table.equals(pq.read_table(expected)) and table.num_rows == N_GOOD
     assert out.read_bytes() == expected.read_bytes()
     assert pq.ParquetFile(out).num_row_groups == -(-N_GOOD // BATCH)  # a row group per batch, as one process
-    assert _only_file(tmp_path) == [out.name]
+    assert _only_file(tmp_path) == [out.name], proc.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_machines_one_failing_input_fails_both(setup: dict, tmp_path: Path) -> None:
+    """Two torchrun agents as two machines (``--nnodes 2``, one process each): only rank 1 meets an
+    unreadable input, and both machines' runs end in status 1 (the counts are summed over ranks)."""
+    out = tmp_path / "six.jsonl"
+    inputs = sorted(str(p) for p in setup["images"].iterdir())[:6]  # batch 0 on rank 0, batch 1 (input 5 bad) on 1
+    listing = tmp_path / "six.txt"
+    listing.write_text("".join(f"{name}\n" for name in inputs))
+    port = _free_port()
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "convnets", *setup["args"],
+         "--from-file", str(listing), "--output", str(out)],
+        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    (_, err0), (_, err1) = (agent.communicate(timeout=300) for agent in agents)
+    assert [agent.returncode for agent in agents] == [1, 1], err0[-3000:] + err1[-3000:]
+    assert not _error_lines(err0) and len(_error_lines(err1)) == 1 and "img004_bad.png" in err1
+    assert _summary_lines(err0) == ["convnets predict: 1 of 6 inputs could not be read"] and not _summary_lines(err1)
+    expected = (setup["single"] / "all.jsonl").read_bytes().splitlines(keepends=True)[:6]  # the same batches
+    assert out.read_bytes() == b"".join(expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["six.jsonl", "six.txt"]
 
 
 def _cut(path: Path, records: int) -> None:
@@ -167,10 +195,10 @@ def test_resume_continues_each_ranks_part(setup: dict, tmp_path: Path) -> None:
     proc = torchrun(*setup["args"], str(setup["images"]), "--output", str(out), "--resume")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert out.read_bytes() == expected.read_bytes()
-    assert _only_file(tmp_path) == [out.name]
+    assert _only_file(tmp_path) == [out.name], proc.stderr
     # Both ranks continued their parts: rank 0 had recorded input 24, rank 1 input 5 and now redid 9 and 16.
     assert _summary_lines(proc.stderr) == [
-        f"convnets predict: 4 of {N_GOOD + 4} inputs could not be read (2 recorded by the earlier run)"]
+        f"convnets predict: 4 of {N_GOOD + 4} inputs could not be read (2 recorded by the earlier run)"], proc.stderr
 
 
 def test_resume_splits_a_single_process_file(setup: dict, tmp_path: Path) -> None:
@@ -182,11 +210,15 @@ def test_resume_splits_a_single_process_file(setup: dict, tmp_path: Path) -> Non
     _cut(out, 7 * BATCH)
     proc = torchrun(*setup["args"], str(setup["images"]), "--output", str(out), "--resume")
     assert proc.returncode == 1, proc.stderr[-3000:]
+    rows = _read_csv(out)  # read back with csv: 3 rows per image, one per unreadable input
+    bad = ("img004_bad.png", "img007_cut.png", "img013_bad.jpg", "img020_bad.png")
+    assert len(rows) == 3 * N_GOOD + 4 and [r["input"] for r in rows if r["error"]] == [
+        str(setup["images"] / name) for name in bad]
     # The 21 records kept (inputs 5, 9 and 16 unreadable) were split into parts and not redone.
     assert _summary_lines(proc.stderr) == [
-        f"convnets predict: 4 of {N_GOOD + 4} inputs could not be read (3 recorded by the earlier run)"]
+        f"convnets predict: 4 of {N_GOOD + 4} inputs could not be read (3 recorded by the earlier run)"], proc.stderr
     assert out.read_bytes() == expected.read_bytes()
-    assert _only_file(tmp_path) == [out.name]
+    assert _only_file(tmp_path) == [out.name], proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
