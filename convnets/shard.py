@@ -168,9 +168,9 @@ def merge_parts(output: str | os.PathLike[str], world: int, batch_size: int, *, 
     parts = part_paths(output, world)
     missing = [str(p) for p in parts if not p.exists()]
     if missing:
-        raise InvalidArgumentError(
-            f"cannot merge {output}: {', '.join(missing)} not found; on several machines, --{option} must be "
-            "in a folder that all of them share", keyword=option)
+        problem = f"cannot merge {output}: {', '.join(missing)} not found; on several machines, "
+        raise InvalidArgumentError(f"{problem}{option} must be in a folder that all of them share", keyword=option,
+                                   cli=f"{problem}--{option} must be in a folder that all of them share")
     count = write_records(output, interleave([read_records(p, fmt) for p in parts], batch_size), fmt)
     for p in parts:
         p.unlink()
@@ -248,14 +248,16 @@ class ShardedRun:
                 interleave), or with inputs on standard input (every rank must list them all).
         """
         rank, world = rank_world()
+        under = f"under torchrun ({world} processes)"
         if world > 1 and output is None:
-            raise InvalidArgumentError(f"under torchrun ({world} processes) each process writes its share of the "
-                                       f"records to a part of --{option} FILE, which rank 0 merges at the end: "
-                                       f"pass --{option} FILE (.jsonl, .csv or .parquet)", keyword=option)
+            why = f"{under} each process writes its share of the records to a part of the output file, which rank 0 " \
+                  "merges at the end"
+            raise InvalidArgumentError(f"{why}: pass {option}=FILE (.jsonl, .csv or .parquet)", keyword=option,
+                                       cli=f"{why}: pass --{option} FILE (.jsonl, .csv or .parquet)")
         if world > 1 and reads_stdin:
-            raise InvalidArgumentError(f"under torchrun ({world} processes) every process lists all the inputs, "
-                                       "so they cannot come from standard input: write them to a file and pass "
-                                       "--from-file FILE", keyword="from_file")
+            why = f"{under} every process lists all the inputs, so they cannot come from standard input"
+            raise InvalidArgumentError(f"{why}: write them to a file and read that", keyword="from_file",
+                                       cli=f"{why}: write them to a file and pass --from-file FILE")
         return cls(rank, world, output=output, batch_size=batch_size, fmt=fmt, option=option)
 
     @property
@@ -298,7 +300,9 @@ class ShardedRun:
         from convnets.train import dist
 
         if device.type not in ("cpu", "cuda"):
-            raise InvalidArgumentError(f"--device {device}: under torchrun, predict runs on cpu or cuda")
+            raise InvalidArgumentError(f"device={str(device)!r}: under torchrun, each process runs on cpu or cuda",
+                                       keyword="device", cli=f"--device {device}: under torchrun, each process runs "
+                                                             "on cpu or cuda")
         ctx = dist.setup(device.type)
         # Waiting for the slowest rank and summing counts: CPU tensors over gloo, with a time limit
         # that a long shard cannot reach (the default group's, 10 to 30 minutes, could be).

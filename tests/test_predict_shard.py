@@ -222,8 +222,10 @@ def test_resume_splits_a_single_process_file(setup: dict, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--jsonl"], "under torchrun (2 processes) each process writes its share"),
-    (["--output", "x.jsonl", "--from-file", "-"], "cannot come from standard input"),
+    (["--jsonl"], "under torchrun (2 processes) each process writes its share of the records to a part of the "
+                  "output file, which rank 0 merges at the end: pass --output FILE"),
+    (["--output", "x.jsonl", "--from-file", "-"], "cannot come from standard input: write them to a file and "
+                                                     "pass --from-file FILE"),
     (["--output", "x.jsonl"], "--output x.jsonl.part-00001-of-00002.jsonl exists; pass --resume"),
 ])
 def test_what_a_sharded_run_refuses(args: list[str], message: str, tmp_path: Path,

@@ -223,7 +223,9 @@ def run(args: argparse.Namespace) -> int:
                 if not result.ok:
                     failed += 1
                     bar.clear()
-                    print(f"convnets predict: error: {error}", file=sys.stderr)
+                    # One write per line: print() writes the text and its newline separately, and under
+                    # torchrun the ranks share stderr, so their lines would interleave.
+                    sys.stderr.write(f"convnets predict: error: {error}\n")
                 elif args.json:
                     results.append(_record(result, error))
                 elif writer is None:
