@@ -111,7 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConvnetsError, OSError, ValueError) as e:
         if os.environ.get("CONVNETS_DEBUG"):
             raise
-        print(f"convnets {args.command}: error: {message_for(e, 'cli')}", file=sys.stderr)
+        # One write: print() writes the text and the newline separately, and under torchrun the ranks
+        # share stderr, so their lines could interleave.
+        sys.stderr.write(f"convnets {args.command}: error: {message_for(e, 'cli')}\n")
         return EXIT_ERROR
 
 

@@ -22,11 +22,15 @@ in order so that the caller can skip exactly them. A Parquet file is only comple
 is written at the end, so it is written to a temporary file renamed into place at the end of the
 run (a killed run leaves no ``FILE``), and cannot be resumed.
 
+Every format also has a reader, :func:`read_records` (a complete file's records, lazily), and
+:func:`write_records` writes a whole file atomically a batch at a time, byte for byte as a run
+would: :mod:`convnets.shard` merges and splits the parts of a sharded run with these two.
+
 Embeddings (``convnets embed``: ``.npy`` and ``.parquet``) stream into a resumable spool and are
 assembled at the end; see the section "embeddings" below.
 
-This module imports neither PyTorch nor pyarrow until a Parquet file is written (nor numpy until
-embeddings are).
+This module imports neither PyTorch nor pyarrow until a Parquet file is written or read (nor numpy
+until embeddings are).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +54,8 @@ from convnets.errors import InvalidArgumentError, MissingDependencyError
 __all__ = ["CSV_COLUMNS", "EMBEDDING_FORMATS", "FORMATS", "RESUMABLE_FORMATS", "SPOOL_MAGIC", "EmbeddingWriter",
            "RecordWriter", "ScanResult", "SpoolScan", "assemble_embeddings", "check_destination",
            "check_embedding_destination", "embedding_format_of", "embedding_output_complete", "format_of",
-           "inputs_path", "open_embedding_writer", "open_writer", "read_embedding_records", "recorded_inputs",
-           "scan", "scan_spool", "spool_path"]
+           "inputs_path", "open_embedding_writer", "open_writer", "read_embedding_records", "read_records",
+           "recorded_inputs", "scan", "scan_spool", "spool_path", "write_records"]
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +399,67 @@ def open_writer(path: str | os.PathLike[str], *, resume: bool, topk: int, stack:
     writer = RecordWriter(stream, fmt, header=fmt == "csv" and (found is None or found.end == 0))
     stack.callback(writer.flush)
     return writer, found
+
+
+def read_records(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[Record]:
+    """The records of a complete file, in order, read lazily (the inverse of :func:`write_records`).
+
+    Args:
+        path: a file written by :class:`RecordWriter`.
+        fmt: its format (:data:`FORMATS`' values); default: from its suffix.
+
+    Yields:
+        Records as written: ``{"input", "top"}`` or ``{"input", "error"}``.
+
+    Raises:
+        InvalidArgumentError: a record cannot be read (a torn or damaged file: :func:`scan` repairs
+            what a killed writer leaves).
+    """
+    path = Path(path)
+    fmt = fmt or format_of(path)
+    if fmt == "parquet":
+        _, pq = _pyarrow()
+        for batch in pq.ParquetFile(path).iter_batches():
+            for row in batch.to_pylist():  # columns input, top, error: the unused one of the last two is null
+                yield {key: value for key, value in row.items() if value is not None}
+        return
+    for position, (record, _) in enumerate(_records(path, fmt, 0), 1):
+        if record is None:
+            raise InvalidArgumentError(f"{path}: record {position} cannot be read; the file is torn or damaged")
+        yield record
+
+
+def write_records(path: str | os.PathLike[str], batches: Iterable[Iterable[Record]], fmt: str | None = None) -> int:
+    """Write a new file of records atomically (``path`` appears complete, or not at all), a batch at a time.
+
+    Each batch is flushed as a run writes it (a Parquet row group per batch), so the file is the one
+    that a run with these batches writes, byte for byte.
+
+    Args:
+        path: the file to write; an existing one is replaced.
+        batches: the records, batch by batch.
+        fmt: the format (:data:`FORMATS`' values); default: from ``path``'s suffix.
+
+    Returns:
+        The number of records written.
+    """
+    from convnets.fileio import atomic_output
+
+    path = Path(path)
+    fmt = fmt or format_of(path)
+    count = 0
+    with atomic_output(path) as raw:
+        stream: IO[Any] = raw if fmt == "parquet" else io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        writer = RecordWriter(stream, fmt, header=fmt == "csv")
+        for batch in batches:
+            for record in batch:
+                writer.write(record)
+                count += 1
+            writer.flush()
+        writer.close()
+        if stream is not raw:
+            stream.detach()  # flushed; atomic_output closes the file itself
+    return count
 
 
 # --- embeddings ------------------------------------------------------------------------------------

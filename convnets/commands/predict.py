@@ -9,7 +9,9 @@ the exit status at 1; the others are still predicted. Inputs are streamed (``--r
 ``--from-file`` lists), so their number does not cost memory, and decoded by ``--workers`` processes
 while the model runs (:mod:`convnets.loader`). The options shared with ``convnets embed`` are in
 :mod:`convnets.commands.options`. ``--show FILE.png`` also draws contact sheets, thumbnails with
-their top classes (:mod:`convnets.sheet`).
+their top classes (:mod:`convnets.sheet`). Under ``torchrun`` each process predicts its share of
+the batches into a part of ``--output`` (required there) and rank 0 merges the parts into it at the
+end: the file one process writes (see :mod:`convnets.shard`).
 """
 
 from __future__ import annotations
@@ -86,14 +88,23 @@ def _record(result: Prediction, error: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets predict``; exit status 1 if any input could not be read."""
-    from convnets.records import RecordWriter, check_destination, open_writer, recorded_inputs
+    from convnets.records import RecordWriter, check_destination, open_writer, recorded_inputs, scan
+    from convnets.shard import ShardedRun
 
     # Before PyTorch and the model load: a wrong --output fails at once.
     if args.resume and args.output is None:
         raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
+    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.shard).
+    sharded = ShardedRun.from_env(output=args.output, batch_size=args.batch_size, reads_stdin=args.from_file == "-")
+    output = None if args.output is None else sharded.part(args.output)
     if args.output is not None:
         check_destination(args.output, resume=args.resume)
+        if sharded.world > 1:
+            check_destination(output, resume=args.resume)
     if args.show is not None:
+        if sharded.world > 1:  # each rank sees only its shard; one process must draw them all
+            raise InvalidArgumentError("--show draws the contact sheets in one process, not under torchrun; "
+                                       "drop --show here and draw sheets from a single-process run")
         from convnets.sheet import check_sheet_destination
         check_sheet_destination(args.show, option="show")
 
@@ -104,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from convnets.preprocessing.presets import preset_for_model
     if args.topk < 1:
         raise InvalidArgumentError(f"--topk must be a positive integer, got {args.topk}")
-    device = device_from_args(args)
+    device = sharded.join(device_from_args(args), resume=args.resume, repair=lambda path: scan(path, topk=args.topk))
     model = load_from_args(args, device=device).model
     labels = class_labels(model)
     if args.topk > len(labels):
@@ -116,15 +127,17 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         writer, found = None, None
         if args.output is not None:
-            writer, found = open_writer(args.output, resume=args.resume, topk=args.topk, stack=stack)
+            writer, found = open_writer(output, resume=args.resume, topk=args.topk, stack=stack)
         elif args.jsonl:
             writer = RecordWriter(sys.stdout, "jsonl")
         sheets = _open_sheets(args, stack)
-        items = iter_inputs(sources_from_args(args, stack), recursive=args.recursive)
+        items = sharded.items(iter_inputs(sources_from_args(args, stack), recursive=args.recursive))
         done = found.records if found else 0
         if done:
-            items = skip_recorded(items, recorded_inputs(args.output, topk=args.topk), args.output)
+            items = skip_recorded(items, recorded_inputs(output, topk=args.topk), str(output))
         total, show = progress_from_args(args, sys.stderr.isatty())
+        # Under torchrun only rank 0 shows a bar, counting its own shard.
+        total, show = (None if total is None else sharded.count(total)), show and sharded.is_main
         results, failed = [], 0
 
         def on_batch(count: int) -> None:
@@ -144,7 +157,9 @@ def run(args: argparse.Namespace) -> int:
                 if not result.ok:
                     failed += 1
                     bar.clear()
-                    print(f"convnets predict: error: {error}", file=sys.stderr)
+                    # One write per line: print() writes the text and its newline separately, and under
+                    # torchrun the ranks share stderr, so their lines would interleave.
+                    sys.stderr.write(f"convnets predict: error: {error}\n")
                 elif args.json:
                     results.append(_record(result, error))
                 elif writer is None:
@@ -155,9 +170,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"convnets predict: contact sheets: {', '.join(map(str, sheets.paths)) or 'none (no inputs)'}",
               file=sys.stderr)
     earlier = found.errors if found else 0
-    if failed or earlier:
+    # Under torchrun: totals over the ranks, and rank 0 merges the parts into --output.
+    failed, earlier, done = sharded.finish([failed, earlier, done])
+    if (failed or earlier) and sharded.is_main:
         also = f" ({earlier} recorded by the earlier run)" if earlier else ""
         print(f"convnets predict: {failed + earlier} of {done} inputs could not be read{also}", file=sys.stderr)
+    sharded.close()
     return 1 if failed or earlier else 0
 
 
