@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from convnets.deploy.calibrate import CalibrationData, calibration_batches
-from convnets.deploy.engines import AUTO, INT8_CHECK_IMAGES, build_auto, engine_names, get_engine
+from convnets.deploy.engines import AUTO, build_auto, check_int8, engine_names, get_engine
 from convnets.deploy.engines.torch import OptimizedModel, compile_unavailable_reason, optimize_with_torch
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
@@ -66,7 +66,7 @@ def optimize_for_inference(
             ``(images, targets)`` pairs); a few hundred are enough (at most 300 are used). The int8
             model runs images of their height and width only. The result's ``calibration_check``
             is the :class:`~convnets.deploy.export.Verification` of the int8 model against
-            ``model`` on (up to 64 of) these images; a warning is logged when its top-1 agreement
+            ``model`` on (up to 300 of) these images; a warning is logged when its top-1 agreement
             is below 99%.
         compile: use ``torch.compile`` (torch engine; falls back to eager, with a warning, when
             unavailable). The other engines always compile their own graph.
@@ -107,8 +107,6 @@ def optimize_for_inference(
 def _optimize_int8(model: nn.Module, target: torch.device, engine: str, calibration_data: CalibrationData | None,
                    *, compile: bool) -> nn.Module:
     """``precision="int8"``: calibration checked, the engine built, its agreement with ``model`` measured."""
-    from convnets.deploy.export import verify_runner
-
     runs_int8 = [name for name in engine_names() if INT8 in get_engine(name).precisions]
     if engine != AUTO:
         chosen = get_engine(engine)
@@ -121,8 +119,7 @@ def _optimize_int8(model: nn.Module, target: torch.device, engine: str, calibrat
     if engine == AUTO:
         return build_auto(model, INT8, target, compile=compile, calibration_data=batches)
     built = chosen.build(model, INT8, target, compile=compile, calibration_data=batches)
-    check = verify_runner(built, model, torch.cat(batches)[:INT8_CHECK_IMAGES], INT8,
-                          f"{min(sum(map(len, batches)), INT8_CHECK_IMAGES)} calibration images")
+    check = check_int8(built, model, batches)
     built.calibration_check = check
     log.log(logging.INFO if check.passed else logging.WARNING,
             "int8 (%s): top-1 agreement with the float model %.1f%% on %s (required %s), min cosine %.4f",

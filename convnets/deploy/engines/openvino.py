@@ -18,6 +18,7 @@ https://docs.openvino.ai/2025/openvino-workflow/model-optimization-guide/quantiz
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from convnets.deploy.engines.base import Engine
@@ -61,7 +62,16 @@ class OpenVinoEngine(Engine):
             require("nncf", extra=self.extra, purpose="int8 quantization (NNCF)")
 
     def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
-              calibration_data: list[Tensor] | None = None) -> nn.Module:
+              calibration_data: list[Tensor] | None = None, settings: Mapping[str, str] | None = None) -> nn.Module:
+        """See :meth:`Engine.build`.
+
+        Args:
+            calibration_data: int8 only (required there): what
+                :func:`~convnets.deploy.calibrate.calibration_batches` returns.
+            settings: more CPU plugin properties (``PERFORMANCE_HINT``, ``NUM_STREAMS``,
+                ``INFERENCE_NUM_THREADS``, ``ENABLE_CPU_PINNING``, ...), over :meth:`config`'s;
+                default: OpenVINO's own (benchmarks/bench_engines.py ``--settings`` compares them).
+        """
         import torch
 
         from convnets.deploy.engines.runner import engine_model, folded_copy
@@ -69,7 +79,7 @@ class OpenVinoEngine(Engine):
 
         fmt = get_format("openvino")
         module = folded_copy(model)
-        config = self.config(precision)
+        config = {**self.config(precision), **(settings or {})}
         if precision != "int8":
             def make_runner(shape: tuple[int, ...]) -> Runner:
                 return fmt.compile(fmt.convert(module, torch.zeros(2, *shape)), config)  # type: ignore[attr-defined]
