@@ -9,12 +9,15 @@ a module-level ``ENGINE`` instance, registered like the export formats
 * ``onnxruntime``: the ONNX export's graph (:mod:`convnets.deploy.formats.onnx`) run by ONNX
   Runtime's CPU provider, fp32;
 * ``openvino``: the OpenVINO IR conversion (:mod:`convnets.deploy.formats.openvino`), compiled in
-  memory for OpenVINO's CPU plugin, fp32 (``INFERENCE_PRECISION_HINT=f32``) or bf16.
+  memory for OpenVINO's CPU plugin, fp32 (``INFERENCE_PRECISION_HINT=f32``) or bf16; int8 through
+  NNCF post-training quantization calibrated on the caller's ``calibration_data``.
 
 ``engine="auto"`` (:func:`build_auto`) tries the engines of :data:`AUTO_ORDER` for the device and
 precision, in order, and takes the first one that is installed, builds, and passes the
 faithfulness check of exports on their example photos (fp32: 1e-4 relative; bf16/fp16: per-sample
 cosine >= 0.99); ``torch`` ends every order and is taken without a check (it is the reference path).
+int8 is checked on the calibration images instead (top-1 agreement >= 99%, :func:`check_int8`),
+and since the torch engine runs no int8, ``auto`` raises when no int8 engine passes.
 
 Importing this package loads no PyTorch and no engine module.
 """
