@@ -122,6 +122,7 @@ def _optimize_int8(model: nn.Module, target: torch.device, engine: str, calibrat
     check = check_int8(built, model, batches)
     built.calibration_check = check
     log.log(logging.INFO if check.passed else logging.WARNING,
-            "int8 (%s): top-1 agreement with the float model %.1f%% on %s (required %s), min cosine %.4f",
-            engine, 100 * check.top1_agreement, check.inputs, check.tolerance, check.min_cosine)
+            "int8 (%s): top-1 agreement with the float model %.1f%% on %s (required %s), min cosine %.4f%s",
+            engine, 100 * check.top1_agreement, check.inputs, check.tolerance, check.min_cosine,
+            "" if check.passed else "; this int8 model changes the model's answers: use precision='bf16'")
     return built
