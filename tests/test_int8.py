@@ -165,3 +165,21 @@ def test_the_int8_model_runs_its_calibration_size_only() -> None:
     assert quantized(torch.randn(3, 3, 32, 32)).shape == (3, 10)
     with pytest.raises(InvalidArgumentError, match=r"calibrated on 32x32 images and runs that size only, not 40x40"):
         quantized(torch.randn(1, 3, 40, 40))
+
+
+def test_an_explicit_int8_engine_that_changes_the_answers_is_reported(monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    engine = get_engine("openvino")
+    build = engine.build
+
+    def shuffled(*args: object, **kwargs: object) -> torch.nn.Module:
+        built = build(*args, **kwargs)
+        forward = built.forward
+        built.forward = lambda x: forward(x).roll(1, dims=1)
+        return built
+    monkeypatch.setattr(engine, "build", shuffled)
+    with caplog.at_level(logging.WARNING, logger="convnets.deploy.optimize"):
+        quantized = convnets.optimize_for_inference(tiny(), "int8", engine="openvino",
+                                                    calibration_data=torch.randn(8, 3, 32, 32))
+    assert not quantized.calibration_check.passed and quantized.calibration_check.top1_agreement == 0.0
+    assert any("changes the model's answers: use precision='bf16'" in r.getMessage() for r in caplog.records)
