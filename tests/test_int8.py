@@ -6,7 +6,8 @@ handwritten digits (all ten, upscaled to 32 px: 1200 training / 597 validation i
 quantized with 300 training images as calibration data. On the validation split, int8 must score
 within 0.5 points of the float model's top-1 accuracy and agree with its top-1 class on at least
 99% of the images; the float model is the reference, its labels are the folder names. About a
-minute on 2 cores (training ~40 s, quantization ~10 s).
+minute on 2 idle cores (training ~40 s, two quantizations ~10 s each); 2.5 min measured with the
+cores shared by other jobs.
 Speed (int8 >= 1.5x OpenVINO bf16 on ResNeXt101-32x4d) lives in benchmarks/bench_engines.py --int8.
 """
 
