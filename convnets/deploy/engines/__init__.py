@@ -41,8 +41,7 @@ if TYPE_CHECKING:
     from convnets.deploy.export import Verification
 
 __all__ = ["AUTO", "AUTO_ORDER", "INT8_CHECK_IMAGES", "Engine", "auto_order", "available_engines", "build_auto",
-           "check_int8",
-           "engine_names", "get_engine", "register_engine"]
+           "check_int8", "engine_names", "get_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
 
