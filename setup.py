@@ -52,7 +52,8 @@ setup(
     ],
     extras_require={
         "export": ["onnx>=1.15", "onnxruntime>=1.17"],
-        "openvino": ["openvino>=2025.0"],
+        # nncf: precision="int8" (post-training quantization of the OpenVINO graph)
+        "openvino": ["openvino>=2025.0", "nncf>=2.16"],
         "dali": ["nvidia-dali-cuda130>=1.40"],
         # convnets train: OUT/tensorboard/ event files; OUT/curves.png and `convnets plot`.
         "tensorboard": ["tensorboard>=2.14"],
@@ -70,6 +71,7 @@ setup(
             "onnx>=1.15",
             "onnxruntime>=1.17",
             "openvino>=2025.0",
+            "nncf>=2.16",
             "tritonclient>=2.40",  # its ModelConfig protobuf parses the generated config.pbtxt back
             "protobuf>=4",
             "tensorboard>=2.14",  # its EventAccumulator reads the training run's event files back

@@ -5,6 +5,8 @@ Usage::
     python benchmarks/bench_engines.py                                   # the README's table (slow)
     python benchmarks/bench_engines.py --models resnext101_32x4d --batch-sizes 16 --rounds 3   # quicker
     python benchmarks/bench_engines.py --image-size 128 --rounds 2 --warmup 1                  # a smoke run
+    python benchmarks/bench_engines.py --int8              # int8 vs bf16 (issue 9's 1.5x gate), ResNeXt101 b16
+    python benchmarks/bench_engines.py --settings          # OpenVINO / ONNX Runtime settings vs their defaults
 
 For each model and batch size, on random weights (BatchNorm statistics calibrated on random
 inputs, so that activations and the faithfulness checks behave as with trained weights; speed
@@ -14,7 +16,15 @@ does not depend on the values):
 * ``torch fp32/bf16``  -- ``optimize_for_inference(model, p, engine="torch")`` (folded, channels_last, compiled);
 * ``onnxruntime fp32`` -- ``engine="onnxruntime"``;
 * ``openvino fp32/bf16`` -- ``engine="openvino"`` (INFERENCE_PRECISION_HINT f32 / bf16);
-* ``auto fp32/bf16``   -- ``engine="auto"`` (its pick is in the label).
+* ``auto fp32/bf16``   -- ``engine="auto"`` (its pick is in the label);
+* ``openvino int8``    -- ``precision="int8"``: NNCF post-training quantization calibrated on
+  :func:`calibration_photos` (real photos from the package and scikit-image, cropped and flipped);
+  the last lines give its speed over ``openvino bf16`` per round (median, min-max).
+
+A variant may carry engine settings after its precision, ``ENGINE PRECISION KEY=VALUE ...``:
+OpenVINO CPU properties (``openvino bf16 PERFORMANCE_HINT=THROUGHPUT``) or ONNX Runtime
+``SessionOptions`` attributes (``onnxruntime fp32 intra_op_num_threads=2``); ``--settings`` runs
+the list :data:`SETTINGS` at batch 1 and 16 on ResNeXt101-32x4d.
 
 Measurements are interleaved: every round times each variant once (rotated order) and ratios are
 taken within the round, so load from other processes hits numerator and denominator alike; the
@@ -29,6 +39,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,21 +54,75 @@ from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/inter
 
 REFERENCE = "timm fp32"
 VARIANTS = ("torch fp32", "onnxruntime fp32", "openvino fp32", "auto fp32", "torch bf16", "openvino bf16",
-            "auto bf16")
+            "auto bf16", "openvino int8")
+#: ``--int8``: the gate of issue 9 (int8 at least 1.5x OpenVINO bf16 on ResNeXt101 at batch 16).
+INT8_VARIANTS = ("openvino bf16", "openvino int8")
+#: ``--settings``: each engine's defaults against the settings worth trying on a small CPU.
+SETTINGS = (
+    "openvino fp32", "openvino fp32 PERFORMANCE_HINT=THROUGHPUT",
+    "openvino fp32 ENABLE_CPU_PINNING=YES", "openvino fp32 INFERENCE_NUM_THREADS=1",
+    "openvino bf16", "openvino bf16 PERFORMANCE_HINT=THROUGHPUT", "openvino bf16 NUM_STREAMS=2",
+    "openvino bf16 ENABLE_CPU_PINNING=YES", "openvino bf16 ENABLE_CPU_PINNING=NO",
+    "onnxruntime fp32", "onnxruntime fp32 intra_op_num_threads=1",
+    "onnxruntime fp32 graph_optimization_level=ORT_ENABLE_EXTENDED",
+    "onnxruntime fp32 execution_mode=ORT_PARALLEL",
+)
+
+
+def calibration_photos(image_size: int, count: int = 32) -> torch.Tensor:
+    """``count`` preprocessed crops of real photos: int8 calibration data for random-weight models.
+
+    The package's example photos and scikit-image's colour photos (when installed), each as a
+    whole, flipped, and as four corner crops of 60%, through the evaluation preprocessing.
+    """
+    from PIL import Image, ImageOps
+
+    from convnets.assets import example_images
+    from convnets.preprocessing import prepare_input_from_uri
+    from convnets.preprocessing.presets import EvalPreset
+
+    photos = [Image.open(p).convert("RGB") for p in example_images()]
+    try:
+        import skimage.data
+
+        photos += [Image.fromarray(getattr(skimage.data, n)()).convert("RGB")
+                   for n in ("astronaut", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field", "camera")]
+    except ImportError:
+        logging.warning("scikit-image is not installed: int8 is calibrated on %d photos only", len(photos))
+    crops = []
+    for photo in photos:
+        w, h = photo.size
+        cw, ch = int(w * 0.6), int(h * 0.6)
+        crops += [photo, ImageOps.mirror(photo)]
+        crops += [photo.crop((x, y, x + cw, y + ch)) for x in (0, w - cw) for y in (0, h - ch)]
+    return prepare_input_from_uri(crops[:count], preset=EvalPreset.for_image_size(image_size))
 
 
 def _runners(name: str, wanted: list[str], image_size: int) -> dict[str, Runner]:
+    from convnets.deploy.engines import get_engine
+
     model = convnets.get_model(name)
     calibrate_batchnorm(model, image_size=image_size, batch_size=4, batches=2)
     model.input_size = image_size
     runners: dict[str, Runner] = {}
+    cpu = torch.device("cpu")
     for label in wanted:
-        engine, precision = label.split()
-        if engine != "auto" and engine not in available_engines(precision, torch.device("cpu")):
+        engine, precision, *settings = label.split()
+        if engine != "auto" and engine not in available_engines(precision, cpu):
             logging.warning("%s: not installed or not runnable here; skipped", label)
             continue
         start = time.perf_counter()
-        built = convnets.optimize_for_inference(model, precision, engine=engine)
+        calibration = calibration_photos(image_size) if precision == "int8" else None
+        if settings:  # straight to the engine: optimize_for_inference offers no settings
+            options = dict(setting.split("=", 1) for setting in settings)
+            typed = {k: int(v) if v.isdigit() and engine == "onnxruntime" else v for k, v in options.items()}
+            built = get_engine(engine).build(model, precision, cpu, compile=True, settings=typed)
+        else:
+            built = convnets.optimize_for_inference(model, precision, engine=engine, calibration_data=calibration)
+        if precision == "int8":
+            check = built.calibration_check
+            logging.info("%s %s: top-1 agreement with fp32 %.1f%% on %s, min cosine %.4f", name, label,
+                         100 * check.top1_agreement, check.inputs, check.min_cosine)
         if engine == "auto":
             label = f"{label} ({built.engine})"
         runners[label] = built
@@ -80,7 +145,7 @@ def auto_verdicts(rows: list[dict[str, object]]) -> list[str]:
         group = [r for r in rows if (r["model"], r["batch_size"]) == (model, batch)]
         for precision in ("fp32", "bf16"):
             engines = {r["variant"].split()[0]: r["img_per_s"] for r in group
-                       if str(r["variant"]).split()[1:2] == [precision] and not str(r["variant"]).startswith("auto")
+                       if str(r["variant"]).split()[1:] == [precision] and not str(r["variant"]).startswith("auto")
                        and r["variant"] != REFERENCE}
             auto = [r["variant"] for r in group if str(r["variant"]).startswith(f"auto {precision}")]
             if not engines or not auto:
@@ -93,11 +158,45 @@ def auto_verdicts(rows: list[dict[str, object]]) -> list[str]:
     return lines
 
 
+def int8_baseline(label: str) -> str | None:
+    """int8 variants are compared with OpenVINO bf16 (issue 9's gate: at least 1.5x)."""
+    return "openvino bf16" if label.split()[1:2] == ["int8"] else None
+
+
+def settings_baseline(label: str) -> str | None:
+    """A variant with settings is compared with the same engine and precision at its defaults."""
+    words = label.split()
+    return " ".join(words[:2]) if len(words) > 2 else None
+
+
+def ratio_verdicts(rows: list[dict[str, object]], baseline_of: Callable[[str], str | None]) -> list[str]:
+    """Per model and batch, each variant's speed over its ``baseline_of(variant)``, from per-round ratios."""
+    import statistics
+
+    lines = []
+    for model, batch in sorted({(r["model"], r["batch_size"]) for r in rows}, key=str):
+        group = {r["variant"]: r["img_per_s_all_rounds"] for r in rows if (r["model"], r["batch_size"]) == (model, batch)}
+        for label, speeds in group.items():
+            baseline = baseline_of(str(label))
+            if baseline is None or baseline not in group:
+                continue
+            ratios = [a / b for a, b in zip(speeds, group[baseline])]
+            lines.append(f"{model} b{batch}: {label} / {baseline} = {statistics.median(ratios):.2f}x "
+                         f"(rounds {min(ratios):.2f}-{max(ratios):.2f})")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnext101_32x4d,se_resnext101_32x4d")
     parser.add_argument("--batch-sizes", default="1,16")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, from {VARIANTS}, each optionally followed by engine settings "
+                             "(e.g. 'openvino bf16 PERFORMANCE_HINT=THROUGHPUT')")
+    parser.add_argument("--int8", action="store_true", help="int8 against OpenVINO bf16 only, ResNeXt101 at batch "
+                        "16 (unless --models / --batch-sizes say otherwise)")
+    parser.add_argument("--settings", action="store_true", help="the engine settings of SETTINGS against the "
+                        "engines' defaults, ResNeXt101 at batch 1 and 16")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per variant (the first one compiles)")
     parser.add_argument("--calls", type=int, default=1, help="calls per variant per round")
@@ -105,6 +204,14 @@ def main() -> int:
                                                                     "representative run)")
     parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
     args = parser.parse_args()
+    if args.int8 or args.settings:
+        chosen = INT8_VARIANTS if args.int8 else SETTINGS
+        defaults = {"models": "resnext101_32x4d", "batch_sizes": "16" if args.int8 else "1,16"}
+        for key, value in defaults.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+        if args.variants == parser.get_default("variants"):
+            args.variants = ",".join(chosen)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     import timm
@@ -131,6 +238,8 @@ def main() -> int:
               f"{row['speedup_vs_timm']:.2f}x ({lo:.2f}-{hi:.2f}) | {row['warmup_s']:.1f} |")
     print()
     for line in auto_verdicts(rows):
+        print(line)
+    for line in ratio_verdicts(rows, settings_baseline if args.settings else int8_baseline):
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")

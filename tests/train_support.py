@@ -30,13 +30,17 @@ DIGITS = (0, 1, 2, 3)
 N_TRAIN, N_VAL = 480, 201  # 15 batches of 32; an odd validation set, so DDP ranks get unequal shares
 
 
-def make_digits(root: Path, n_train: int = N_TRAIN, n_val: int = N_VAL, size: int = 32) -> Path:
-    """Write ``root/{train,val}/digit{k}/{i}.png`` for the digits 0-3 and return ``root``."""
+def make_digits(root: Path, n_train: int = N_TRAIN, n_val: int = N_VAL, size: int = 32,
+                digits: tuple[int, ...] = DIGITS) -> Path:
+    """Write ``root/{train,val}/digit{k}/{i}.png`` for ``digits`` (default 0-3) and return ``root``.
+
+    All ten digits hold 1797 images (0-3: 720); ``n_train + n_val`` must not exceed that.
+    """
     from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    keep = np.isin(digits.target, DIGITS)
-    images, labels = digits.images[keep], digits.target[keep]
+    loaded = load_digits()
+    keep = np.isin(loaded.target, digits)
+    images, labels = loaded.images[keep], loaded.target[keep]
     order = np.random.default_rng(0).permutation(len(labels))
     for split, chosen in (("train", order[:n_train]), ("val", order[n_train:n_train + n_val])):
         for i in chosen:

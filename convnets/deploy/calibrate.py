@@ -1,15 +1,63 @@
-"""BatchNorm statistics for randomly initialised models, so that their activations stay in range.
+"""Calibration: BatchNorm statistics for random models, and the images int8 quantization is calibrated on.
 
-Used by the command line's ``--random-init`` (:mod:`convnets.commands.options`) and by tests that
-need a random network which behaves numerically like a trained one.
+:func:`calibrate_batchnorm` is used by the command line's ``--random-init``
+(:mod:`convnets.commands.options`) and by tests that need a random network which behaves
+numerically like a trained one. :func:`calibration_batches` checks and normalises
+``optimize_for_inference(precision="int8", calibration_data=...)``.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from collections.abc import Iterable
 
-__all__ = ["calibrate_batchnorm"]
+import torch
+from torch import Tensor, nn
+
+from convnets.errors import InvalidArgumentError
+
+__all__ = ["CalibrationData", "calibrate_batchnorm", "calibration_batches"]
+
+#: What ``calibration_data`` may be: one ``[N, 3, H, W]`` batch, or an iterable of such batches
+#: (or of ``(images, targets)`` pairs, as a ``DataLoader`` over a labelled data set yields).
+CalibrationData = Tensor | Iterable[Tensor] | Iterable[tuple[Tensor, ...]]
+
+
+def calibration_batches(data: CalibrationData | None, *, keyword: str = "calibration_data") -> list[Tensor]:
+    """``data`` as a list of float32 CPU ``[n, 3, H, W]`` batches, all of one image size.
+
+    Args:
+        data: preprocessed images as the model takes them (normalised, NCHW): a tensor, or an
+            iterable of tensors or of tuples whose first item is the images.
+        keyword: how the caller's interface names ``data``, for the messages.
+
+    Raises:
+        InvalidArgumentError: ``data`` is missing or empty, not image batches, or of mixed image sizes.
+    """
+    if data is None:
+        raise InvalidArgumentError(f"precision='int8' needs {keyword}: a few hundred preprocessed images "
+                                   "([N, 3, H, W] tensor, or an iterable of such batches) like those the model "
+                                   "will see, to calibrate the quantization ranges on", keyword=keyword)
+    items = [data] if isinstance(data, Tensor) else data
+    if not isinstance(items, Iterable):
+        raise InvalidArgumentError(f"{keyword} must be an [N, 3, H, W] tensor or an iterable of such batches, "
+                                   f"not {type(data).__name__}", keyword=keyword)
+    batches: list[Tensor] = []
+    for item in items:
+        if isinstance(item, (tuple, list)) and item:
+            item = item[0]  # (images, targets) from a labelled loader
+        if not isinstance(item, Tensor) or item.dim() != 4 or item.shape[1] != 3 or not item.is_floating_point():
+            what = f"a {tuple(item.shape)} {item.dtype} tensor" if isinstance(item, Tensor) else type(item).__name__
+            raise InvalidArgumentError(f"{keyword} must hold float [N, 3, H, W] image batches (preprocessed as "
+                                       f"for the model), got {what}", keyword=keyword)
+        if batches and item.shape[2:] != batches[0].shape[2:]:
+            raise InvalidArgumentError(f"{keyword} mixes image sizes ({tuple(batches[0].shape[2:])} and "
+                                       f"{tuple(item.shape[2:])}); the int8 graph is calibrated for one size",
+                                       keyword=keyword)
+        if len(item):
+            batches.append(item.detach().to(device="cpu", dtype=torch.float32).contiguous())
+    if not batches:
+        raise InvalidArgumentError(f"{keyword} holds no images", keyword=keyword)
+    return batches
 
 
 def calibrate_batchnorm(model: nn.Module, *, image_size: int = 224, batch_size: int = 8, batches: int = 2) -> None:

@@ -9,12 +9,15 @@ a module-level ``ENGINE`` instance, registered like the export formats
 * ``onnxruntime``: the ONNX export's graph (:mod:`convnets.deploy.formats.onnx`) run by ONNX
   Runtime's CPU provider, fp32;
 * ``openvino``: the OpenVINO IR conversion (:mod:`convnets.deploy.formats.openvino`), compiled in
-  memory for OpenVINO's CPU plugin, fp32 (``INFERENCE_PRECISION_HINT=f32``) or bf16.
+  memory for OpenVINO's CPU plugin, fp32 (``INFERENCE_PRECISION_HINT=f32``) or bf16; int8 through
+  NNCF post-training quantization calibrated on the caller's ``calibration_data``.
 
 ``engine="auto"`` (:func:`build_auto`) tries the engines of :data:`AUTO_ORDER` for the device and
 precision, in order, and takes the first one that is installed, builds, and passes the
 faithfulness check of exports on their example photos (fp32: 1e-4 relative; bf16/fp16: per-sample
 cosine >= 0.99); ``torch`` ends every order and is taken without a check (it is the reference path).
+int8 is checked on the calibration images instead (top-1 agreement >= 99%, :func:`check_int8`),
+and since the torch engine runs no int8, ``auto`` raises when no int8 engine passes.
 
 Importing this package loads no PyTorch and no engine module.
 """
@@ -26,15 +29,19 @@ import logging
 from typing import TYPE_CHECKING
 
 from convnets.deploy.engines.base import Engine
-from convnets.errors import InvalidArgumentError
+from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 from convnets.runtime import setting
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from torch import nn
 
-__all__ = ["AUTO", "AUTO_ORDER", "Engine", "auto_order", "available_engines", "build_auto",
-           "engine_names", "get_engine", "register_engine"]
+    from convnets.deploy.export import Verification
+
+__all__ = ["AUTO", "AUTO_ORDER", "INT8_CHECK_IMAGES", "Engine", "auto_order", "available_engines", "build_auto",
+           "check_int8", "engine_names", "get_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +61,12 @@ AUTO = "auto"
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "fp32"): ("onnxruntime", "openvino", "torch"),
     ("cpu", "bf16"): ("openvino", "torch"),
+    ("cpu", "int8"): ("openvino",),  # NNCF; the torch engine runs no int8: auto raises when this one fails
 }
+
+#: int8: how many calibration images the faithfulness check runs (99% agreement on 64 images would
+#: allow no disagreement at all; on 300, three).
+INT8_CHECK_IMAGES = 300
 
 #: Built-in engines: module names in this package, in the order tables list them.
 _BUILTIN: tuple[str, ...] = ("torch", "onnxruntime", "openvino")
@@ -105,40 +117,85 @@ def auto_order(precision: str, device: torch.device) -> tuple[str, ...]:
     return (*(name for name in order if name != "torch"), "torch")
 
 
-def build_auto(model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
+def build_auto(model: nn.Module, precision: str, device: torch.device, *, compile: bool,
+               calibration_data: list[torch.Tensor] | None = None) -> nn.Module:
     """``engine="auto"``: the first engine of :func:`auto_order` that is installed, builds and is faithful.
 
     Each candidate other than ``torch`` is built and checked against ``model`` on the example photos
     that verify exports, at the model's input size (and on the first alone), with the export criterion
     (:func:`convnets.deploy.export.verify_runner`); one that is missing, fails to build or
     disagrees is skipped with a log line. The choice is logged once, at INFO.
+
+    int8 (``calibration_data`` given, as :func:`~convnets.deploy.calibrate.calibration_batches`
+    returns it) is checked on the calibration images instead (top-1 agreement >= 99%): no engine
+    stands in for it, so when none qualifies this raises.
+
+    Raises:
+        UnsupportedPrecisionError: int8, and no engine that runs it is installed and faithful.
     """
     from convnets.deploy.export import sample_batch, verify_runner
     from convnets.deploy.folding import error_summary
 
-    # The photos that verify exports (shipped in the package), at the model's input size.
-    batch, inputs = sample_batch(image_size=int(getattr(model, "input_size", 224)))
+    int8 = precision == "int8"
+    if int8:
+        extra: dict[str, object] = {"calibration_data": calibration_data}
+    else:
+        # The photos that verify exports (shipped in the package), at the model's input size.
+        batch, inputs = sample_batch(image_size=int(getattr(model, "input_size", 224)))
+        extra = {}
+    reasons = []
     for name in auto_order(precision, device):
         engine = get_engine(name)
         if name == "torch":
+            if int8:
+                reasons.append("torch runs no int8")
+                continue
             built = engine.build(model, precision, device, compile=compile)
             break
         if not engine.available(precision, device):
             log.debug("engine='auto': %s is not installed or does not run %s on %s", name, precision, device)
+            reasons.append(f"{name} does not run {precision} here")
             continue
         try:
-            built = engine.build(model, precision, device, compile=compile)
-            check = verify_runner(built, model, batch, precision, inputs)
+            built = engine.build(model, precision, device, compile=compile, **extra)
+            check = (check_int8(built, model, calibration_data or []) if int8
+                     else verify_runner(built, model, batch, precision, inputs))
         except Exception as e:  # noqa: BLE001 - any engine failure: try the next engine
             log.warning("engine='auto': %s failed (%s); trying the next engine", name, error_summary(e))
+            reasons.append(f"{name} failed ({error_summary(e)})")
             continue
         if check.passed:
+            if int8:
+                built.calibration_check = check
             break
-        log.warning("engine='auto': %s disagrees with the model (max relative error %.3g, min cosine %.5f; "
-                    "required %s); trying the next engine", name, check.max_rel_error, check.min_cosine,
-                    check.tolerance)
+        log.warning("engine='auto': %s disagrees with the model (max relative error %.3g, min cosine %.5f, "
+                    "top-1 agreement %.1f%%; required %s); trying the next engine", name, check.max_rel_error,
+                    check.min_cosine, 100 * check.top1_agreement, check.tolerance)
+        reasons.append(f"{name} agreed with the model's top-1 class on {100 * check.top1_agreement:.1f}% of "
+                       f"{check.inputs} (required {check.tolerance})")
+    else:
+        raise UnsupportedPrecisionError(f"engine='auto' found no engine that runs precision={precision!r} faithfully: "
+                                        f"{'; '.join(reasons)}; use precision='bf16' (or 'fp32')")
     log.info("engine='auto' picked %s for %s on %s", built.engine, precision, device)
     return built
+
+
+def check_int8(built: nn.Module, model: nn.Module, batches: list[torch.Tensor]) -> Verification:
+    """How an int8 ``built`` compares with ``model`` on (up to :data:`INT8_CHECK_IMAGES` of) the calibration images.
+
+    The criterion is :func:`convnets.deploy.export.verify_runner`'s for int8: top-1 agreement
+    >= 99%. Both run 32 images at a time.
+    """
+    import torch
+
+    from convnets.deploy.export import verify_runner
+
+    images = torch.cat(batches)[:INT8_CHECK_IMAGES]
+
+    def chunked(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda x: torch.cat([run(part) for part in x.split(32)])
+    return verify_runner(chunked(built), chunked(model), images, "int8",  # type: ignore[arg-type]
+                         f"{len(images)} calibration images")
 
 
 def _loaded() -> dict[str, Engine]:

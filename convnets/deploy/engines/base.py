@@ -6,7 +6,7 @@ import abc
 from typing import TYPE_CHECKING, ClassVar
 
 from convnets.deploy.formats.base import require
-from convnets.errors import UnsupportedPrecisionError
+from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 from convnets.runtime import setting
 
 if TYPE_CHECKING:
@@ -41,6 +41,10 @@ class Engine(abc.ABC):
 
         Returns a module that takes an NCHW float batch of any size and returns float32 logits, with
         an ``engine`` attribute naming this engine.
+
+        Engines may take more keywords: ``calibration_data`` (those that run ``"int8"``: passed by
+        ``optimize_for_inference`` for int8 only, as a list of batches) and ``settings`` (the
+        runtime's own options, for benchmarks/bench_engines.py).
         """
 
     def check(self, precision: str, device: torch.device, *, option: str = "precision") -> None:
@@ -65,7 +69,7 @@ class Engine(abc.ABC):
         """Whether :meth:`check` passes (quietly)."""
         try:
             self.check(precision, device)
-        except (UnsupportedPrecisionError, ImportError):
+        except (UnsupportedPrecisionError, InvalidArgumentError, ImportError):  # Invalid: a precision it does not know
             return False
         return True
 

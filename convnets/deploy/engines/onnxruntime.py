@@ -9,8 +9,9 @@ Reference: https://onnxruntime.ai/docs/api/python/api_summary.html
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from convnets.deploy.engines.base import Engine
 
@@ -31,7 +32,10 @@ class OnnxRuntimeEngine(Engine):
     requires = ("onnx", "onnxruntime")
     extra = "export"
 
-    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
+    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
+              settings: Mapping[str, Any] | None = None) -> nn.Module:
+        """See :meth:`Engine.build`; ``settings``: ``onnxruntime.SessionOptions`` attributes (default:
+        ONNX Runtime's own; see the onnx format's ``load_runner``)."""
         import torch
 
         from convnets.deploy.engines.runner import engine_model, folded_copy
@@ -44,7 +48,7 @@ class OnnxRuntimeEngine(Engine):
             with tempfile.TemporaryDirectory(prefix="convnets-onnxruntime-") as tmp:
                 path = Path(tmp) / fmt.file_names[0]
                 fmt.write(module, path, torch.zeros(2, *shape), **fmt.resolve_options({}))
-                return fmt.load_runner(path)  # the session holds the graph: the file can go
+                return fmt.load_runner(path, settings)  # the session holds the graph: the file can go
         return engine_model(make_runner, engine=self.name, precision=precision, source=model)
 
 

@@ -4,30 +4,47 @@ format makes it, :mod:`convnets.deploy.formats.openvino`), compiled in memory fo
 OpenVINO's CPU plugin computes in bf16 by default on CPUs that have it, so the precision is
 always stated: ``INFERENCE_PRECISION_HINT`` ``f32`` for fp32 (within 1e-4 of the model) or
 ``bf16``. ``PERFORMANCE_HINT`` is left at OpenVINO's default (LATENCY: one stream using every core).
-Reference: https://docs.openvino.ai/2025/openvino-workflow/running-inference/optimize-inference/precision-control.html
+
+``int8``: NNCF post-training quantization (:func:`quantize_int8`) of that same ``openvino.Model``,
+calibrated on images the caller gives (``calibration_data``): int8 weights per output channel and
+int8 activations, with the layers that stay in float (those NNCF leaves unquantized) computed in
+f32. Calibration fixes the image size: the int8 graph runs batches of any size at the calibration
+images' height and width only.
+
+References: https://docs.openvino.ai/2025/openvino-workflow/running-inference/optimize-inference/precision-control.html ,
+https://docs.openvino.ai/2025/openvino-workflow/model-optimization-guide/quantizing-models-post-training/basic-quantization-flow.html
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from convnets.deploy.engines.base import Engine
+from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
+    from torch import Tensor, nn
 
     from convnets.deploy.formats import Runner
 
-#: OpenVINO's name of each precision this engine runs.
-PRECISION_HINTS: dict[str, str] = {"fp32": "f32", "bf16": "bf16"}
+log = logging.getLogger(__name__)
+
+#: OpenVINO's name of each precision this engine runs (int8: the float layers left around the
+#: quantized ones; f32 measured as fast as bf16 there, and closer to the model).
+PRECISION_HINTS: dict[str, str] = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
+
+#: NNCF's default calibration subset: at most this many calibration images are used.
+CALIBRATION_IMAGES = 300
 
 
 class OpenVinoEngine(Engine):
-    """OpenVINO Runtime on the CPU, fp32 or bf16."""
+    """OpenVINO Runtime on the CPU, fp32, bf16 or int8 (NNCF post-training quantization)."""
 
     name = "openvino"
-    description = "OpenVINO Runtime (CPU, fp32 or bf16), converted in memory"
+    description = "OpenVINO Runtime (CPU, fp32, bf16 or int8 via NNCF), converted in memory"
     devices = ("cpu",)
     precisions = tuple(PRECISION_HINTS)
     requires = ("openvino",)
@@ -37,7 +54,24 @@ class OpenVinoEngine(Engine):
         """The CPU plugin's properties for ``precision``."""
         return {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision]}
 
-    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
+    def check(self, precision: str, device: torch.device, *, option: str = "precision") -> None:
+        super().check(precision, device, option=option)
+        if precision == "int8":
+            from convnets.deploy.formats.base import require
+
+            require("nncf", extra=self.extra, purpose="int8 quantization (NNCF)")
+
+    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
+              calibration_data: list[Tensor] | None = None, settings: Mapping[str, str] | None = None) -> nn.Module:
+        """See :meth:`Engine.build`.
+
+        Args:
+            calibration_data: int8 only (required there): what
+                :func:`~convnets.deploy.calibrate.calibration_batches` returns.
+            settings: more CPU plugin properties (``PERFORMANCE_HINT``, ``NUM_STREAMS``,
+                ``INFERENCE_NUM_THREADS``, ``ENABLE_CPU_PINNING``, ...), over :meth:`config`'s;
+                default: OpenVINO's own (benchmarks/bench_engines.py ``--settings`` compares them).
+        """
         import torch
 
         from convnets.deploy.engines.runner import engine_model, folded_copy
@@ -45,11 +79,49 @@ class OpenVinoEngine(Engine):
 
         fmt = get_format("openvino")
         module = folded_copy(model)
-        config = self.config(precision)
+        config = {**self.config(precision), **(settings or {})}
+        if precision != "int8":
+            def make_runner(shape: tuple[int, ...]) -> Runner:
+                return fmt.compile(fmt.convert(module, torch.zeros(2, *shape)), config)  # type: ignore[attr-defined]
+            return engine_model(make_runner, engine=self.name, precision=precision, source=model)
 
-        def make_runner(shape: tuple[int, ...]) -> Runner:
-            return fmt.compile(fmt.convert(module, torch.zeros(2, *shape)), config)  # type: ignore[attr-defined]
-        return engine_model(make_runner, engine=self.name, precision=precision, source=model)
+        if not calibration_data:
+            raise InvalidArgumentError("the openvino engine's int8 needs calibration_data", keyword="calibration_data")
+        calibrated = tuple(calibration_data[0].shape[1:])
+
+        def make_int8_runner(shape: tuple[int, ...]) -> Runner:
+            if shape != calibrated:
+                raise InvalidArgumentError(
+                    f"this int8 model was calibrated on {calibrated[1]}x{calibrated[2]} images and runs that size "
+                    f"only, not {shape[1]}x{shape[2]}; quantize again with calibration_data of that size",
+                    keyword="calibration_data")
+            quantized = quantize_int8(fmt.convert(module, torch.zeros(2, *shape)), calibration_data)  # type: ignore[attr-defined]
+            return fmt.compile(quantized, config)  # type: ignore[attr-defined]
+        return engine_model(make_int8_runner, engine=self.name, precision=precision, source=model,
+                            shape=calibrated)
+
+
+def quantize_int8(ov_model: Any, batches: list[Tensor], *, max_images: int = CALIBRATION_IMAGES) -> Any:
+    """``ov_model`` quantized to int8 by NNCF, calibrated on the images of ``batches``.
+
+    NNCF's defaults (``preset`` PERFORMANCE: symmetric int8 weights per output channel, int8
+    activations; fast bias correction), fed one image at a time: NNCF counts its calibration
+    subset in items, and per-image items keep activation statistics from mixing images.
+
+    Args:
+        ov_model: an ``openvino.Model`` (float).
+        batches: preprocessed ``[n, 3, H, W]`` float32 CPU batches (:func:`~convnets.deploy.calibrate.calibration_batches`).
+        max_images: at most this many images are used (NNCF's ``subset_size``).
+
+    Returns:
+        The quantized ``openvino.Model``.
+    """
+    from convnets.deploy.formats.base import require
+
+    nncf = require("nncf", extra="openvino", purpose="int8 quantization (NNCF)")
+    images = [image[None].numpy() for batch in batches for image in batch][:max_images]
+    log.info("int8: NNCF post-training quantization calibrated on %d images", len(images))
+    return nncf.quantize(ov_model, nncf.Dataset(images), subset_size=len(images))
 
 
 ENGINE = OpenVinoEngine()

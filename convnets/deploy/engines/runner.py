@@ -48,18 +48,18 @@ class RunnerModel(nn.Module):
 
 
 def engine_model(make_runner: Callable[[tuple[int, ...]], Runner], *, engine: str, precision: str,
-                 source: nn.Module) -> RunnerModel:
+                 source: nn.Module, shape: tuple[int, ...] | None = None) -> RunnerModel:
     """A :class:`RunnerModel` carrying ``source``'s ``num_classes`` / ``class_names`` / ``spec`` / ``input_size``.
 
-    The runner for the model's input size (``source.input_size``, default 224) is built here, so
-    that build errors surface at once rather than at the first call.
+    The runner for ``shape`` (default: the model's input size, ``source.input_size`` or 224) is
+    built here, so that build errors surface at once rather than at the first call.
     """
     module = RunnerModel(make_runner, engine=engine, precision=precision)
     for attr in ("num_classes", "class_names", "spec", "input_size"):
         if hasattr(source, attr):
             setattr(module, attr, getattr(source, attr))
     size = int(getattr(source, "input_size", 224))
-    module.runner((3, size, size))
+    module.runner(shape or (3, size, size))
     return module
 
 

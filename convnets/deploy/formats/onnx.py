@@ -6,6 +6,7 @@ https://onnxruntime.ai/docs/api/python/api_summary.html
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +51,26 @@ class OnnxFormat(ExportFormat):
                               do_constant_folding=True)
         onnx.checker.check_model(str(path))
 
-    def load_runner(self, path: Path) -> Runner:
+    def load_runner(self, path: Path, settings: Mapping[str, Any] | None = None) -> Runner:
+        """An ONNX Runtime CPU session for ``path``.
+
+        Args:
+            path: the ``.onnx`` file.
+            settings: ``onnxruntime.SessionOptions`` attributes to set, e.g. ``intra_op_num_threads``,
+                ``graph_optimization_level`` (a ``GraphOptimizationLevel`` or its name, e.g.
+                ``"ORT_ENABLE_EXTENDED"``), ``execution_mode`` (likewise, e.g. ``"ORT_PARALLEL"``);
+                default: ONNX Runtime's defaults (benchmarks/bench_engines.py ``--settings`` compares them).
+        """
         import torch
 
         ort = require("onnxruntime", purpose="the onnx export")
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only
+        for key, value in (settings or {}).items():
+            if isinstance(value, str) and value.startswith("ORT_"):
+                kind = ort.GraphOptimizationLevel if key == "graph_optimization_level" else ort.ExecutionMode
+                value = getattr(kind, value)
+            setattr(options, key, value)
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         input_name = session.get_inputs()[0].name
 
