@@ -148,7 +148,8 @@ def main() -> int:
     parser.add_argument("--folder", type=Path, default=Path("/tmp/convnets_bench_photos"),
                         help="where the generated JPEGs are kept between runs")
     parser.add_argument("--workers", type=int, default=None,
-                        help=f"decoding processes (default: convnets' default, here {default_workers()})")
+                        help=f"decoding processes (default: convnets' default for a GPU model, min(4, cores - 1), "
+                             f"here {default_workers('cuda')}; the CPU default is {default_workers('cpu')})")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median reported)")
     parser.add_argument("--pinned", action=argparse.BooleanOptionalAction, default=True,
                         help="also run with the model on one core and the decoder on another")
@@ -162,7 +163,8 @@ def main() -> int:
     size_kb = sum(p.stat().st_size for p in paths) / len(paths) / 1024
     torch.manual_seed(0)
     model = convnets.get_model(args.model).eval()
-    workers = default_workers() if args.workers is None else args.workers
+    # At least one process: the point is to compare decoding processes with in-process decoding.
+    workers = max(1, default_workers("cuda")) if args.workers is None else args.workers
     env = environment("cpu")
     rows = []
     for precision in args.precisions.split(","):

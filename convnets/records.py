@@ -55,7 +55,7 @@ __all__ = ["CSV_COLUMNS", "EMBEDDING_FORMATS", "FORMATS", "RESUMABLE_FORMATS", "
            "RecordWriter", "ScanResult", "SpoolScan", "assemble_embeddings", "check_destination",
            "check_embedding_destination", "embedding_format_of", "embedding_output_complete", "format_of",
            "inputs_path", "open_embedding_writer", "open_writer", "read_embedding_records", "read_records",
-           "recorded_inputs", "scan", "scan_spool", "spool_path", "write_records"]
+           "recorded_inputs", "scan", "scan_spool", "spool_path", "write_embedding_records", "write_records"]
 
 log = logging.getLogger(__name__)
 
@@ -730,6 +730,24 @@ def open_embedding_writer(path: str | os.PathLike[str], *, dim: int, resume: boo
             stream.close()
     stack.push(finish)
     return writer, found
+
+
+def write_embedding_records(path: str | os.PathLike[str], batches: Iterable[Iterable[Record]], *, dim: int) -> int:
+    """Write the embedding file ``path`` from records, a batch at a time, as a run writes it (through
+    its spool, assembled at the end): the writer that merges a sharded run's parts.
+
+    Returns:
+        The number of records written (vectors and unreadable inputs).
+    """
+    count = 0
+    with ExitStack() as stack:
+        writer, _ = open_embedding_writer(path, dim=dim, resume=False, stack=stack)
+        for batch in batches:
+            for record in batch:
+                writer.write(record)
+                count += 1
+            writer.flush()
+    return count
 
 
 def assemble_embeddings(path: str | os.PathLike[str], *, dim: int) -> int:

@@ -216,13 +216,21 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_workers() -> int:
-    """Decoding processes when none are asked for (``convnets predict`` / ``embed``):
-    ``min(4, cores - 1)``, leaving a core to the model; 0 (decode in-process) on one core.
+def default_workers(device_type: str = "cpu") -> int:
+    """Decoding processes when none are asked for (``convnets predict`` / ``embed``).
 
-    Four keep a GPU or a many-core CPU model fed with photo-sized JPEGs; more mostly cost memory.
+    For a model on the CPU, ``min(4, cores - 2)``: the model's own threads keep two cores. Measured
+    on 2 cores (benchmarks/bench_predict_pipeline.py, README), one decoding process beside a
+    two-threaded model lost end-to-end speed to the oversubscription (bf16: 0.81 of the model-only
+    rate, against 0.88 decoding in-process between batches), so small machines decode in-process.
+    For a model on a GPU, ``min(4, cores - 1)``: the CPU only decodes. Four keep a GPU or a
+    many-core CPU fed with photo-sized JPEGs; more mostly cost memory.
+
+    Args:
+        device_type: where the model runs (``torch.device.type``).
     """
-    return max(0, min(4, usable_cores() - 1))
+    keep = 2 if device_type == "cpu" else 1
+    return max(0, min(4, usable_cores() - keep))
 
 
 def check_workers(workers: object, *, option: str = "workers") -> int:

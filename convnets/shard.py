@@ -31,6 +31,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,7 +40,7 @@ from convnets.errors import InvalidArgumentError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ShardedRun", "interleave", "merge_parts", "part_path", "part_paths", "rank_world", "shard_count",
+__all__ = ["PartFiles", "ShardedRun", "interleave", "merge_parts", "part_path", "part_paths", "rank_world", "shard_count",
            "shard_items", "split_into_parts"]
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,36 @@ def interleave(streams: Sequence[Iterable[T]], batch_size: int) -> Iterator[list
             return
 
 
+@dataclass(frozen=True)
+class PartFiles:
+    """How :func:`merge_parts` reads a part back, writes the whole output, and finds and removes parts.
+
+    The default (:meth:`records`) is the prediction records of :mod:`convnets.records`; ``convnets
+    embed`` passes its embedding files (parts are spools, see :func:`convnets.records.read_embedding_records`).
+    """
+
+    read: Callable[[Path], Iterable[dict]]
+    write: Callable[[Path, Iterable[list[dict]]], int]
+    exists: Callable[[Path], bool] = Path.exists
+    remove: Callable[[Path], None] = Path.unlink
+
+    @classmethod
+    def records(cls, fmt: str | None = None) -> PartFiles:
+        """Prediction records in ``fmt`` (default: from each file's suffix)."""
+        from convnets.records import read_records, write_records
+
+        return cls(read=lambda path: read_records(path, fmt), write=lambda path, batches: write_records(path, batches, fmt))
+
+    @classmethod
+    def embeddings(cls, dim: int) -> PartFiles:
+        """Embedding files of ``dim`` values per vector: a part is its spool (never assembled)."""
+        from convnets.records import read_embedding_records, spool_path, write_embedding_records
+
+        return cls(read=read_embedding_records,
+                   write=lambda path, batches: write_embedding_records(path, batches, dim=dim),
+                   exists=lambda path: spool_path(path).exists(), remove=lambda path: spool_path(path).unlink())
+
+
 def part_path(output: str | os.PathLike[str], rank: int, world: int) -> Path:
     """Where rank ``rank`` of ``world`` writes its records: ``out.jsonl`` -> ``out.jsonl.part-00001-of-00002.jsonl``.
 
@@ -143,7 +174,7 @@ def part_paths(output: str | os.PathLike[str], world: int) -> list[Path]:
 
 
 def merge_parts(output: str | os.PathLike[str], world: int, batch_size: int, *, fmt: str | None = None,
-                option: str = "output") -> int:
+                option: str = "output", files: PartFiles | None = None) -> int:
     """Merge the parts of ``world`` ranks into ``output`` in the run's order, then remove them.
 
     ``output`` is written atomically (a crash leaves the parts, or the finished file); the parts
@@ -155,6 +186,7 @@ def merge_parts(output: str | os.PathLike[str], world: int, batch_size: int, *, 
         batch_size: the run's batch size (each part holds whole batches but for the run's last).
         fmt: the format (:data:`convnets.records.FORMATS`' values); default: from ``output``'s suffix.
         option: the interface's name of ``output`` in messages.
+        files: how parts and the output are read and written; default: prediction records in ``fmt``.
 
     Returns:
         The number of records written.
@@ -163,17 +195,16 @@ def merge_parts(output: str | os.PathLike[str], world: int, batch_size: int, *, 
         InvalidArgumentError: a part is missing (on several machines: ``output``'s folder must be shared)
             or the parts are not the shards of one run.
     """
-    from convnets.records import read_records, write_records
-
+    files = files or PartFiles.records(fmt)
     parts = part_paths(output, world)
-    missing = [str(p) for p in parts if not p.exists()]
+    missing = [str(p) for p in parts if not files.exists(p)]
     if missing:
         problem = f"cannot merge {output}: {', '.join(missing)} not found; on several machines, "
         raise InvalidArgumentError(f"{problem}{option} must be in a folder that all of them share", keyword=option,
                                    cli=f"{problem}--{option} must be in a folder that all of them share")
-    count = write_records(output, interleave([read_records(p, fmt) for p in parts], batch_size), fmt)
+    count = files.write(Path(output), interleave([files.read(p) for p in parts], batch_size))
     for p in parts:
-        p.unlink()
+        files.remove(p)
     log.info("merged %d parts into %s (%d records)", world, output, count)
     return count
 
@@ -340,16 +371,16 @@ class ShardedRun:
         torch.distributed.all_reduce(tensor, group=self._group)
         return [int(v) for v in tensor.tolist()]
 
-    def finish(self, counts: Sequence[int]) -> list[int]:
+    def finish(self, counts: Sequence[int], *, files: PartFiles | None = None) -> list[int]:
         """After this rank's part is complete and closed: wait for all ranks, sum ``counts``, and on
-        rank 0 merge the parts into the output (:func:`merge_parts`).
+        rank 0 merge the parts into the output (:func:`merge_parts`, with ``files``).
 
         Returns:
             ``counts`` summed over the ranks.
         """
         totals = self.sum(counts)
         if self._group is not None and self.is_main and self.output is not None:
-            merge_parts(self.output, self.world, self.batch_size, fmt=self.fmt, option=self.option)
+            merge_parts(self.output, self.world, self.batch_size, fmt=self.fmt, option=self.option, files=files)
         return totals
 
     def close(self) -> None:

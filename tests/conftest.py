@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.server
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -179,3 +181,30 @@ def patch_inductor(request: pytest.FixtureRequest) -> Callable[..., None]:
     def patch(changes: dict[str, object]) -> None:
         stack.enter_context(config.patch(changes))
     return patch
+
+
+def kill_midway(command: list[str], watched: Path, lines: list[str], *, after_bytes: int, extra_s: float,
+                deadline_s: float = 120) -> None:
+    """Run ``python -m convnets COMMAND... --from-file -``, feed it ``lines`` on a stdin that stays
+    open, wait until ``watched`` holds ``after_bytes``, sleep ``extra_s``, then SIGKILL it.
+
+    The open stdin means the process cannot finish before the kill, however fast it runs, so every
+    kill lands mid-run (pass ``--workers 1``: the read-ahead of more decoding processes waits on stdin).
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "convnets", *command, "--from-file", "-"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write("".join(f"{line}\n" for line in lines).encode())
+        proc.stdin.flush()
+        deadline = time.monotonic() + deadline_s
+        while (not watched.exists() or watched.stat().st_size < after_bytes) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no batch was written"
+            time.sleep(0.005)
+        time.sleep(extra_s)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stdin is not None:
+            proc.stdin.close()

@@ -5,12 +5,8 @@ unreadable inputs, and the spool's torn-tail repair."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
-import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -18,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, TINY, randomize_bn, run_cli
+from conftest import TINY, kill_midway, randomize_bn, run_cli
 from PIL import Image
 from reference import _bn, _block
 from strict_skips import require_module
@@ -160,33 +156,6 @@ def test_npy_and_parquet_read_back(reference: dict, model: convnets.ResNet, imag
     assert sorted(p.name for p in reference["dir"].iterdir()) == ["all.npy", "all.npy.inputs.txt", "all.parquet"]
 
 
-def _kill_midway(checkpoint: Path, args: list[str], spool: Path, inputs: list[str], *, after_bytes: int,
-                 extra_s: float) -> None:
-    """``convnets embed --from-file -`` killed once ``spool`` holds ``after_bytes`` (stdin stays open, so the
-    run cannot finish first). With one decoding process the main process reads 3 batches ahead of the
-    records written (convnets.loader.PREFETCH + 1), and those wait on stdin: 7 of the 11 batches can be
-    written before the kill."""
-    proc = subprocess.Popen([sys.executable, "-m", "convnets", "embed", "--weights", str(checkpoint), "--image-size",
-                             str(IMAGE_SIZE), "--batch-size", "4", "--no-progress", *args, "--workers", "1",
-                             "--from-file", "-"],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write("".join(f"{name}\n" for name in inputs[:-4]).encode())
-        proc.stdin.flush()
-        deadline = time.monotonic() + 120
-        while (not spool.exists() or spool.stat().st_size < after_bytes) and proc.poll() is None:
-            assert time.monotonic() < deadline, "no batch was written"
-            time.sleep(0.005)
-        time.sleep(extra_s)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        if proc.stdin is not None:
-            proc.stdin.close()
-
-
 @pytest.mark.parametrize("fmt, seed", [("npy", 1), ("parquet", 2)])
 def test_sigkill_then_resume_gives_the_uninterrupted_file(fmt: str, seed: int, reference: dict, checkpoint: Path,
                                                           images: Path, tmp_path: Path) -> None:
@@ -197,8 +166,11 @@ def test_sigkill_then_resume_gives_the_uninterrupted_file(fmt: str, seed: int, r
     frame = 16 + 4 * reference["vectors"].shape[1]
     full = 8 + sum(frame + len(name.encode()) for name in inputs)  # about the whole spool (errors are shorter)
     rng = random.Random(seed)
-    _kill_midway(checkpoint, ["--output", str(out)], spool_path(out), inputs,
-                 after_bytes=int(rng.uniform(0.1, 0.5) * full), extra_s=rng.uniform(0, 0.02))
+    # --workers 1: one decoding process reads 3 batches ahead of the records written (PREFETCH + 1),
+    # and those wait on the open stdin: 7 of the 11 batches can be written before the kill.
+    kill_midway(["embed", "--weights", str(checkpoint), "--image-size", str(IMAGE_SIZE), "--batch-size", "4",
+                 "--no-progress", "--output", str(out), "--workers", "1"], spool_path(out), inputs[:-4],
+                after_bytes=int(rng.uniform(0.1, 0.5) * full), extra_s=rng.uniform(0, 0.02))
     assert not out.exists()
     found = scan_spool(out, repair=False)
     assert 0 < found.records < len(inputs)

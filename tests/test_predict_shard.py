@@ -291,3 +291,24 @@ def test_records_round_trip_through_parts(fmt: str, tmp_path: Path) -> None:
     out.unlink()
     assert merge_parts(out, 3, 3) == 10
     assert out.read_bytes() == before and _only_file(tmp_path) == [out.name]
+
+
+def test_embed_two_ranks_write_the_single_process_file(setup: dict, tmp_path: Path) -> None:
+    """``convnets embed`` shards like predict: the parts are spools, rank 0 assembles FILE from all of
+    them; the .npy and its inputs list equal one process's byte for byte."""
+    args = ["embed", "--weights", setup["args"][2], "--image-size", "32", "--batch-size", str(BATCH),
+            "--no-progress", str(setup["images"])]
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    single.mkdir()
+    sharded.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "convnets", *args, "--output", str(single / "vecs.npy")],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the 4 unreadable inputs
+    proc = torchrun(*args, "--output", str(sharded / "vecs.npy"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert (sharded / "vecs.npy").read_bytes() == (single / "vecs.npy").read_bytes()
+    assert (sharded / "vecs.npy.inputs.txt").read_text() == (single / "vecs.npy.inputs.txt").read_text()
+    assert np.load(sharded / "vecs.npy").shape[0] == N_GOOD
+    assert _only_file(sharded) == ["vecs.npy", "vecs.npy.inputs.txt"], proc.stderr  # no part spools left
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("convnets embed: error:")]
+    assert len(errors) == 4, proc.stderr

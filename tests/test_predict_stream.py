@@ -10,11 +10,9 @@ import csv
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from contextlib import ExitStack
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, kill_midway, run_cli
 from PIL import Image
 from strict_skips import require_module
 
@@ -198,35 +196,6 @@ def _write_records(path: Path, records: list[dict]) -> None:
             writer.write(record)
 
 
-def _kill_midway(args: list[str], out: Path, inputs: list[str], *, after_bytes: int, extra_s: float) -> None:
-    """Start ``convnets predict --from-file -``, wait until ``out`` holds ``after_bytes``, then SIGKILL it.
-
-    All inputs but the last batch's are written to its stdin, which stays open: the process cannot
-    finish before the kill, however fast it runs, so every kill lands mid-run.
-    """
-    # --workers 1: the main process reads the inputs PREFETCH * workers + 1 batches ahead of the records
-    # written, and those ahead wait on the open stdin; the default (up to 4 workers) would hold back
-    # more than the kill threshold on a machine with many cores.
-    proc = subprocess.Popen([sys.executable, "-m", "convnets", "predict", *MODEL, *args, "--workers", "1",
-                             "--from-file", "-"],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write("".join(f"{name}\n" for name in inputs[:-4]).encode())
-        proc.stdin.flush()
-        deadline = time.monotonic() + 90
-        while (not out.exists() or out.stat().st_size < after_bytes) and proc.poll() is None:
-            assert time.monotonic() < deadline, "no batch was written"
-            time.sleep(0.005)
-        time.sleep(extra_s)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        if proc.stdin is not None:
-            proc.stdin.close()
-
-
 @pytest.mark.parametrize("fmt, seed", [("jsonl", 1), ("csv", 2), ("jsonl", 3)])
 def test_sigkill_then_resume_gives_the_uninterrupted_records(fmt: str, seed: int, reference: dict, images: Path,
                                                              tmp_path: Path) -> None:
@@ -241,8 +210,11 @@ def test_sigkill_then_resume_gives_the_uninterrupted_records(fmt: str, seed: int
     _write_records(tmp_path / f"full.{fmt}", reference["jsonl"])
     full_size = (tmp_path / f"full.{fmt}").stat().st_size
     rng = random.Random(seed)
-    _kill_midway(args, out, inputs, after_bytes=int(rng.uniform(0.1, 0.8) * full_size),
-                 extra_s=rng.uniform(0, 0.02))
+    # --workers 1: the main process reads the inputs PREFETCH * workers + 1 batches ahead of the records
+    # written, and those ahead wait on the open stdin; the default (up to 4 workers) would hold back
+    # more than the kill threshold on a machine with many cores.
+    kill_midway(["predict", *MODEL, *args, "--workers", "1"], out, inputs[:-4],
+                after_bytes=int(rng.uniform(0.1, 0.8) * full_size), extra_s=rng.uniform(0, 0.02), deadline_s=90)
     killed_size = out.stat().st_size
     assert 0 < scan(out, topk=3, repair=False).records < len(reference["jsonl"])  # killed mid-run
     args += ["--from-file", str(listing)]

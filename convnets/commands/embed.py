@@ -5,7 +5,9 @@ order); ``--output FILE.parquet`` columns ``input`` and ``embedding``. Records s
 ``FILE.spool`` as batches finish and FILE is assembled at the end, so a killed run continues with
 ``--resume`` (see :mod:`convnets.records`). Inputs that cannot be read are reported on stderr, get
 no vector and leave the exit status at 1. The inputs, batches, workers and output options are
-``convnets predict``'s (:mod:`convnets.commands.options`).
+``convnets predict``'s (:mod:`convnets.commands.options`), and so is sharding under ``torchrun``:
+each process embeds its share of the batches into a part (its spool), and rank 0 merges the parts
+into FILE at the end (:mod:`convnets.shard`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from convnets.commands.options import (add_batch_arguments, add_device_argument,
                                        add_model_arguments, add_output_arguments, add_precision_argument,
                                        add_progress_argument, device_from_args, input_error_message, load_from_args,
                                        progress_from_args, skip_recorded, sources_from_args, workers_from_args)
+
+from convnets.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_MODEL", "LAYERS", "add_arguments", "run"]
 
@@ -56,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets embed``; exit status 1 if any input could not be read."""
     from convnets.records import check_embedding_destination, embedding_output_complete, spool_path
+    from convnets.shard import ShardedRun
 
     # Before PyTorch and the model load: a wrong --output fails at once.
     check_embedding_destination(args.output, resume=args.resume)
@@ -63,6 +68,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"convnets embed: {args.output} is complete (no {spool_path(args.output).name} to continue); "
               "nothing to do", file=sys.stderr)
         return 0
+    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.shard).
+    sharded = ShardedRun.from_env(output=args.output, batch_size=args.batch_size, reads_stdin=args.from_file == "-")
+    part = sharded.part(args.output)
+    if sharded.world > 1:
+        if spool_path(args.output).exists():  # a single process's run: its spool is not split into parts
+            raise InvalidArgumentError(f"{spool_path(args.output)} was left by a run of one process: continue it "
+                                       "with one process (--resume, without torchrun), or delete it")
+        check_embedding_destination(part, resume=args.resume)
 
     from tqdm.auto import tqdm
 
@@ -70,19 +83,24 @@ def run(args: argparse.Namespace) -> int:
     from convnets.predict import iter_inputs
     from convnets.preprocessing.presets import preset_for_model
     from convnets.records import open_embedding_writer, read_embedding_records
+    from convnets.shard import PartFiles
 
-    device = device_from_args(args)
+    device = sharded.join(device_from_args(args), resume=args.resume)
     model = load_from_args(args, device=device).model
     preset = preset_for_model(model).with_crop_size(args.image_size or model.input_size)
     net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile)
 
     with ExitStack() as stack:
-        writer, found = open_embedding_writer(args.output, dim=net.num_features, resume=args.resume, stack=stack)
-        items = iter_inputs(sources_from_args(args, stack), recursive=args.recursive)
+        # A shard's part stays a spool: rank 0 assembles FILE from all of them.
+        writer, found = open_embedding_writer(part, dim=net.num_features, resume=args.resume, stack=stack,
+                                              assemble=sharded.world == 1)
+        items = sharded.items(iter_inputs(sources_from_args(args, stack), recursive=args.recursive))
         done = found.records if found else 0
         if done:
-            items = skip_recorded(items, (r["input"] for r in read_embedding_records(args.output)), args.output)
+            items = skip_recorded(items, (r["input"] for r in read_embedding_records(part)), str(part))
         total, show = progress_from_args(args, sys.stderr.isatty())
+        # Under torchrun only rank 0 shows a bar, counting its own shard.
+        total, show = sharded.count(total), show and sharded.is_main
         failed = 0
 
         def on_batch(count: int) -> None:
@@ -91,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         with tqdm(total=total, initial=done, unit="img", disable=not show, file=sys.stderr) as bar:
             for result in embed_items(net, items, preset=preset, normalize=args.normalize,
                                       batch_size=args.batch_size, device=device, timeout=args.timeout,
-                                      workers=workers_from_args(args), start=done, on_batch=on_batch):
+                                      workers=workers_from_args(args, device), start=done, on_batch=on_batch):
                 done += 1
                 if result.ok:
                     writer.write({"input": result.input, "embedding": result.vector})
@@ -100,10 +118,14 @@ def run(args: argparse.Namespace) -> int:
                 writer.write({"input": result.input, "error": error})
                 failed += 1
                 bar.clear()
-                print(f"convnets embed: error: {error}", file=sys.stderr)
+                # One write per line: under torchrun the ranks share stderr (print() writes twice).
+                sys.stderr.write(f"convnets embed: error: {error}\n")
     earlier = found.errors if found else 0
-    if failed or earlier:
+    # Under torchrun: totals over the ranks, and rank 0 merges the parts into --output.
+    failed, earlier, done = sharded.finish([failed, earlier, done], files=PartFiles.embeddings(net.num_features))
+    if (failed or earlier) and sharded.is_main:
         also = f" ({earlier} in the earlier run)" if earlier else ""
         print(f"convnets embed: {failed + earlier} of {done} inputs could not be read and have no vector{also}",
               file=sys.stderr)
+    sharded.close()
     return 1 if failed or earlier else 0

@@ -375,8 +375,8 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
     group.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
                        help="processes that decode and preprocess the next batches while the model runs (a "
                             "PyTorch DataLoader; same tensors, same order); 0: decode in this process, between "
-                            f"batches (default: min(4, cores - 1), here {default_workers()} of {usable_cores()} "
-                            "cores)")
+                            f"batches (default: min(4, cores - 2) for a model on the CPU, here {default_workers()} "
+                            f"of {usable_cores()} cores; min(4, cores - 1) on a GPU)")
     group.add_argument("--image-size", type=positive_int, default=None, metavar="N",
                        help="center-crop size; the shorter side is resized to N*256/224 first (default: "
                             "what the weights were trained for, 224 for the NGC weights)")
@@ -384,11 +384,11 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
                        help=f"time allowed for each URL download, connecting included (default {DEFAULT_TIMEOUT:g})")
 
 
-def workers_from_args(args: argparse.Namespace) -> int:
-    """``--workers``, or :func:`convnets.runtime.default_workers` when not given."""
+def workers_from_args(args: argparse.Namespace, device: torch.device) -> int:
+    """``--workers``, or :func:`convnets.runtime.default_workers` for ``device`` when not given."""
     from convnets.runtime import default_workers
 
-    return default_workers() if args.workers is None else args.workers
+    return default_workers(device.type) if args.workers is None else args.workers
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, resume_help: str,

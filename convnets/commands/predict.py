@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         with tqdm(total=total, initial=done, unit="img", disable=not show, file=sys.stderr) as bar:
             for result in predict_items(net, items, labels=labels, topk=args.topk, batch_size=args.batch_size,
                                         device=device, preset=preset, timeout=args.timeout, on_batch=on_batch,
-                                        start=done, workers=workers_from_args(args)):
+                                        start=done, workers=workers_from_args(args, device)):
                 done += 1
                 error = input_error_message(result.error)  # once: it adds command-line advice to the error
                 if writer is not None:

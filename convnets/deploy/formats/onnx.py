@@ -58,7 +58,8 @@ class OnnxFormat(ExportFormat):
             path: the ``.onnx`` file.
             settings: ``onnxruntime.SessionOptions`` attributes to set, e.g. ``intra_op_num_threads``,
                 ``graph_optimization_level`` (a ``GraphOptimizationLevel`` or its name, e.g.
-                ``"ORT_ENABLE_EXTENDED"``), ``execution_mode`` (likewise, e.g. ``"ORT_PARALLEL"``);
+                ``"ORT_ENABLE_EXTENDED"``), ``execution_mode`` (likewise, e.g. ``"ORT_PARALLEL"``), or
+                session configuration entries (a dotted key, e.g. ``session.intra_op.allow_spinning``);
                 default: ONNX Runtime's defaults (benchmarks/bench_engines.py ``--settings`` compares them).
         """
         import torch
@@ -67,6 +68,9 @@ class OnnxFormat(ExportFormat):
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only
         for key, value in (settings or {}).items():
+            if "." in key:  # a session configuration entry, e.g. session.intra_op.allow_spinning=0
+                options.add_session_config_entry(key, str(value))
+                continue
             if isinstance(value, str) and value.startswith("ORT_"):
                 kind = ort.GraphOptimizationLevel if key == "graph_optimization_level" else ort.ExecutionMode
                 value = getattr(kind, value)
