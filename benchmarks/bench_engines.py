@@ -136,7 +136,7 @@ def bench(name: str, runners: dict[str, Runner], batch_size: int, args: argparse
     """Interleaved rounds of every runner (``REFERENCE`` among them) at one batch size: one row per runner."""
     x = torch.randn(batch_size, 3, args.image_size, args.image_size)
     return interleaved_rows(name, runners, x, reference=REFERENCE, warmup=args.warmup, rounds=args.rounds,
-                            calls=args.calls)
+                            calls=args.calls, settle=args.settle)
 
 
 def auto_verdicts(rows: list[dict[str, object]]) -> list[str]:
@@ -202,6 +202,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per variant (the first one compiles)")
     parser.add_argument("--calls", type=int, default=1, help="calls per variant per round")
+    parser.add_argument("--settle", type=float, default=0.5, metavar="SECONDS",
+                        help="idle time before each variant's timing, so that the previous runtime's spinning "
+                             "threads stop (0: none; see benchmarks/interleave.py)")
     parser.add_argument("--image-size", type=int, default=224, help="input size (smaller: a quicker, less "
                                                                     "representative run)")
     parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")

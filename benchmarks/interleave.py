@@ -2,6 +2,12 @@
 
 Every round times each runner once, starting one runner later than the round before, so load from
 other processes hits the reference and the others alike; ratios are taken within a round.
+
+``settle`` seconds of idling before each runner's timing let the previous runner's threads stop:
+OpenMP (PyTorch), ONNX Runtime and OpenVINO keep their threads spinning for a while after a call,
+and a rotated order always puts the same runner after the same other one, so without a pause a
+runner that follows another runtime measures that runtime's spinning too (at batch 1, where a call
+lasts tens of milliseconds, this moved results by up to 30% on 2 cores).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ def time_calls(run: Runner, x: torch.Tensor, calls: int) -> float:
 
 
 def interleaved_rows(name: str, runners: dict[str, Runner], x: torch.Tensor, *, reference: str, warmup: int,
-                     rounds: int, calls: int) -> list[dict[str, object]]:
+                     rounds: int, calls: int, settle: float = 0.0) -> list[dict[str, object]]:
     """One row per runner: median img/s over ``rounds`` and the speed-up over ``runners[reference]``."""
     batch_size = len(x)
     first_call = {}
@@ -41,6 +47,8 @@ def interleaved_rows(name: str, runners: dict[str, Runner], x: torch.Tensor, *, 
         for r in range(rounds):
             shift = r % len(labels)
             for label in labels[shift:] + labels[:shift]:
+                if settle:
+                    time.sleep(settle)
                 times[label].append(time_calls(runners[label], x, calls))
             logging.info("round %d/%d: %s", r + 1, rounds,
                          ", ".join(f"{k} {batch_size / v[-1]:.2f}" for k, v in times.items()))

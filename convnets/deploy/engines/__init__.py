@@ -49,17 +49,16 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 
 #: ``engine="auto"``: engines to try, fastest first, per (device type, precision); ``torch`` is
-#: always last (see :func:`auto_order`). Measured on a 2-core AVX512-BF16 CPU, ResNeXt101-32x4d and
-#: SE-ResNeXt101-32x4d at batch 1 and 16 (issue 9's table; benchmarks/bench_engines.py re-measures
-#: and prints whether this order's first pick is the fastest): in bf16 OpenVINO led every row by
-#: ~1.15x; in fp32 ONNX Runtime was the best single choice (first at batch 16 on ResNeXt, within
-#: ~10% of the best elsewhere), where torch lost ~14% at batch 16 and OpenVINO ~21% at batch 1.
-#: Re-measured on a loaded machine with bench_engines.py (ResNeXt101, 3 rounds): bf16 OpenVINO
-#: 1.5x torch at batch 16 and level at batch 1; fp32 ONNX Runtime ~ OpenVINO > torch at batch 16,
-#: torch ahead at batch 1 (ONNX Runtime 0.93x). To be confirmed on a quiet machine.
+#: always last (see :func:`auto_order`). Measured with benchmarks/bench_engines.py on a 2-core
+#: AVX512-BF16 CPU, otherwise idle (2026-11-22, README): ResNeXt101-32x4d and SE-ResNeXt101-32x4d at
+#: batch 1 and 16. bf16: OpenVINO first in all four (1.02-1.19x the torch path). fp32: OpenVINO
+#: first in three, and 0.97x ONNX Runtime in the fourth (ResNeXt101 at batch 1); ONNX Runtime first
+#: would have been 0.95x OpenVINO at worst. Earlier figures that put ONNX Runtime ahead, and that
+#: had two instances of one engine differ by up to 30% at batch 1, were measured without a pause
+#: between engines: the previous runtime's spinning threads were timed too (benchmarks/interleave.py).
 #: Non-CPU devices: ``torch`` only (the other engines run on the CPU here).
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
-    ("cpu", "fp32"): ("onnxruntime", "openvino", "torch"),
+    ("cpu", "fp32"): ("openvino", "onnxruntime", "torch"),
     ("cpu", "bf16"): ("openvino", "torch"),
     ("cpu", "int8"): ("openvino",),  # NNCF; the torch engine runs no int8: auto raises when this one fails
 }
