@@ -60,7 +60,7 @@ setup(
         "plots": ["matplotlib>=3.7"],
         # `convnets evaluate` on ImageNet's devkit layout (meta.mat; torchvision's devkit parser needs it too)
         "imagenet": ["scipy>=1.8"],
-        # `convnets predict --output FILE.parquet`
+        # `convnets predict --output FILE.parquet`, `convnets embed --output FILE.parquet`
         "parquet": ["pyarrow>=14"],
         "test": [
             "pytest>=8",

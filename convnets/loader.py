@@ -1,6 +1,6 @@
 """From a stream of ``(input, error)`` items to decoded batches, decoding in parallel with the model.
 
-Used by :mod:`convnets.predict` and :mod:`convnets.embed`. The main process reads the items (a
+Used by :mod:`convnets.predict` and :mod:`convnets.embeddings`. The main process reads the items (a
 listing, a directory walk, a list file: any iterable, read lazily) and cuts them into batches of
 ``batch_size`` with the boundaries of an uninterrupted run (:func:`iter_chunks`); decoding and
 preprocessing each batch (:func:`~convnets.preprocessing.pipeline.prepare_batch`, the model's
