@@ -117,3 +117,44 @@ def test_bad_worker_counts_are_refused(images: Path, capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit) as usage:
         main(["predict", "--workers", "-1", str(images)])
     assert usage.value.code == 2 and "--workers: must be a non-negative integer, got '-1'" in capsys.readouterr().err
+
+
+def test_thousands_of_images_in_a_tree_each_recorded_once_in_order(tmp_path: Path) -> None:
+    """Scale: 2,000 small generated images in a tree, with corrupt, truncated, non-image and hidden
+    files among them, through two decoding processes: one record per listed image, in the walk's
+    sorted order (listed independently here with os.walk), errors exactly for the bad files."""
+    import json
+    import os
+
+    rng = np.random.default_rng(3)
+    root = tmp_path / "tree"
+    for i in range(2_000):
+        folder = root / f"d{i % 7}" / f"e{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (12, 16, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
+    good = (root / "d0" / "e0" / "0000.png").read_bytes()
+    bad = {root / "d1" / "corrupt.jpg": b"\xff\xd8\xff" + bytes(50), root / "d2" / "e1" / "cut.png": good[:30],
+           root / "d3" / "text.png": b"not an image at all"}
+    for path, data in bad.items():
+        path.write_bytes(data)
+    (root / "d4" / ".hidden.png").write_bytes(good)  # never listed
+    (root / "d5" / "._resource.png").write_bytes(b"macOS resource fork")
+    (root / ".hiddendir").mkdir()
+    (root / ".hiddendir" / "x.png").write_bytes(good)
+    expected = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        expected += [os.path.join(folder, f) for f in sorted(files) if not f.startswith(".")]
+    # os.walk lists a folder's files before its subfolders; the walk sorts them together by name.
+    expected.sort(key=lambda p: Path(p).relative_to(root).parts)
+    ckpt = tmp_path / "tiny.pth.tar"
+    model = convnets.get_model("resnet50", **TINY_ARCH)
+    torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict()}, ckpt)
+    out = tmp_path / "out.jsonl"
+    proc = run_cli("predict", "--weights", str(ckpt), "--image-size", "16", "--batch-size", "64", "--topk", "1",
+                   "--workers", "2", "--recursive", str(root), "--output", str(out), "--no-progress")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["input"] for r in records] == expected and len(records) == 2_003
+    assert {r["input"] for r in records if "error" in r} == {str(p) for p in bad}
+    assert "3 of 2003 inputs could not be read" in proc.stderr
