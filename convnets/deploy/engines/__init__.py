@@ -51,11 +51,12 @@ AUTO = "auto"
 #: ``engine="auto"``: engines to try, fastest first, per (device type, precision); ``torch`` is
 #: always last (see :func:`auto_order`). Measured with benchmarks/bench_engines.py on a 2-core
 #: AVX512-BF16 CPU, otherwise idle (2026-11-22, README): ResNeXt101-32x4d and SE-ResNeXt101-32x4d at
-#: batch 1 and 16. bf16: OpenVINO first in all four (1.02-1.19x the torch path). fp32: OpenVINO
-#: first in three, and 0.97x ONNX Runtime in the fourth (ResNeXt101 at batch 1); ONNX Runtime first
-#: would have been 0.95x OpenVINO at worst. Earlier figures that put ONNX Runtime ahead, and that
-#: had two instances of one engine differ by up to 30% at batch 1, were measured without a pause
-#: between engines: the previous runtime's spinning threads were timed too (benchmarks/interleave.py).
+#: batch 1 and 16. bf16: OpenVINO first in all four (1.04-1.24x the torch path). fp32: in two runs
+#: OpenVINO was first or level with ONNX Runtime (within 3%, ResNeXt101 at batch 1) in every case,
+#: while ONNX Runtime trailed OpenVINO by up to 11% (SE-ResNeXt101 at batch 16). Earlier figures that
+#: put ONNX Runtime first, and had two instances of one engine differ by up to 30% at batch 1, were
+#: measured without a pause between engines: the previous runtime's spinning threads were timed
+#: too (benchmarks/interleave.py).
 #: Non-CPU devices: ``torch`` only (the other engines run on the CPU here).
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "fp32"): ("openvino", "onnxruntime", "torch"),
