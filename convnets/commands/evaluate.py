@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args, positive_int)
+                                       add_precision_argument, device_from_args, load_from_args, non_negative_int,
+                                       positive_int)
 
 _EPILOG = """\
 data layouts (detected):
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="write REPORT_DIR/report.json and REPORT_DIR/confusion.png (matplotlib)")
     data.add_argument("--batch-size", type=positive_int, default=64, metavar="B",
                       help="images per forward pass (default 64)")
-    data.add_argument("--workers", type=int, default=4, metavar="N",
+    data.add_argument("--workers", type=non_negative_int, default=4, metavar="N",
                       help="data-loader processes (default 4; 0: decode in this process)")
     data.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                       help="progress bar on stderr (default: when stderr is a terminal)")
@@ -57,11 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets evaluate``."""
-    from convnets.errors import InvalidArgumentError
     from convnets.train.evaluation import evaluate_model
 
-    if args.workers < 0:
-        raise InvalidArgumentError(f"--workers must be 0 or more, got {args.workers}")
     device = device_from_args(args)
     loaded = load_from_args(args)
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
