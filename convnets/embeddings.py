@@ -17,7 +17,6 @@ files is :mod:`convnets.records` (``.npy``, ``.parquet``).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,7 +31,7 @@ from convnets.models.resnet import ResNet
 from convnets.predict import InputItem, resolve_preset, iter_inputs
 from convnets.preprocessing.io import DEFAULT_TIMEOUT
 from convnets.preprocessing.presets import EvalPreset
-from convnets.runtime import PrecisionName, check_workers
+from convnets.runtime import PrecisionName
 
 __all__ = ["LAYERS", "Embedding", "PooledFeatures", "embed", "embed_items", "features_model"]
 
@@ -138,9 +137,6 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
     Yields:
         An :class:`Embedding` per input: a float32 vector, or the input's error.
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
-    check_workers(workers)
     for batch in iter_batches(items, batch_size=batch_size, preset=preset, timeout=timeout, workers=workers,
                               device=device, start=start):
         vectors: dict[int, np.ndarray] = {}
@@ -201,8 +197,6 @@ def embed(
     """
     if on_error not in ("skip", "raise"):
         raise InvalidArgumentError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-    if isinstance(inputs, (str, os.PathLike)):  # one path, not an iterable of its characters
-        inputs = [inputs]
     net: Any = features_model(model, layer, precision=precision, device=device, compile=compile)
     chosen = resolve_preset(model, preset, image_size, resize_size)
     for result in embed_items(net, iter_inputs(inputs, recursive=recursive), preset=chosen, normalize=normalize,

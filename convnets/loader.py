@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from convnets.errors import ImageLoadError
+from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.preprocessing.io import is_url
 from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset
@@ -150,8 +150,13 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, preset: EvalPreset, 
         start: as for :func:`iter_chunks`.
 
     Raises:
-        InvalidArgumentError: ``workers`` is not a non-negative integer.
+        InvalidArgumentError: ``batch_size`` is not a positive integer, ``start`` or ``workers`` not
+            a non-negative one (on the first ``next``).
     """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(start, int) or start < 0:
+        raise InvalidArgumentError(f"start must be a non-negative integer, got {start!r}")
     workers = check_workers(workers)
     device = torch.device(device)
     pin = device.type == "cuda"

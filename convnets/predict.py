@@ -30,7 +30,6 @@ from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
-from convnets.runtime import check_workers
 
 __all__ = ["IMAGE_SUFFIXES", "InputItem", "Prediction", "TopClass", "class_labels", "expand_inputs", "iter_inputs",
            "resolve_preset",
@@ -105,12 +104,13 @@ def _walk(directory: str, recursive: bool, ancestors: frozenset[str] = frozenset
             yield path
 
 
-def iter_inputs(inputs: Iterable[str], *, recursive: bool = False) -> Iterator[InputItem]:
+def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bool = False) -> Iterator[InputItem]:
     """Replace each directory by its images, lazily (constant memory for any number of inputs).
 
     Args:
-        inputs: file paths, directories and URLs, as given on the command line or read from a list.
-            Only directories are searched; a file named explicitly is used even when hidden.
+        inputs: file paths, directories and URLs, as given on the command line or read from a list
+            (or one of them alone). Only directories are searched; a file named explicitly is used
+            even when hidden.
         recursive: search directories' subfolders too (depth first, sorted by name); default: only
             the images directly inside. Hidden files and folders (``.name``, ``._name``) are skipped.
 
@@ -118,6 +118,8 @@ def iter_inputs(inputs: Iterable[str], *, recursive: bool = False) -> Iterator[I
         ``(input, None)`` for each file or URL in order; a directory without images gives
         ``(directory, error)``, so that it is reported like any other unreadable input.
     """
+    if isinstance(inputs, (str, os.PathLike)):  # one path, not an iterable of its characters
+        inputs = [inputs]
     for item in inputs:
         item = os.fspath(item)
         if is_url(item) or not os.path.isdir(item):
@@ -182,8 +184,6 @@ def predict(
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
     """
-    if isinstance(inputs, (str, os.PathLike)):  # one path, not an iterable of its characters
-        inputs = [inputs]
     return predict_items(model, iter_inputs(inputs, recursive=recursive), **options)
 
 
@@ -236,11 +236,6 @@ def predict_items(
     """
     if not isinstance(topk, int) or topk < 1:
         raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not isinstance(start, int) or start < 0:
-        raise InvalidArgumentError(f"start must be a non-negative integer, got {start!r}")
-    check_workers(workers)
     if labels is None:
         if not isinstance(model, ResNet):
             raise InvalidArgumentError("pass labels= when the model is not a convnets ResNet")

@@ -158,3 +158,24 @@ def test_thousands_of_images_in_a_tree_each_recorded_once_in_order(tmp_path: Pat
     assert [r["input"] for r in records] == expected and len(records) == 2_003
     assert {r["input"] for r in records if "error" in r} == {str(p) for p in bad}
     assert "3 of 2003 inputs could not be read" in proc.stderr
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+    (dict(batch_size=2, start=-1), "start must be a non-negative integer, got -1"),
+    (dict(batch_size=2, workers=-1), "workers"),
+])
+def test_batching_options_are_checked_once_for_predict_and_embed(images: Path, options: dict, message: str) -> None:
+    """The batching mechanism (convnets.loader.iter_batches) checks its options for every caller."""
+    from convnets.embeddings import embed_items
+
+    model = convnets.get_model("resnet50", **TINY_ARCH).eval()
+    preset = EvalPreset.for_image_size(32)
+    items = list(iter_inputs(str(images)))  # one path alone: not an iterable of its characters
+    assert len(items) > 1 and all(error is None for _, error in items[:1])
+    calls = [lambda: iter_batches(items, preset=preset, timeout=5, **options),
+             lambda: predict_items(model, items, preset=preset, **options),
+             lambda: embed_items(model, items, preset=preset, **options)]
+    for call in calls:
+        with pytest.raises(InvalidArgumentError, match=message):
+            next(iter(call()))
