@@ -447,18 +447,24 @@ def write_records(path: str | os.PathLike[str], batches: Iterable[Iterable[Recor
 
     path = Path(path)
     fmt = fmt or format_of(path)
-    count = 0
     with atomic_output(path) as raw:
         stream: IO[Any] = raw if fmt == "parquet" else io.TextIOWrapper(raw, encoding="utf-8", newline="")
         writer = RecordWriter(stream, fmt, header=fmt == "csv")
-        for batch in batches:
-            for record in batch:
-                writer.write(record)
-                count += 1
-            writer.flush()
+        count = _write_batches(writer, batches)
         writer.close()
         if stream is not raw:
             stream.detach()  # flushed; atomic_output closes the file itself
+    return count
+
+
+def _write_batches(writer: RecordWriter | EmbeddingWriter, batches: Iterable[Iterable[Record]]) -> int:
+    """Write ``batches`` through ``writer``, one flush per batch (as a run writes them); returns the count."""
+    count = 0
+    for batch in batches:
+        for record in batch:
+            writer.write(record)
+            count += 1
+        writer.flush()
     return count
 
 
@@ -739,15 +745,9 @@ def write_embedding_records(path: str | os.PathLike[str], batches: Iterable[Iter
     Returns:
         The number of records written (vectors and unreadable inputs).
     """
-    count = 0
     with ExitStack() as stack:
         writer, _ = open_embedding_writer(path, dim=dim, resume=False, stack=stack)
-        for batch in batches:
-            for record in batch:
-                writer.write(record)
-                count += 1
-            writer.flush()
-    return count
+        return _write_batches(writer, batches)
 
 
 def assemble_embeddings(path: str | os.PathLike[str], *, dim: int) -> int:
