@@ -227,6 +227,8 @@ def test_resume_splits_a_single_process_file(setup: dict, tmp_path: Path) -> Non
     (["--output", "x.jsonl", "--from-file", "-"], "cannot come from standard input: write them to a file and "
                                                      "pass --from-file FILE"),
     (["--output", "x.jsonl"], "--output x.jsonl.part-00001-of-00002.jsonl exists; pass --resume"),
+    (["--output", "y.jsonl", "--show", "y.png"], "--show draws the contact sheets in one process, not under "
+                                                 "torchrun"),
 ])
 def test_what_a_sharded_run_refuses(args: list[str], message: str, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
@@ -312,3 +314,20 @@ def test_embed_two_ranks_write_the_single_process_file(setup: dict, tmp_path: Pa
     assert _only_file(sharded) == ["vecs.npy", "vecs.npy.inputs.txt"], proc.stderr  # no part spools left
     errors = [line for line in proc.stderr.splitlines() if line.startswith("convnets embed: error:")]
     assert len(errors) == 4, proc.stderr
+
+
+def test_sharded_embed_refuses_a_single_process_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """A spool left by one process is not split into parts: continuing it under torchrun is refused
+    before the model loads, with what to do instead."""
+    from convnets.cli import main
+    from convnets.records import SPOOL_MAGIC
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    (tmp_path / "v.npy.spool").write_bytes(SPOOL_MAGIC)
+    assert main(["embed", "--random-init", "--model", "resnet50", "--output", "v.npy", "--resume", "a.png"]) == 1
+    err = capsys.readouterr().err
+    assert "v.npy.spool was left by a run of one process: continue it with one process" in err, err
+    assert len(err.strip().splitlines()) == 1 and not torch.distributed.is_initialized()
