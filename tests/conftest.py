@@ -208,14 +208,3 @@ def kill_midway(command: list[str], watched: Path, lines: list[str], *, after_by
         proc.wait()
         if proc.stdin is not None:
             proc.stdin.close()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run tests/test_int8.py last.
-
-    Quantizing with NNCF imports ``nncf.torch`` (OpenVINO's converter and NNCF import it once
-    ``nncf`` is loaded), which hooks PyTorch's functions for the rest of the process; in 3 of 5 full
-    runs on 2026-11-22 a later ``torch.compile`` test (tests/test_optimize.py) then died with a
-    segmentation fault. Not reproduced in isolation; the README and the closing note record it.
-    """
-    items.sort(key=lambda item: item.path.name == "test_int8.py")  # stable: the rest keep their order

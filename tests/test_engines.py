@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -229,3 +231,42 @@ def test_predict_runs_through_the_engine_it_is_given(tmp_path: Path) -> None:
     bad = run_cli("predict", "--weights", str(checkpoint), "--engine", "onnxruntime", "--precision", "bf16",
                   "examples/chelsea.png")
     assert bad.returncode == 1 and "onnxruntime" in bad.stderr.strip().splitlines()[-1]
+
+
+#: Builds OpenVINO engine models, lets them go in the order they were made (not the reverse), then
+#: has a Python signal handler run. OpenVINO's CPU plugin (2026.4) installs an alternate signal
+#: stack for the thread when it is created and puts back the one it found when it is destroyed; with
+#: one ``ov.Core`` per compiled model, lifetimes that do not nest left the thread's alternate stack
+#: pointing at an unmapped one, and the next signal handled in Python (SIGCHLD, SIGINT, ...) killed
+#: the process with SIGSEGV (found as a crash in torch.compile's compiler subprocess in this suite).
+OPENVINO_THEN_A_SIGNAL = """
+import gc, os, signal, sys
+import torch
+import convnets
+arch, precision = {arch!r}, {precision!r}
+model = convnets.get_model("resnext101_32x4d", num_classes=10, **arch).eval()
+model.input_size = 32
+x = torch.randn(4, 3, 32, 32)
+extra = dict(calibration_data=x) if precision == "int8" else {{}}
+first = convnets.optimize_for_inference(model, precision, engine="openvino", **extra)
+second = convnets.optimize_for_inference(model, "fp32", engine="openvino")
+first(x), second(x)
+del first; gc.collect()
+del second; gc.collect()
+handled = []
+signal.signal(signal.SIGUSR1, lambda *_: handled.append(1))
+os.kill(os.getpid(), signal.SIGUSR1)
+print("handled", len(handled))
+"""
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_signals_are_still_handled_after_openvino_models_are_released(precision: str) -> None:
+    require_module("openvino", extra="openvino")
+    if precision == "int8":
+        require_module("nncf", extra="openvino")
+    script = OPENVINO_THEN_A_SIGNAL.format(arch=TINY["resnext101_32x4d"], precision=precision)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "handled 1" in done.stdout, \
+        f"exit status {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"

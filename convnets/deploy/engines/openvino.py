@@ -117,7 +117,9 @@ def quantize_int8(ov_model: Any, batches: list[Tensor], *, max_images: int = CAL
         The quantized ``openvino.Model``.
     """
     from convnets.deploy.formats.base import require
+    from convnets.deploy.formats.openvino import core
 
+    core()  # ours first: the Cores NNCF makes for calibration come and go inside its lifetime
     nncf = require("nncf", extra="openvino", purpose="int8 quantization (NNCF)")
     images = [image[None].numpy() for batch in batches for image in batch][:max_images]
     log.info("int8: NNCF post-training quantization calibrated on %d images", len(images))

@@ -13,6 +13,7 @@ https://github.com/triton-inference-server/openvino_backend
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,32 @@ if TYPE_CHECKING:
 #: moves fp32 logits by ~5e-3 relative (measured here), too far for the 1e-4 check; verification
 #: asks for f32 explicitly.
 VERIFY_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
+
+_core: Any = None
+_core_lock = threading.Lock()
+
+
+def core() -> Any:
+    """The process's one ``openvino.Core``, with its CPU plugin loaded; every compile here goes through it.
+
+    OpenVINO's CPU plugin (2026.4) gives the thread that loads it an alternate signal stack and puts
+    back the one it found when its Core goes away. With a Core per compiled model, Cores released
+    in the order they were made (not the reverse) left the thread's alternate stack pointing at
+    freed memory, and the next signal handled in Python (SIGINT, a SIGCHLD handler, ...) killed the
+    process with SIGSEGV: in this package's tests, a later ``torch.compile``'s compiler subprocess.
+    One Core, kept for the life of the process, never puts a stack back (tests/test_engines.py
+    ``test_signals_are_still_handled_after_openvino_models_are_released``).
+
+    Reference: https://github.com/openvinotoolkit/openvino/pull/11894 (the plugin's signal stack).
+    """
+    global _core
+    with _core_lock:
+        if _core is None:
+            ov = require("openvino", extra="openvino", purpose="OpenVINO Runtime")
+            made = ov.Core()
+            made.get_property("CPU", "FULL_DEVICE_NAME")  # loads the CPU plugin now, before any other Core
+            _core = made
+        return _core
 
 
 class OpenVinoFormat(ExportFormat):
@@ -71,8 +98,7 @@ class OpenVinoFormat(ExportFormat):
         """
         import torch
 
-        ov = require("openvino", extra=self.extra, purpose="OpenVINO Runtime")
-        compiled = ov.Core().compile_model(model if not isinstance(model, Path) else str(model), "CPU", config)
+        compiled = core().compile_model(model if not isinstance(model, Path) else str(model), "CPU", config)
 
         def run(batch: Tensor) -> Tensor:
             # share_outputs is False by default: the array is a copy, not the request's buffer.
