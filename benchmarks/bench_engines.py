@@ -190,11 +190,13 @@ def ratio_verdicts(rows: list[dict[str, object]], baseline_of: Callable[[str], s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="resnext101_32x4d,se_resnext101_32x4d")
-    parser.add_argument("--batch-sizes", default="1,16")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
+    parser.add_argument("--models", help="comma-separated (default: resnext101_32x4d,se_resnext101_32x4d; "
+                        "resnext101_32x4d with --int8 or --settings)")
+    parser.add_argument("--batch-sizes", help="comma-separated (default: 1,16; 16 with --int8)")
+    parser.add_argument("--variants",
                         help=f"comma-separated, from {VARIANTS}, each optionally followed by engine settings "
-                             "(e.g. 'openvino bf16 PERFORMANCE_HINT=THROUGHPUT')")
+                             "(e.g. 'openvino bf16 PERFORMANCE_HINT=THROUGHPUT'); default: all of them, "
+                             "INT8_VARIANTS with --int8, SETTINGS with --settings")
     parser.add_argument("--int8", action="store_true", help="int8 against OpenVINO bf16 only, ResNeXt101 at batch "
                         "16 (unless --models / --batch-sizes say otherwise)")
     parser.add_argument("--settings", action="store_true", help="the engine settings of SETTINGS against the "
@@ -209,14 +211,12 @@ def main() -> int:
                                                                     "representative run)")
     parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
     args = parser.parse_args()
-    if args.int8 or args.settings:
-        chosen = INT8_VARIANTS if args.int8 else SETTINGS
-        defaults = {"models": "resnext101_32x4d", "batch_sizes": "16" if args.int8 else "1,16"}
-        for key, value in defaults.items():
-            if getattr(args, key) == parser.get_default(key):
-                setattr(args, key, value)
-        if args.variants == parser.get_default("variants"):
-            args.variants = ",".join(chosen)
+    # Defaults depend on the mode; an option given on the command line is kept as given, even when
+    # it equals the plain run's default.
+    focused = args.int8 or args.settings
+    args.models = args.models or ("resnext101_32x4d" if focused else "resnext101_32x4d,se_resnext101_32x4d")
+    args.batch_sizes = args.batch_sizes or ("16" if args.int8 else "1,16")
+    args.variants = args.variants or ",".join(INT8_VARIANTS if args.int8 else SETTINGS if args.settings else VARIANTS)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     import timm
