@@ -51,9 +51,10 @@ AUTO = "auto"
 #: ``engine="auto"``: engines to try, fastest first, per (device type, precision); ``torch`` is
 #: always last (see :func:`auto_order`). Measured with benchmarks/bench_engines.py on a 2-core
 #: AVX512-BF16 CPU, otherwise idle (2026-11-22, README): ResNeXt101-32x4d and SE-ResNeXt101-32x4d at
-#: batch 1 and 16. bf16: OpenVINO first in all four (1.04-1.24x the torch path). fp32: in two runs
-#: OpenVINO was first or level with ONNX Runtime (within 3%, ResNeXt101 at batch 1) in every case,
-#: while ONNX Runtime trailed OpenVINO by up to 11% (SE-ResNeXt101 at batch 16). Earlier figures that
+#: batch 1 and 16. bf16: OpenVINO first or level with the torch path in all four (1.01-1.24x it, in
+#: three runs). fp32: in three runs OpenVINO was first or level with ONNX Runtime (within 3%,
+#: ResNeXt101 at batch 1) in every case, while ONNX Runtime trailed OpenVINO by up to 11%
+#: (SE-ResNeXt101 at batch 16). Earlier figures that
 #: put ONNX Runtime first, and had two instances of one engine differ by up to 30% at batch 1, were
 #: measured without a pause between engines: the previous runtime's spinning threads were timed
 #: too (benchmarks/interleave.py).
