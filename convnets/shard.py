@@ -14,7 +14,7 @@ one process, or a finished sharded one), rank 0 first splits ``FILE``'s complete
 
 Rank and world size come from torchrun's environment (``RANK``, ``WORLD_SIZE``); without it a run
 is rank 0 of 1 and never touches ``torch.distributed``. The process group is the training one
-(:func:`convnets.train.dist.setup`: gloo on CPUs, NCCL on GPUs with GPU ``LOCAL_RANK`` per process);
+(:func:`convnets.dist.setup`: gloo on CPUs, NCCL on GPUs with GPU ``LOCAL_RANK`` per process);
 waiting for the slowest rank and summing counts use a gloo group without a practical time limit,
 since a shard may finish hours before the last one.
 
@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from convnets import dist
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PartFiles", "ShardedRun", "interleave", "merge_parts", "part_path", "part_paths", "rank_world", "shard_count",
+__all__ = ["PartFiles", "ShardedRun", "interleave", "merge_parts", "part_path", "part_paths", "shard_count",
            "shard_items", "split_into_parts"]
 
 log = logging.getLogger(__name__)
@@ -49,20 +50,6 @@ T = TypeVar("T")
 
 #: How long a rank waits for the others at the end (a shard may finish long before the slowest one).
 WAIT_TIMEOUT = datetime.timedelta(days=7)
-
-
-def rank_world() -> tuple[int, int]:
-    """This process's rank and the number of processes, from torchrun's ``RANK`` and ``WORLD_SIZE``.
-
-    Returns:
-        ``(rank, world)``; ``(0, 1)`` outside torchrun.
-    """
-    def read(name: str, default: int) -> int:
-        value = os.environ.get(name, "")
-        return int(value) if value else default
-    rank, world = read("RANK", 0), read("WORLD_SIZE", 1)
-    _check(rank, world)
-    return rank, world
 
 
 def _check(rank: int, world: int, batch_size: int = 1) -> None:
@@ -248,7 +235,7 @@ class ShardedRun:
         ...report (rank 0)...; run.close()
 
     Args:
-        rank, world: this process and the number of processes (:func:`rank_world`).
+        rank, world: this process and the number of processes (:func:`convnets.dist.rank_world`).
         output: the run's output file (required when ``world > 1``).
         batch_size: the run's batch size (the unit of sharding).
         fmt: the output's format, for :func:`merge_parts`; default: from its suffix.
@@ -278,7 +265,7 @@ class ShardedRun:
             InvalidArgumentError: under torchrun without ``output`` (the ranks' stdout would
                 interleave), or with inputs on standard input (every rank must list them all).
         """
-        rank, world = rank_world()
+        rank, world = dist.rank_world()
         under = f"under torchrun ({world} processes)"
         if world > 1 and output is None:
             why = f"{under} each process writes its share of the records to a part of the output file, which rank 0 " \
@@ -327,8 +314,6 @@ class ShardedRun:
         if self.world == 1:
             return device
         import torch.distributed
-
-        from convnets.train import dist
 
         if device.type not in ("cpu", "cuda"):
             raise InvalidArgumentError(f"device={str(device)!r}: under torchrun, each process runs on cpu or cuda",
@@ -389,8 +374,6 @@ class ShardedRun:
         No rank may exit before that: torchrun stops the others when one exits with a failure status.
         """
         if self._group is not None:
-            from convnets.train import dist
-
             self.barrier()
             self._group = None
             dist.teardown()

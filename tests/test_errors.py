@@ -93,7 +93,7 @@ def _fit_over_another_run(tmp: Path) -> Any:
 
 def _make_data(tmp: Path) -> Any:
     from convnets.train.data import make_data
-    from convnets.train.dist import DistContext
+    from convnets.dist import DistContext
 
     return make_data("tfrecord", tmp, batch_size=8, image_size=32, workers=0, seed=0,
                      ctx=DistContext(rank=0, world_size=1, local_rank=0, device=CPU))

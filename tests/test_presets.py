@@ -30,14 +30,14 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
+from convnets.dist import DistContext
 from convnets.errors import InvalidArgumentError, ManifestError
+from convnets.predict import predict
 from convnets.preprocessing.pipeline import load_image, prepare_batch, prepare_input_from_uri
 from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_for_model
-from convnets.predict import predict
 from convnets.registry import _apply_metadata
-from convnets.weights.checkpoint import ModelRecord
 from convnets.train.data import make_data, scan_split, to_device, val_transform
-from convnets.train.dist import DistContext
+from convnets.weights.checkpoint import ModelRecord
 from convnets.weights.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[1]

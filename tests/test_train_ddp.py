@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 from train_support import REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics, tiny_args
 
+from convnets.dist import DistContext
 from convnets.train import TrainConfig, fit
 from convnets.train.dali import _epoch_order
 from convnets.train.data import SeededSampler
-from convnets.train.dist import DistContext
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 

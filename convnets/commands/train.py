@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -111,10 +110,11 @@ def _add_cli_advice(error: BaseException, config: TrainConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets train``."""
+    from convnets.dist import rank_world
     from convnets.train import fit  # torch.distributed and friends only when training
 
     config = config_from_args(args)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = rank_world()
     try:
         summary = fit(config)
     except (ConvnetsError, OSError, ValueError) as e:

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from convnets.dist import DistContext
 from convnets.errors import DataError, MissingDependencyError
 from convnets.preprocessing.presets import EvalPreset
 from convnets.train.batches import Batch, DataSource, sample_seed
-from convnets.train.dist import DistContext
 
 __all__ = ["DALI_PACKAGE", "make_dali_data"]
 

@@ -29,13 +29,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from convnets.dist import DistContext
 from convnets.errors import DataError, ImageLoadError, InvalidArgumentError
 from convnets.preprocessing.pipeline import load_image
 from convnets.preprocessing.presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
 from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
 from convnets.train.batches import Batch, DataSource, sample_seed
 from convnets.train.config import BACKENDS
-from convnets.train.dist import DistContext
 
 __all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "eval_loader", "make_data",
            "sample_seed", "scan_split", "train_transform", "val_transform"]

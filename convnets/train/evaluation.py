@@ -38,14 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from convnets import dist
+from convnets.dist import DistContext
 from convnets.errors import DataError, InvalidArgumentError
 from convnets.fileio import atomic_write
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes, get_imgnet_synsets
 from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_for_model
-from convnets.train import dist
 from convnets.train.batches import Batch
 from convnets.train.data import eval_loader, to_device
-from convnets.train.dist import DistContext
 from convnets.train.eval_data import EvalSamples, find_eval_samples
 from convnets.train.recipe import Precision
 

@@ -25,15 +25,15 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from convnets import dist
+from convnets.dist import DistContext
 from convnets.errors import CheckpointError, DataError, InvalidArgumentError, message_for
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import fetch_pretrained, get_model, load_model
-from convnets.train import dist
 from convnets.train.checkpoint import BEST, BEST_SAFETENSORS, CHECKPOINT, atomic_copy, get_rng_state, set_rng_state
 from convnets.train.config import TrainConfig
 from convnets.train.curves import CURVES, write_curves
 from convnets.train.data import Batch, DataSource, make_data, to_device
-from convnets.train.dist import DistContext
 from convnets.train.evaluation import accumulate
 from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_history
 from convnets.train.recipe import Precision, default_warmup_epochs, resolve_precision, scaled_lr

@@ -1,7 +1,10 @@
-"""Process-group helpers: one code path for a single process and for ``torchrun`` jobs.
+"""Where this process sits in a ``torchrun`` job, and the process group: one home for both.
 
-``torchrun`` sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; without them we run as rank 0 of 1
-and never touch ``torch.distributed``. GPUs use NCCL, CPUs gloo.
+``torchrun`` sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; without them a run is rank 0 of 1
+and never touches ``torch.distributed``. GPUs use NCCL, CPUs gloo. Training
+(:mod:`convnets.train.loop`), evaluation and sharded inference (:mod:`convnets.shard`) all read
+the job from here. PyTorch is imported only by the functions that need it, so that reading the
+rank stays cheap for the command line.
 """
 
 from __future__ import annotations
@@ -10,14 +13,14 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from convnets.errors import InvalidArgumentError
-from convnets.runtime import resolve_device
 
-__all__ = ["DistContext", "all_reduce_sum", "barrier", "setup", "teardown"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DistContext", "all_reduce_sum", "barrier", "rank_world", "setup", "teardown"]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,24 @@ class DistContext:
 
 
 def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
+    value = os.environ.get(name, "")
+    return int(value) if value else default
+
+
+def rank_world() -> tuple[int, int]:
+    """This process's rank and the number of processes, from torchrun's ``RANK`` and ``WORLD_SIZE``.
+
+    Returns:
+        ``(rank, world)``; ``(0, 1)`` outside torchrun.
+
+    Raises:
+        InvalidArgumentError: they are not ``0 <= RANK < WORLD_SIZE``.
+    """
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    if not (world >= 1 and 0 <= rank < world):
+        raise InvalidArgumentError(f"RANK={rank} and WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE "
+                                   "(start the job with torchrun)")
+    return rank, world
 
 
 def setup(device: str | None = None) -> DistContext:
@@ -58,11 +77,16 @@ def setup(device: str | None = None) -> DistContext:
     Raises:
         InvalidArgumentError: ``device`` is unknown, or CUDA was asked for and is not available.
     """
+    import torch
+    import torch.distributed as dist
+
+    from convnets.runtime import resolve_device
+
     wanted = resolve_device(device, option="--device")
     use_cuda = wanted.type == "cuda"
     if wanted.type not in ("cpu", "cuda"):
         raise InvalidArgumentError(f"--device {device}: training runs on cpu or cuda")
-    rank, world, local_rank = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
+    (rank, world), local_rank = rank_world(), _env_int("LOCAL_RANK", 0)
     if use_cuda and wanted.index is not None and world == 1:
         torch.cuda.set_device(wanted.index)
         dev = wanted
@@ -83,6 +107,8 @@ def setup(device: str | None = None) -> DistContext:
 
 def teardown() -> None:
     """Leave the process group (safe to call when there is none)."""
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -90,6 +116,8 @@ def teardown() -> None:
 def barrier(ctx: DistContext) -> None:
     """Wait for every process (no-op for a single process)."""
     if ctx.distributed:
+        import torch.distributed as dist
+
         dist.barrier()
 
 
@@ -97,6 +125,9 @@ def all_reduce_sum(values: Sequence[float], ctx: DistContext) -> list[float]:
     """Sum numbers over all processes, in float64 so that counts and sums stay exact."""
     if not ctx.distributed:
         return [float(v) for v in values]
+    import torch
+    import torch.distributed as dist
+
     t = torch.tensor(list(values), dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t)
     return t.tolist()
