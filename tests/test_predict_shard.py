@@ -245,6 +245,25 @@ def test_what_a_sharded_run_refuses(args: list[str], message: str, tmp_path: Pat
     assert not torch.distributed.is_initialized()
 
 
+@pytest.mark.parametrize("command", [
+    ["predict", "--random-init", "--model", "resnet50", "--output", "x.jsonl", "a.png"],
+    ["embed", "--random-init", "--model", "resnet50", "--output", "x.npy", "a.png"],
+    ["train", "--data", ".", "--output", "out"],
+])
+def test_a_rank_outside_the_world_is_one_clear_error(command: list[str], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """Every command reads the job from convnets.dist.rank_world, which names the variables."""
+    from convnets.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert "RANK=2 and WORLD_SIZE=2: need 0 <= RANK < WORLD_SIZE" in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 @pytest.mark.parametrize("batch_size", [1, 3, 4])
 def test_shards_partition_the_inputs_by_batch(world: int, batch_size: int) -> None:
