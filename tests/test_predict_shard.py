@@ -264,6 +264,24 @@ def test_a_rank_outside_the_world_is_one_clear_error(command: list[str], tmp_pat
     assert "RANK=2 and WORLD_SIZE=2: need 0 <= RANK < WORLD_SIZE" in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize(("rank", "world", "total", "show"), [(0, 1, 10, True), (0, 2, 6, True), (1, 2, 4, False),
+                                                              (2, 3, 2, False)])
+def test_the_progress_bar_counts_this_ranks_shard_and_only_rank_0_shows_it(rank: int, world: int, total: int,
+                                                                           show: bool, tmp_path: Path) -> None:
+    """Ten named files in batches of 2: batches 0..4, batch k on rank k % world (counted by hand)."""
+    import argparse
+
+    from convnets.commands.options import progress_from_args
+    from convnets.shard import ShardedRun
+
+    args = argparse.Namespace(inputs=[f"img{i}.png" for i in range(10)], recursive=False, from_file=None,
+                              progress=True, batch_size=2)
+    run = ShardedRun(rank, world, output=tmp_path / "x.jsonl", batch_size=2)
+    assert progress_from_args(args, True, run) == (total, show)
+    args.inputs.append(str(tmp_path))  # a directory: the total would need a listing, so there is none
+    assert progress_from_args(args, True, run) == (None, show)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 @pytest.mark.parametrize("batch_size", [1, 3, 4])
 def test_shards_partition_the_inputs_by_batch(world: int, batch_size: int) -> None:

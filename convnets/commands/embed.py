@@ -98,9 +98,7 @@ def run(args: argparse.Namespace) -> int:
         done = found.records if found else 0
         if done:
             items = skip_recorded(items, (r["input"] for r in read_embedding_records(part)), str(part))
-        total, show = progress_from_args(args, sys.stderr.isatty())
-        # Under torchrun only rank 0 shows a bar, counting its own shard.
-        total, show = sharded.count(total), show and sharded.is_main
+        total, show = progress_from_args(args, sys.stderr.isatty(), sharded)
         failed = 0
 
         def on_batch(count: int) -> None:

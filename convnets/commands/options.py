@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from convnets.shard import ShardedRun
+
 __all__ = ["DEFAULT_TIMEOUT", "WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_argument", "add_batch_arguments",
            "add_device_argument", "add_engine_argument", "add_input_arguments", "add_memory_format_argument",
            "add_model_argument", "add_model_arguments", "add_output_arguments", "add_precision_argument",
@@ -419,9 +421,11 @@ def add_progress_argument(parser: argparse.ArgumentParser) -> None:
                              "and the inputs may fill more than one batch)")
 
 
-def progress_from_args(args: argparse.Namespace, stderr_is_terminal: bool) -> tuple[int | None, bool]:
+def progress_from_args(args: argparse.Namespace, stderr_is_terminal: bool,
+                       sharded: ShardedRun) -> tuple[int | None, bool]:
     """``(total, show)`` for the progress bar: the total is known without listing anything only
-    when every input is a file or URL named on the command line (listing a tree twice costs time)."""
+    when every input is a file or URL named on the command line (listing a tree twice costs time).
+    Under torchrun only rank 0 shows a bar, counting its own shard of the inputs."""
     import os
 
     from convnets.preprocessing.io import is_url
@@ -430,7 +434,7 @@ def progress_from_args(args: argparse.Namespace, stderr_is_terminal: bool) -> tu
         not is_url(i) and os.path.isdir(i) for i in args.inputs) else len(args.inputs)
     show = args.progress if args.progress is not None else (
         stderr_is_terminal and (total is None or total > args.batch_size))
-    return total, show
+    return sharded.count(total), show and sharded.is_main
 
 
 def read_list(stream: TextIO) -> Iterator[str]:

@@ -135,9 +135,7 @@ def run(args: argparse.Namespace) -> int:
         done = found.records if found else 0
         if done:
             items = skip_recorded(items, recorded_inputs(output, topk=args.topk), str(output))
-        total, show = progress_from_args(args, sys.stderr.isatty())
-        # Under torchrun only rank 0 shows a bar, counting its own shard.
-        total, show = (None if total is None else sharded.count(total)), show and sharded.is_main
+        total, show = progress_from_args(args, sys.stderr.isatty(), sharded)
         results, failed = [], 0
 
         def on_batch(count: int) -> None:
