@@ -10,9 +10,9 @@ What it measures, per precision (``optimize_for_inference``'s torch engine, as `
 runs it; random weights, since speed does not depend on them):
 
 * ``model only``: the engine on one preprocessed batch, called once per batch of the folder;
-* ``end to end``: :func:`convnets.predict.predict` over a folder of photo-sized JPEGs (1000x750,
+* ``end to end``: :func:`convnets.inference.predict.predict` over a folder of photo-sized JPEGs (1000x750,
   generated once: smooth shapes, gradients and grain, about 150 KB each, like camera photos
-  scaled down), decoding in ``--workers`` processes (:mod:`convnets.loader`), top-5 included;
+  scaled down), decoding in ``--workers`` processes (:mod:`convnets.inference.loader`), top-5 included;
 * ``end to end, workers 0``: the same with decoding between batches in the main process (the
   behaviour before decoding workers), for comparison.
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import convnets  # noqa: E402
 from convnets.deploy.benchmark import environment  # noqa: E402
-from convnets.predict import iter_inputs, predict_items  # noqa: E402
+from convnets.inference.predict import iter_inputs, predict_items  # noqa: E402
 from convnets.preprocessing.pipeline import prepare_batch  # noqa: E402
 from convnets.preprocessing.presets import preset_for_model  # noqa: E402
 from convnets.runtime import default_workers, usable_cores  # noqa: E402

@@ -40,10 +40,10 @@ from convnets.models.specs import ArchSpec, list_models
 
 if TYPE_CHECKING:
     from convnets.deploy.optimize import optimize_for_inference
-    from convnets.embeddings import embed
+    from convnets.inference.embed import embed
     from convnets.models.resnet import ResNet
     from convnets.registry import get_model, load_model, resnet50, resnext101_32x4d, se_resnext101_32x4d
-    from convnets.train.evaluation import evaluate_model
+    from convnets.evaluation.loop import evaluate_model
 
 __version__ = "0.1.0"
 
@@ -51,11 +51,11 @@ __version__ = "0.1.0"
 #: model's builder (``convnets.resnet50``, ...) comes from the registry.
 _LAZY: dict[str, str] = {
     "ResNet": "convnets.models.resnet",
-    "embed": "convnets.embeddings",
+    "embed": "convnets.inference.embed",
     "get_model": "convnets.registry",
     "load_model": "convnets.registry",
     "optimize_for_inference": "convnets.deploy.optimize",
-    "evaluate_model": "convnets.train.evaluation",
+    "evaluate_model": "convnets.evaluation.loop",
     **{name: "convnets.registry" for name in list_models()},
 }
 

@@ -2,7 +2,7 @@
 
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; without them a run is rank 0 of 1
 and never touches ``torch.distributed``. GPUs use NCCL, CPUs gloo. Training
-(:mod:`convnets.train.loop`), evaluation and sharded inference (:mod:`convnets.shard`) all read
+(:mod:`convnets.train.loop`), evaluation and sharded inference (:mod:`convnets.inference.shard`) all read
 the job from here. PyTorch is imported only by the functions that need it, so that reading the
 rank stays cheap for the command line.
 """

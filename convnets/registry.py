@@ -21,7 +21,7 @@ import torch
 from convnets.errors import InvalidArgumentError, UnknownArgumentError, UnknownModelError, WeightsUnavailableError
 from convnets.models.resnet import ResNet
 from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, ModelInfo, list_models, registered_name
-from convnets.weights.checkpoint import ModelRecord
+from convnets.weights.record import ModelRecord
 from convnets.weights.download import fetch_weights
 from convnets.weights.layouts import infer_spec
 from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict

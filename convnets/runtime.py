@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
@@ -24,9 +25,9 @@ from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "PrecisionName", "check_precision",
+__all__ = ["AMP_DTYPES", "GRAD_SCALER_INIT", "MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "Precision", "PrecisionName", "check_precision",
            "check_precision_name", "check_workers", "cpu_has_bf16", "default_workers", "memory_format_name", "parse_memory_format",
-           "precision_dtype", "precision_name", "resolve_device", "setting", "usable_cores"]
+           "precision_dtype", "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,95 @@ def check_precision(name: str, device: torch.device | str, *, option: str = "pre
     if name == "bf16" and kind == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise UnsupportedPrecisionError(f"this GPU does not support bf16 ({setting(option, 'bf16')}); "
                                         "use fp16 or fp32")
+
+
+# --- how a forward (and backward) pass runs: autocast, loss scaling, layout ----------------------
+
+#: Upstream's initial dynamic loss scale (fp16 training).
+GRAD_SCALER_INIT = 128.0
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the forward pass runs: autocast dtype (None = fp32), loss scaling and memory layout."""
+
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    memory_format: torch.memory_format
+
+    @property
+    def use_scaler(self) -> bool:
+        """Dynamic loss scaling is needed for fp16 only (bf16 has fp32's exponent range)."""
+        import torch
+
+        return self.amp_dtype == torch.float16
+
+    def autocast(self) -> torch.autocast:
+        """The autocast context of a forward pass (disabled in fp32)."""
+        import torch
+
+        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                              enabled=self.amp_dtype is not None)
+
+    def make_scaler(self) -> torch.amp.GradScaler | None:
+        """Upstream's dynamic loss scaler (initial scale 128) for fp16, else None."""
+        if not self.use_scaler:
+            return None
+        import torch
+
+        return torch.amp.GradScaler(self.device.type, init_scale=GRAD_SCALER_INIT)
+
+    def describe(self) -> str:
+        """E.g. ``'cuda fp16 autocast, channels_last'``."""
+        import torch
+
+        dtype = "fp32" if self.amp_dtype is None else f"{precision_name(self.amp_dtype)} autocast"
+        layout = "channels_last" if self.memory_format == torch.channels_last else "contiguous (NCHW)"
+        return f"{self.device.type} {dtype}, {layout}"
+
+
+#: Autocast dtypes (of :data:`convnets.runtime.PRECISIONS`): fp32 means no autocast.
+AMP_DTYPES: tuple[str, ...] = tuple(p for p in PRECISIONS if p != "fp32")
+
+
+def resolve_precision(device: torch.device, amp: bool | None = None, amp_dtype: str | None = None,
+                      memory_format: str | None = None, *, option: str = "--amp-dtype") -> Precision:
+    """Choose autocast and layout; ``None`` means "where it helps".
+
+    Rules: on CUDA, AMP is on by default with fp16 and a GradScaler (bf16 on request, without a
+    scaler). On CPU, AMP (always bf16: CPU autocast has no fp16 training path) is on by default
+    only when :func:`convnets.runtime.cpu_has_bf16`. The layout defaults to ``channels_last``
+    (NHWC) under AMP, where tensor cores and oneDNN's bf16 kernels want it, and to ``contiguous``
+    (NCHW) in fp32.
+
+    Args:
+        device: where the step runs.
+        amp: autocast on / off; ``None``: where it helps.
+        amp_dtype: ``"fp16"`` or ``"bf16"``; ``None``: fp16 on CUDA, bf16 elsewhere.
+        memory_format: ``"channels_last"`` / ``"contiguous"`` (or ``"nhwc"`` / ``"nchw"``); ``None``:
+            see above.
+        option: the name of ``amp_dtype`` in the caller's interface, for the messages.
+
+    Raises:
+        InvalidArgumentError: an unknown dtype or layout.
+        UnsupportedPrecisionError: a dtype the device cannot run, e.g. fp16 on a CPU (both are
+            ``ValueError``).
+    """
+    import torch
+
+    if amp_dtype is not None and amp_dtype not in AMP_DTYPES:
+        raise InvalidArgumentError(f"amp dtype must be one of {', '.join(AMP_DTYPES)}, got {amp_dtype!r}")
+    layout = None if memory_format is None else parse_memory_format(memory_format)
+    if amp is None:
+        amp = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) or amp_dtype is not None
+    dtype: torch.dtype | None = None
+    if amp:
+        name = amp_dtype or ("fp16" if device.type == "cuda" else "bf16")
+        check_precision(name, device, option=option)
+        dtype = precision_dtype(name)
+    if layout is None:
+        layout = torch.channels_last if dtype is not None else torch.contiguous_format
+    return Precision(device, dtype, layout)
 
 
 # --- memory format -------------------------------------------------------------------------------

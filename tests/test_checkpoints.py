@@ -18,7 +18,8 @@ from reference import reference_forward
 import convnets
 from convnets.errors import CheckpointError
 from convnets.train.checkpoint import get_rng_state, set_rng_state
-from convnets.weights.checkpoint import FORMAT, STATE_DICT_EMA, TrainingCheckpoint
+from convnets.train.checkpoint import FORMAT, TrainingCheckpoint
+from convnets.weights.record import STATE_DICT_EMA
 
 SE = "se_resnext101_32x4d"
 X = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
@@ -300,7 +301,7 @@ def test_pickled_model_object_is_explained(tmp_path: Path) -> None:
         convnets.load_model(tmp_path / "list.pth")
 
 
-# The training checkpoint's schema (convnets.weights.checkpoint.TrainingCheckpoint).
+# The training checkpoint's schema (convnets.train.checkpoint.TrainingCheckpoint).
 
 def _training_checkpoint(**changes: object) -> TrainingCheckpoint:
     model = convnets.get_model(SE, num_classes=3, **TINY[SE])

@@ -214,9 +214,3 @@ def test_unknown_keyword_keeps_its_python_message() -> None:
     with pytest.raises(UnknownArgumentError, match=r"resnet50\(\) got unexpected keyword argument\(s\) \['depth'\]"):
         convnets.resnet50(depth=3)
 
-
-def test_predict_timeout_default_is_the_library_default() -> None:
-    from convnets.commands.predict import DEFAULT_TIMEOUT
-    from convnets.preprocessing.io import DEFAULT_TIMEOUT as LIBRARY_DEFAULT
-
-    assert DEFAULT_TIMEOUT == LIBRARY_DEFAULT

@@ -8,6 +8,7 @@ benchmarks/bench_cli.py measures the time itself.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -80,9 +81,23 @@ def test_every_command_builds_and_parses_its_options() -> None:
         assert action.choices[name]._actions[1:], f"{name} added no options"  # type: ignore[index]
 
 
-def test_torch_free_copies_agree_with_their_sources() -> None:
-    """Constants spelled out in the command modules (so that --help needs no PyTorch) match their homes."""
-    from convnets.commands import weights as weights_command
-    from convnets.weights.download import MIRROR_ENV
+def test_the_constants_the_command_line_needs_are_defined_once() -> None:
+    """``convnets.constants`` is the one module-level assignment of each of its names (a copy kept
+    elsewhere to spare --help an import could drift from it), and it imports nothing."""
+    import ast
 
-    assert weights_command.MIRROR_ENV == MIRROR_ENV
+    from convnets import constants
+
+    tree = ast.parse(Path(constants.__file__).read_text(encoding="utf-8"))
+    assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and n.module != "__future__"]
+    names = set(constants.__all__)
+    copies = []
+    for path in sorted((REPO / "convnets").rglob("*.py")):
+        if path.name == "constants.py":
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            copies += [f"{path.relative_to(REPO)}:{node.lineno} {t.id}" for t in targets
+                       if isinstance(t, ast.Name) and t.id.lstrip("_") in names]
+    assert copies == []

@@ -1,4 +1,4 @@
-"""Decoding in worker processes (``predict --workers N``, :mod:`convnets.loader`): the same tensors,
+"""Decoding in worker processes (``predict --workers N``, :mod:`convnets.inference.loader`): the same tensors,
 records and order as decoding in-process, errors in place, inputs still read lazily."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from PIL import Image
 
 import convnets
 from convnets.errors import ImageDecodeError, ImageDownloadError, InvalidArgumentError
-from convnets.loader import PREFETCH, iter_batches
-from convnets.predict import iter_inputs, predict_items
+from convnets.inference.loader import PREFETCH, iter_batches
+from convnets.inference.predict import iter_inputs, predict_items
 from convnets.preprocessing.presets import EvalPreset
 
 TINY_ARCH = {"layers": [1, 1, 1, 1], "widths": [8, 16, 32, 64]}
@@ -166,8 +166,8 @@ def test_thousands_of_images_in_a_tree_each_recorded_once_in_order(tmp_path: Pat
     (dict(batch_size=2, workers=-1), "workers"),
 ])
 def test_batching_options_are_checked_once_for_predict_and_embed(images: Path, options: dict, message: str) -> None:
-    """The batching mechanism (convnets.loader.iter_batches) checks its options for every caller."""
-    from convnets.embeddings import embed_items
+    """The batching mechanism (convnets.inference.loader.iter_batches) checks its options for every caller."""
+    from convnets.inference.embed import embed_items
 
     model = convnets.get_model("resnet50", **TINY_ARCH).eval()
     preset = EvalPreset.for_image_size(32)

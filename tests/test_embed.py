@@ -22,7 +22,7 @@ from torchvision import transforms
 
 import convnets
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.records import open_embedding_writer, read_embedding_records, scan_spool, spool_path
+from convnets.inference.records import open_embedding_writer, read_embedding_records, scan_spool, spool_path
 
 ARCH = "se_resnext101_32x4d"
 IMAGE_SIZE = 40
@@ -246,11 +246,7 @@ def test_spool_torn_tail_is_cut_and_damage_refused(tmp_path: Path) -> None:
     assert spool.read_bytes() == bytes(damaged)  # refused, not cut
 
 
-def test_torch_free_layer_list_agrees() -> None:
-    from convnets.commands.embed import LAYERS
-    from convnets.embeddings import LAYERS as LIBRARY_LAYERS
-
-    assert LAYERS == LIBRARY_LAYERS
+def test_embed_is_exported_once() -> None:
     assert json.dumps(convnets.__all__).count('"embed"') == 1 and callable(convnets.embed)
 
 

@@ -44,13 +44,13 @@ def _tiny() -> nn.Module:
 
 
 def _predict_topk_zero(tmp: Path) -> Any:
-    from convnets.predict import predict
+    from convnets.inference.predict import predict
 
     return next(predict(_tiny().eval(), [str(tmp)], topk=0))  # a generator: checks on the first next()
 
 
 def _predict_without_labels(tmp: Path) -> Any:
-    from convnets.predict import predict
+    from convnets.inference.predict import predict
 
     return next(predict(lambda x: x, [str(tmp)]))
 
@@ -70,7 +70,7 @@ def _triton_labels_mismatch(tmp: Path) -> Any:
 
 
 def _trainer_mixup_without_rng(tmp: Path) -> Any:
-    from convnets.train.recipe import resolve_precision
+    from convnets.runtime import resolve_precision
     from convnets.train.step import Trainer
 
     trainer = Trainer(nn.Linear(2, 2), resolve_precision(CPU, amp=False), lr=0.1, total_steps=1, mixup_alpha=0.2)
@@ -92,7 +92,7 @@ def _fit_over_another_run(tmp: Path) -> Any:
 
 
 def _make_data(tmp: Path) -> Any:
-    from convnets.train.data import make_data
+    from convnets.data.folders import make_data
     from convnets.dist import DistContext
 
     return make_data("tfrecord", tmp, batch_size=8, image_size=32, workers=0, seed=0,
@@ -100,7 +100,7 @@ def _make_data(tmp: Path) -> Any:
 
 
 def _dali_missing(tmp: Path) -> Any:
-    from convnets.train.dali import _import_dali
+    from convnets.data.dali import _import_dali
 
     mp = pytest.MonkeyPatch()
     mp.setitem(sys.modules, "nvidia.dali", None)  # makes `import nvidia.dali` fail
@@ -123,7 +123,7 @@ def _read_missing_checkpoint(tmp: Path) -> Any:
 
 
 def _not_a_training_checkpoint(tmp: Path) -> Any:
-    from convnets.weights.checkpoint import TrainingCheckpoint
+    from convnets.train.checkpoint import TrainingCheckpoint
 
     torch.save({"fc.weight": torch.zeros(2, 2)}, tmp / "plain.pth")
     return TrainingCheckpoint.read(tmp / "plain.pth")
@@ -185,7 +185,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[ConvnetsError], type[Exceptio
      InvalidArgumentError, ValueError, "epochs must be a positive integer"),
     ("recipe.param_groups", lambda t: _imported("convnets.train.recipe", "param_groups")(
         nn.Sequential(nn.LayerNorm(3)), 1e-4), InvalidArgumentTypeError, TypeError, "no weight-decay rule"),
-    ("recipe.resolve_precision", lambda t: _imported("convnets.train.recipe", "resolve_precision")(
+    ("runtime.resolve_precision", lambda t: _imported("convnets.runtime", "resolve_precision")(
         CPU, True, "fp8"), InvalidArgumentError, ValueError, "amp dtype must be one of"),
     ("step.Trainer.loss", _trainer_mixup_without_rng, InvalidArgumentError, ValueError, "MixUp needs a random"),
     ("loop.fit output", _fit_over_another_run, InvalidArgumentError, ValueError, "already holds checkpoint.pth.tar"),

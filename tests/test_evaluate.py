@@ -1,4 +1,4 @@
-"""``convnets evaluate`` and :func:`convnets.train.evaluation.evaluate_model`: the report's numbers
+"""``convnets evaluate`` and :func:`convnets.evaluation.loop.evaluate_model`: the report's numbers
 against scikit-learn on predictions computed here, ImageNet's flat validation layouts (Kaggle CSV,
 devkit) against the same images in a class tree, confusion.png, and the errors.
 
@@ -29,8 +29,8 @@ from train_support import TINY_ARCH
 import convnets
 from convnets import cli
 from convnets.errors import DataError, InvalidArgumentError
-from convnets.train import EvaluationReport, evaluate_model
-from convnets.train.confusion import DPI, FIGSIZE, MAX_SHOWN, plot_confusion, shown_classes
+from convnets.evaluation import EvaluationReport, evaluate_model
+from convnets.evaluation.confusion import DPI, FIGSIZE, MAX_SHOWN, plot_confusion, shown_classes
 from convnets.weights.safetensors_io import save_safetensors
 
 require_module("sklearn", extra="test")
@@ -285,13 +285,13 @@ def test_many_classes_show_the_most_confused_submatrix(tmp_path: Path) -> None:
     assert len(shown) <= MAX_SHOWN and shown == sorted(shown)
     assert {3, 150, 77, 78, 10, 190, 42, 43} <= set(shown)
     # A report of 200 classes draws the sub-matrix at the fixed size.
-    from convnets.train.evaluation import EvalTotals
+    from convnets.evaluation.loop import EvalTotals
 
     names = [f"class {i}" for i in range(n)]
     report = EvaluationReport.from_totals(EvalTotals(0.0, int(np.trace(cm)), int(np.trace(cm)), int(cm.sum()), 0, cm),
                                           names, names)
     assert [(p.true, p.predicted) for p in report.confused_pairs[:5]] == pairs
-    plot_confusion(report, tmp_path / "c.png")
+    plot_confusion(report.confusion, [c.name for c in report.classes], tmp_path / "c.png")
     if os.environ.get("CONVNETS_KEEP_PNG"):  # to look at it
         shutil.copy(tmp_path / "c.png", os.environ["CONVNETS_KEEP_PNG"])
     with Image.open(tmp_path / "c.png") as image:
@@ -333,7 +333,7 @@ def test_without_matplotlib_the_report_is_written_with_one_line_about_the_figure
     import logging
     import sys
 
-    from convnets.train.evaluation import EvalTotals
+    from convnets.evaluation.loop import EvalTotals
 
     cm = np.array([[3, 1], [0, 2]])
     report = EvaluationReport.from_totals(EvalTotals(1.5, 5, 6, 6, 0, cm), ["a", "b"], ["a", "b"])

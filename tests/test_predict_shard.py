@@ -3,7 +3,7 @@
 The torchrun runs are real (``python -m torch.distributed.run``), each costs a few seconds of
 startup, so there are few: one per output format, and two resumes. Their merged files are compared
 byte for byte with a single process's and read back with the standard readers (json, csv, pyarrow).
-The partition itself (:mod:`convnets.shard`) is tested without processes.
+The partition itself (:mod:`convnets.inference.shard`) is tested without processes.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from strict_skips import require_module
 
 import convnets
 from convnets.errors import InvalidArgumentError
-from convnets.records import CSV_COLUMNS, read_records, write_records
-from convnets.shard import (interleave, merge_parts, part_path, part_paths, shard_count, shard_items,
+from convnets.inference.records import CSV_COLUMNS, read_records, write_records
+from convnets.inference.shard import (interleave, merge_parts, part_path, part_paths, shard_count, shard_items,
                             split_into_parts)
 
 BATCH = 3
@@ -272,7 +272,7 @@ def test_the_progress_bar_counts_this_ranks_shard_and_only_rank_0_shows_it(rank:
     import argparse
 
     from convnets.commands.options import progress_from_args
-    from convnets.shard import ShardedRun
+    from convnets.inference.shard import ShardedRun
 
     args = argparse.Namespace(inputs=[f"img{i}.png" for i in range(10)], recursive=False, from_file=None,
                               progress=True, batch_size=2)
@@ -358,7 +358,7 @@ def test_sharded_embed_refuses_a_single_process_spool(tmp_path: Path, monkeypatc
     """A spool left by one process is not split into parts: continuing it under torchrun is refused
     before the model loads, with what to do instead."""
     from convnets.cli import main
-    from convnets.records import SPOOL_MAGIC
+    from convnets.inference.records import SPOOL_MAGIC
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RANK", "1")

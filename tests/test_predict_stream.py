@@ -25,7 +25,7 @@ from PIL import Image
 from strict_skips import require_module
 
 import convnets
-from convnets.records import CSV_COLUMNS, open_writer, scan
+from convnets.inference.records import CSV_COLUMNS, open_writer, scan
 
 TINY_ARCH = {"layers": [1, 1, 1, 1], "widths": [8, 16, 32, 64]}
 # Random init for runs that compare nothing; runs whose records are compared share one checkpoint.
@@ -256,7 +256,7 @@ def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) ->
 
 MEMORY_PROBE = textwrap.dedent("""
     import resource, sys, tracemalloc
-    from convnets.predict import iter_inputs
+    from convnets.inference.predict import iter_inputs
     from convnets.commands.options import read_list as _read_list
 
     def peak(n, path):
@@ -324,7 +324,7 @@ def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> Non
 def test_library_errors_are_convnets_errors_with_builtin_bases(monkeypatch: pytest.MonkeyPatch,
                                                               tmp_path: Path) -> None:
     from convnets.errors import InvalidArgumentError, MissingDependencyError
-    from convnets.records import check_destination, format_of
+    from convnets.inference.records import check_destination, format_of
 
     with pytest.raises(InvalidArgumentError, match="output='a.txt': unknown format") as caught:
         format_of("a.txt")
@@ -337,7 +337,7 @@ def test_library_errors_are_convnets_errors_with_builtin_bases(monkeypatch: pyte
 
 def test_predict_takes_a_generator_and_keeps_batch_boundaries(images: Path) -> None:
     """The library entry reads inputs lazily, and ``start`` aligns batches as in an uninterrupted run."""
-    from convnets.predict import iter_inputs, predict, predict_items
+    from convnets.inference.predict import iter_inputs, predict, predict_items
 
     names = [name for name, _ in iter_inputs([str(images / "part1")]) if Path(name).name.startswith("img")][:7]
     sizes: list[int] = []
@@ -362,7 +362,7 @@ def test_predict_takes_a_generator_and_keeps_batch_boundaries(images: Path) -> N
 
 
 def test_recursive_walk_skips_hidden_and_does_not_loop(tmp_path: Path) -> None:
-    from convnets.predict import iter_inputs
+    from convnets.inference.predict import iter_inputs
 
     for name in ("b.png", "a/c.jpg", "a/.d.png", "a/._e.png", ".f/g.png", "a/z/h.PNG", "i.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

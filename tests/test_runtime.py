@@ -15,7 +15,7 @@ import convnets
 from convnets import runtime
 from convnets.commands import options
 from convnets.errors import ConvnetsError, InvalidArgumentError, UnsupportedPrecisionError
-from convnets.train.recipe import resolve_precision
+from convnets.runtime import resolve_precision
 
 CPU = torch.device("cpu")
 TINY = {"layers": [1, 1, 1, 1], "widths": [8, 16, 32, 64]}

@@ -183,9 +183,3 @@ def test_convert_usage_errors(args: list[str], message: str) -> None:
     result = run_cli(*args)
     assert result.returncode != 0 and message in result.stderr
 
-
-def test_cli_knows_the_mirror_variable() -> None:
-    from convnets.commands import weights as command
-    from convnets.weights.download import MIRROR_ENV
-
-    assert command.MIRROR_ENV == MIRROR_ENV

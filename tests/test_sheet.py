@@ -1,4 +1,4 @@
-"""Contact sheets (``convnets predict --show FILE.png``, :mod:`convnets.sheet`): PNGs read back with PIL,
+"""Contact sheets (``convnets predict --show FILE.png``, :mod:`convnets.inference.sheet`): PNGs read back with PIL,
 tiles found by geometry and checked against independently computed thumbnails; the CLI in real subprocesses."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from PIL import Image, ImageOps
 
 import convnets
 from convnets.errors import ImageNotFoundError, InvalidArgumentError, UnknownArgumentError
-from convnets.predict import Prediction, TopClass
-from convnets.sheet import ContactSheetWriter, check_sheet_destination, sheet_path, write_contact_sheets
+from convnets.inference.predict import Prediction, TopClass
+from convnets.inference.sheet import ContactSheetWriter, check_sheet_destination, sheet_path, write_contact_sheets
 
 SIDE, GAP = 256, 8  # the writer's defaults: thumbnail square and white space
 PAPER, FRAME, FAILED = (255, 255, 255), (236, 236, 236), (250, 222, 222)

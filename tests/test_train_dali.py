@@ -14,7 +14,7 @@ from train_support import TINY_ARCH, make_digits, one_thread
 from convnets.dist import DistContext
 from convnets.errors import DataError, MissingDependencyError
 from convnets.train import TrainConfig, fit
-from convnets.train.data import DataSource, make_data, to_device
+from convnets.data.folders import DataSource, make_data, to_device
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 needs_dali = pytest.mark.skipif(importlib.util.find_spec("nvidia.dali") is None,

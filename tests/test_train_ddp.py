@@ -15,8 +15,8 @@ from train_support import REPO, TINY_ARCH, cli_env, make_digits, one_thread, rea
 
 from convnets.dist import DistContext
 from convnets.train import TrainConfig, fit
-from convnets.train.dali import _epoch_order
-from convnets.train.data import SeededSampler
+from convnets.data.dali import _epoch_order
+from convnets.data.folders import SeededSampler
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 

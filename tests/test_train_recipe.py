@@ -14,7 +14,8 @@ from train_support import one_thread
 import convnets
 from convnets.errors import TrainingDivergedError
 from convnets.train import TrainConfig, Trainer
-from convnets.train.recipe import Precision, make_optimizer, mixup, resolve_precision
+from convnets.runtime import Precision, resolve_precision
+from convnets.train.recipe import make_optimizer, mixup
 
 CPU_FP32 = Precision(torch.device("cpu"), None, torch.contiguous_format)
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
@@ -198,10 +199,10 @@ def test_precision_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda_bf16 = resolve_precision(torch.device("cuda"), amp_dtype="bf16")
     assert (cuda_bf16.amp_dtype, cuda_bf16.use_scaler) == (torch.bfloat16, False)
     assert resolve_precision(torch.device("cuda"), amp=False).amp_dtype is None
-    monkeypatch.setattr("convnets.train.recipe.cpu_has_bf16", lambda: True)
+    monkeypatch.setattr("convnets.runtime.cpu_has_bf16", lambda: True)
     cpu = resolve_precision(torch.device("cpu"))
     assert (cpu.amp_dtype, cpu.use_scaler, cpu.memory_format) == (torch.bfloat16, False, torch.channels_last)
-    monkeypatch.setattr("convnets.train.recipe.cpu_has_bf16", lambda: False)
+    monkeypatch.setattr("convnets.runtime.cpu_has_bf16", lambda: False)
     cpu = resolve_precision(torch.device("cpu"))
     assert (cpu.amp_dtype, cpu.memory_format) == (None, torch.contiguous_format)
     assert resolve_precision(torch.device("cpu"), memory_format="nhwc").memory_format == torch.channels_last

@@ -26,7 +26,7 @@ from convnets.errors import DataError, MissingDependencyError
 from convnets.train import TrainConfig, fit
 from convnets.train.curves import DPI, FIGSIZE, plot_curves
 from convnets.train.metrics import read_metrics as read_metrics_file
-from convnets.train.recipe import Precision
+from convnets.runtime import Precision
 from convnets.train.tensorboard import TensorBoardLog
 
 require_module("tensorboard", extra="tensorboard")

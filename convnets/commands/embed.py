@@ -3,11 +3,11 @@
 ``--output FILE.npy`` writes float32 ``[N, D]`` with the inputs in ``FILE.npy.inputs.txt`` (same
 order); ``--output FILE.parquet`` columns ``input`` and ``embedding``. Records stream into
 ``FILE.spool`` as batches finish and FILE is assembled at the end, so a killed run continues with
-``--resume`` (see :mod:`convnets.records`). Inputs that cannot be read are reported on stderr, get
+``--resume`` (see :mod:`convnets.inference.records`). Inputs that cannot be read are reported on stderr, get
 no vector and leave the exit status at 1. The inputs, batches, workers and output options are
 ``convnets predict``'s (:mod:`convnets.commands.options`), and so is sharding under ``torchrun``:
 each process embeds its share of the batches into a part (its spool), and rank 0 merges the parts
-into FILE at the end (:mod:`convnets.shard`).
+into FILE at the end (:mod:`convnets.inference.shard`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ from convnets.commands.options import (add_batch_arguments, add_device_argument,
                                        add_progress_argument, device_from_args, input_error_message, load_from_args,
                                        progress_from_args, skip_recorded, sources_from_args, workers_from_args)
 
+from convnets.constants import DEFAULT_MODEL, LAYERS
 from convnets.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_MODEL", "LAYERS", "add_arguments", "run"]
+__all__ = ["add_arguments", "run"]
 
-DEFAULT_MODEL = "se_resnext101_32x4d"
-#: convnets.embeddings.LAYERS, spelled out so that `--help` imports no PyTorch (a test checks they agree).
-LAYERS = ("layer1", "layer2", "layer3", "layer4")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets embed``; exit status 1 if any input could not be read."""
-    from convnets.records import check_embedding_destination, embedding_output_complete, spool_path
-    from convnets.shard import ShardedRun
+    from convnets.inference.records import check_embedding_destination, embedding_output_complete, spool_path
+    from convnets.inference.shard import ShardedRun
 
     # Before PyTorch and the model load: a wrong --output fails at once.
     check_embedding_destination(args.output, resume=args.resume)
@@ -68,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"convnets embed: {args.output} is complete (no {spool_path(args.output).name} to continue); "
               "nothing to do", file=sys.stderr)
         return 0
-    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.shard).
+    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.inference.shard).
     sharded = ShardedRun.from_env(output=args.output, batch_size=args.batch_size, reads_stdin=args.from_file == "-")
     part = sharded.part(args.output)
     if sharded.world > 1:
@@ -79,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm.auto import tqdm
 
-    from convnets.embeddings import embed_items, features_model
-    from convnets.predict import iter_inputs
+    from convnets.inference.embed import embed_items, features_model
+    from convnets.inference.predict import iter_inputs
     from convnets.preprocessing.presets import preset_for_model
-    from convnets.records import open_embedding_writer, read_embedding_records
-    from convnets.shard import PartFiles
+    from convnets.inference.records import open_embedding_writer, read_embedding_records
+    from convnets.inference.shard import PartFiles
 
     device = sharded.join(device_from_args(args), resume=args.resume)
     model = load_from_args(args, device=device).model

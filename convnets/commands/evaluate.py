@@ -1,8 +1,8 @@
 """``convnets evaluate``: accuracy, per-class figures and the confusion matrix of a model on a labelled image set.
 
-The evaluation loop of ``convnets train --evaluate`` (:func:`convnets.train.evaluation.evaluate_model`),
+The evaluation loop of ``convnets train --evaluate`` (:func:`convnets.evaluation.loop.evaluate_model`),
 on class folders or ImageNet's flat validation images with Kaggle's or the devkit's labels (see
-:mod:`convnets.train.eval_data`). Prints a table; ``--output DIR`` also writes ``DIR/report.json``
+:mod:`convnets.evaluation.data`). Prints a table; ``--output DIR`` also writes ``DIR/report.json``
 and ``DIR/confusion.png``.
 """
 
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets evaluate``."""
-    from convnets.train.evaluation import evaluate_model
+    from convnets.evaluation.loop import evaluate_model
 
     device = device_from_args(args)
     loaded = load_from_args(args)

@@ -28,6 +28,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import CheckpointError, ConvnetsError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models, registered_name
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
@@ -37,9 +38,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from convnets.shard import ShardedRun
+    from convnets.inference.shard import ShardedRun
 
-__all__ = ["DEFAULT_TIMEOUT", "WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_argument", "add_batch_arguments",
+__all__ = ["WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_argument", "add_batch_arguments",
            "add_device_argument", "add_engine_argument", "add_input_arguments", "add_memory_format_argument",
            "add_model_argument", "add_model_arguments", "add_output_arguments", "add_precision_argument",
            "add_progress_argument", "device_from_args", "input_error_message", "load_from_args", "non_negative_int",
@@ -328,9 +329,6 @@ def device_from_args(args: argparse.Namespace) -> torch.device:
 
 # --- inputs at scale, batches, records: the commands that read many images (predict, embed) ---------
 
-# convnets.preprocessing.io.DEFAULT_TIMEOUT, spelled out because that module imports PIL and requests,
-# which `--help` must not wait for; tests/test_cli_errors.py checks that the two agree.
-DEFAULT_TIMEOUT = 30.0
 
 
 def non_negative_int(text: str) -> int:

@@ -3,15 +3,15 @@
 Prints a table, or with ``--json`` exactly one JSON array on stdout: one object per image in
 input order, ``{"input": ..., "top": [{"index", "label", "probability"}, ...]}``; ``--jsonl`` streams
 one such object per line instead. ``--output FILE`` writes records to a file as batches finish
-(``.jsonl``, ``.csv``, ``.parquet``: see :mod:`convnets.records`), and ``--resume`` continues one
+(``.jsonl``, ``.csv``, ``.parquet``: see :mod:`convnets.inference.records`), and ``--resume`` continues one
 that a killed run left. Inputs that cannot be read are reported on stderr, one line each, and leave
 the exit status at 1; the others are still predicted. Inputs are streamed (``--recursive`` trees,
 ``--from-file`` lists), so their number does not cost memory, and decoded by ``--workers`` processes
-while the model runs (:mod:`convnets.loader`). The options shared with ``convnets embed`` are in
+while the model runs (:mod:`convnets.inference.loader`). The options shared with ``convnets embed`` are in
 :mod:`convnets.commands.options`. ``--show FILE.png`` also draws contact sheets, thumbnails with
-their top classes (:mod:`convnets.sheet`). Under ``torchrun`` each process predicts its share of
+their top classes (:mod:`convnets.inference.sheet`). Under ``torchrun`` each process predicts its share of
 the batches into a part of ``--output`` (required there) and rank 0 merges the parts into it at the
-end: the file one process writes (see :mod:`convnets.shard`).
+end: the file one process writes (see :mod:`convnets.inference.shard`).
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ import sys
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
-from convnets.commands.options import (DEFAULT_TIMEOUT, add_batch_arguments, add_device_argument,
+from convnets.commands.options import (add_batch_arguments, add_device_argument,
                                        add_engine_argument, add_input_arguments, add_model_arguments,
                                        add_output_arguments, add_precision_argument, add_progress_argument,
                                        device_from_args, input_error_message, load_from_args, progress_from_args,
                                        sources_from_args, skip_recorded, workers_from_args)
+from convnets.constants import DEFAULT_MODEL
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from convnets.predict import Prediction
-    from convnets.sheet import ContactSheetWriter
+    from convnets.inference.predict import Prediction
+    from convnets.inference.sheet import ContactSheetWriter
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_TIMEOUT", "add_arguments", "run"]
+__all__ = ["add_arguments", "run"]
 
-DEFAULT_MODEL = "se_resnext101_32x4d"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +79,7 @@ def _print_table(result: Prediction) -> None:
 
 
 def _record(result: Prediction, error: str) -> dict:
-    """The record of one result (see :mod:`convnets.records`); ``error``: its message, if it failed."""
+    """The record of one result (see :mod:`convnets.inference.records`); ``error``: its message, if it failed."""
     if not result.ok:
         return {"input": result.input, "error": error}
     return {"input": result.input,
@@ -88,13 +88,13 @@ def _record(result: Prediction, error: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets predict``; exit status 1 if any input could not be read."""
-    from convnets.records import RecordWriter, check_destination, open_writer, recorded_inputs, scan
-    from convnets.shard import ShardedRun
+    from convnets.inference.records import RecordWriter, check_destination, open_writer, recorded_inputs, scan
+    from convnets.inference.shard import ShardedRun
 
     # Before PyTorch and the model load: a wrong --output fails at once.
     if args.resume and args.output is None:
         raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
-    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.shard).
+    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.inference.shard).
     sharded = ShardedRun.from_env(output=args.output, batch_size=args.batch_size, reads_stdin=args.from_file == "-")
     output = None if args.output is None else sharded.part(args.output)
     if args.output is not None:
@@ -105,13 +105,13 @@ def run(args: argparse.Namespace) -> int:
         if sharded.world > 1:  # each rank sees only its shard; one process must draw them all
             raise InvalidArgumentError("--show draws the contact sheets in one process, not under torchrun; "
                                        "drop --show here and draw sheets from a single-process run")
-        from convnets.sheet import check_sheet_destination
+        from convnets.inference.sheet import check_sheet_destination
         check_sheet_destination(args.show, option="show")
 
     from tqdm.auto import tqdm
 
     from convnets.deploy.optimize import optimize_for_inference
-    from convnets.predict import class_labels, iter_inputs, predict_items
+    from convnets.inference.predict import class_labels, iter_inputs, predict_items
     from convnets.preprocessing.presets import preset_for_model
     if args.topk < 1:
         raise InvalidArgumentError(f"--topk must be a positive integer, got {args.topk}")
@@ -181,6 +181,6 @@ def _open_sheets(args: argparse.Namespace, stack: ExitStack) -> ContactSheetWrit
     """The --show writer, closed (the last sheet written) when ``stack`` unwinds without an error."""
     if args.show is None:
         return None
-    from convnets.sheet import ContactSheetWriter
+    from convnets.inference.sheet import ContactSheetWriter
 
     return stack.enter_context(ContactSheetWriter(args.show, timeout=args.timeout, interface="cli"))

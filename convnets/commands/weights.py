@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from convnets.constants import MIRROR_ENV
 from convnets.errors import InvalidArgumentError
 
-# convnets.weights.download.MIRROR_ENV, spelled out because that module imports PyTorch and
-# `--help` must not wait for it; tests/test_cli_startup.py checks that the two agree.
-MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

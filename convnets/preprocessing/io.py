@@ -23,6 +23,7 @@ import urllib3
 import validators
 from PIL import Image, UnidentifiedImageError
 
+from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import (
     ImageDecodeError,
     ImageDownloadError,
@@ -46,7 +47,6 @@ logger = logging.getLogger(__name__)
 #: What :func:`open_image` accepts: a local path, an ``http(s)://`` URL, encoded bytes or a PIL image.
 ImageInput = Union[str, os.PathLike[str], bytes, bytearray, Image.Image]
 
-DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_BYTES = 64 * 2**20
 
 USER_AGENT = f"convnets-processing-utils (python-requests/{requests.__version__})"

@@ -5,7 +5,7 @@ first, with which interpolation, and which mean and standard deviation normalise
 Each weights entry owns one (:attr:`convnets.weights.manifest.WeightsEntry.preset`), a model
 trained with ``convnets train`` gets one from its recorded image size (:func:`preset_for_model`),
 and every evaluation path takes its numbers from a preset: ``prepare_input_from_uri`` /
-``prepare_batch``, ``convnets.predict``, the ``pytorch`` validation loader, the DALI validation
+``prepare_batch``, ``convnets.inference.predict``, the ``pytorch`` validation loader, the DALI validation
 pipeline and export verification. ``round(size * 256 / 224)`` lives in
 :meth:`EvalPreset.for_image_size` only.
 

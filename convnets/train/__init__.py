@@ -8,8 +8,7 @@ From Python::
     print(summary.line())
 
 ``convnets.load_model("runs/1/model_best.pth.tar")`` rebuilds the fine-tuned model, class names
-included. :func:`evaluate_model` (``convnets evaluate``) measures a model on a labelled image set
-and returns an :class:`EvaluationReport` (top-1/5, loss, per-class figures, confusion matrix).
+included; measuring a model on a labelled image set is :mod:`convnets.evaluation` (``convnets evaluate``).
 :func:`benchmark_training` times the loop's optimizer step on synthetic data;
 :func:`write_curves` draws a run's ``curves.png`` from its ``metrics.jsonl`` (``convnets plot``).
 """
@@ -24,18 +23,15 @@ from convnets.train.config import TrainConfig
 if TYPE_CHECKING:
     from convnets.train.benchmark import benchmark_training
     from convnets.train.curves import write_curves
-    from convnets.train.evaluation import EvaluationReport, evaluate_model
     from convnets.train.loop import evaluate, fit
     from convnets.train.metrics import TrainSummary
     from convnets.train.step import Trainer
 
-__all__ = ["EvaluationReport", "TrainConfig", "TrainSummary", "Trainer", "benchmark_training", "evaluate",
-           "evaluate_model", "fit", "write_curves"]
+__all__ = ["TrainConfig", "TrainSummary", "Trainer", "benchmark_training", "evaluate", "fit", "write_curves"]
 
 # Where each lazily imported name lives: the step, the loop, the metrics, the benchmark, the curves.
 _LAZY = {"Trainer": "step", "fit": "loop", "evaluate": "loop", "TrainSummary": "metrics",
-         "benchmark_training": "benchmark", "write_curves": "curves", "evaluate_model": "evaluation",
-         "EvaluationReport": "evaluation"}
+         "benchmark_training": "benchmark", "write_curves": "curves"}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from convnets.registry import get_model
-from convnets.train.data import to_device
-from convnets.train.recipe import resolve_precision, scaled_lr
+from convnets.data.folders import to_device
+from convnets.runtime import resolve_precision
+from convnets.train.recipe import scaled_lr
 from convnets.train.step import Trainer, configure_backends
 
 __all__ = ["benchmark_training"]

@@ -1,7 +1,20 @@
-"""The training run's files and global random state; the checkpoint's schema is
-:class:`convnets.weights.checkpoint.TrainingCheckpoint`.
+"""The training checkpoint's schema, in one place: :class:`TrainingCheckpoint` writes, validates and reads it.
 
-``checkpoint.pth.tar`` is rewritten after every epoch, ``model_best.pth.tar`` is a copy of the
+``convnets train`` writes one after every epoch; ``--resume`` reads it back, and
+:func:`convnets.load_model` rebuilds the model from it alone. The file is a dict of tensors, plain
+containers and scalars (``torch.load(weights_only=True)`` reads it); its keys are the fields of
+:class:`TrainingCheckpoint`, and no other module spells them:
+
+``state_dict`` (model weights, no ``module.`` prefix), ``state_dict_ema`` and ``ema_updates``
+(only with EMA), ``optimizer``, ``scheduler``, ``scaler`` (GradScaler state or None), ``epoch``
+(epochs completed), ``step`` (optimizer steps), ``skipped_steps``, ``best_top1`` / ``best_epoch``,
+``history`` (the per-epoch metrics so far), ``rng`` (torch / CUDA / numpy / Python generator
+states), ``config`` (the run's ``TrainConfig`` as a dict), ``arch`` (model name), ``arch_spec``
+(``ArchSpec.to_dict()``), ``class_names``, ``world_size`` and ``format`` (:data:`FORMAT`).
+``arch_spec``, ``class_names`` and ``config["image_size"]`` make it self-describing; other
+checkpoint files may carry the same entries, which :class:`ModelRecord` reads leniently.
+
+The run's files: ``checkpoint.pth.tar`` is rewritten after every epoch, ``model_best.pth.tar`` is a copy of the
 best one so far (best validation top-1 of the model, not of its EMA), and ``model_best.safetensors``
 holds that checkpoint's model weights (``state_dict``, what ``convnets.load_model`` reads from it by
 default; the EMA weights stay in ``model_best.pth.tar``, ``load_model(..., use_ema=True)``) with the
@@ -12,18 +25,32 @@ resumed run continues every global generator where the interrupted run left it.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 import random
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from convnets.errors import CheckpointError
 from convnets.fileio import atomic_write
+from convnets.models.specs import ArchSpec
+from convnets.weights.files import read_checkpoint
+from convnets.weights.record import STATE_DICT, STATE_DICT_EMA, ModelRecord, is_int, is_names
 
-__all__ = ["BEST", "BEST_SAFETENSORS", "CHECKPOINT", "atomic_copy", "get_rng_state", "set_rng_state"]
+__all__ = ["BEST", "BEST_SAFETENSORS", "CHECKPOINT", "FORMAT", "TrainingCheckpoint", "atomic_copy", "get_rng_state",
+           "set_rng_state"]
+
+#: Version of the schema; a file that names another one is refused rather than misread.
+FORMAT = "convnets-train/1"
+# Written only when the run keeps an EMA of the weights (older readers expect them absent).
+_ONLY_WITH_EMA = (STATE_DICT_EMA, "ema_updates")
 
 CHECKPOINT = "checkpoint.pth.tar"
 BEST = "model_best.pth.tar"
@@ -61,3 +88,120 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
                          n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+@dataclass
+class TrainingCheckpoint:
+    """One training checkpoint: everything a run needs to continue, and to rebuild its model.
+
+    The fields without defaults are required in a file; the others default to a fresh run's
+    values. Attributes are the file's keys (see the module docstring).
+    """
+
+    state_dict: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    epoch: int
+    arch_spec: dict[str, Any]
+    class_names: list[str]
+    step: int = 0
+    scaler: dict[str, Any] | None = None
+    skipped_steps: int = 0
+    state_dict_ema: dict[str, Any] | None = None
+    ema_updates: int | None = None
+    best_top1: float = -math.inf
+    best_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    rng: dict[str, Any] | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    arch: str | None = None
+    world_size: int = 1
+    format: str = FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's contents: plain containers, ``weights_only``-loadable (tensors not copied)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.state_dict_ema is None:
+            for key in _ONLY_WITH_EMA:
+                del out[key]
+        return out
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """``torch.save`` to ``path`` atomically: readers see the old file or the new one, never a part."""
+        import torch
+
+        data = self.to_dict()
+        atomic_write(Path(path), lambda f: torch.save(data, f))
+
+    @classmethod
+    def validate(cls, obj: Any, source: str = "checkpoint") -> None:
+        """Check that ``obj`` (what ``torch.load`` returned) is a training checkpoint of this schema.
+
+        Raises:
+            CheckpointError: required entries missing, of the wrong type, or another ``format``.
+        """
+        if not isinstance(obj, Mapping):
+            raise CheckpointError(f"{source} is not a convnets training checkpoint (it holds a "
+                                  f"{type(obj).__name__}, not a dict)")
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        missing = [k for k in required if k not in obj]
+        if missing:
+            raise CheckpointError(f"{source} is not a convnets training checkpoint (no {', '.join(missing)})")
+        # A file without "format" is accepted: hand-made minimal checkpoints (and tests) omit it.
+        version = obj.get("format", FORMAT)
+        if version != FORMAT:
+            raise CheckpointError(f"{source} is a training checkpoint of format {version!r}; this version of "
+                                  f"convnets reads {FORMAT!r}")
+        wrong = [f"{k} ({type(obj[k]).__name__}, expected {what})" for k, what, ok in (
+            (STATE_DICT, "a dict", isinstance(obj[STATE_DICT], Mapping)),
+            ("optimizer", "a dict", isinstance(obj["optimizer"], Mapping)),
+            ("scheduler", "a dict", isinstance(obj["scheduler"], Mapping)),
+            ("epoch", "an int >= 0", is_int(obj["epoch"]) and obj["epoch"] >= 0),
+            ("arch_spec", "a dict", isinstance(obj["arch_spec"], Mapping)),
+            ("class_names", "a list of str", is_names(obj["class_names"])),
+        ) if not ok]
+        if wrong:
+            raise CheckpointError(f"{source} is a damaged convnets training checkpoint: {', '.join(wrong)}")
+
+    @classmethod
+    def from_dict(cls, obj: Any, source: str = "checkpoint") -> TrainingCheckpoint:
+        """Validate ``obj`` and wrap it (entries this schema does not know are dropped).
+
+        Raises:
+            CheckpointError: see :meth:`validate`.
+        """
+        cls.validate(obj, source)
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in obj.items() if k in names}
+        values["class_names"] = list(values["class_names"])
+        return cls(**values)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str], *, hint: str = "") -> TrainingCheckpoint:
+        """Read and validate a checkpoint file (``weights_only``, memory-mapped).
+
+        Args:
+            path: the file.
+            hint: appended to the message when the file is not a training checkpoint, e.g. what
+                option to use for other files.
+
+        Raises:
+            CheckpointError: missing or unreadable file, or not a training checkpoint of this schema.
+        """
+        obj = read_checkpoint(path)
+        try:
+            return cls.from_dict(obj, str(path))
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}{'; ' + hint if hint else ''}") from e
+
+    def model_spec(self, source: str = "checkpoint") -> ArchSpec:
+        """The architecture the weights belong to.
+
+        Raises:
+            CheckpointError: ``arch_spec`` is not a valid :class:`ArchSpec`.
+        """
+        spec = ModelRecord(arch_spec=self.arch_spec).spec(source)
+        if spec is None:  # validate() admits only mappings; this guards hand-built instances
+            raise CheckpointError(f"{source} has no 'arch_spec' entry")
+        return spec

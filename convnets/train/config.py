@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from convnets.constants import BACKENDS
 from convnets.errors import InvalidArgumentError
 from convnets.models.specs import list_models
 
@@ -35,8 +36,6 @@ MOMENTUM = 0.875
 WEIGHT_DECAY = 1.0 / 16384  # 6.103515625e-05
 LABEL_SMOOTHING = 0.1
 
-#: ``--data-backend`` choices (see :mod:`convnets.train.data`).
-BACKENDS = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")
 
 #: The sections of ``convnets train --help``, in this order.
 DATA, MODEL, RECIPE, DEVICES, RUN = OPTION_GROUPS = (

@@ -4,9 +4,9 @@ Reads top to bottom: :func:`fit` (entry point) -> :func:`_train` (set-up, resume
 checkpoints) -> :func:`_train_epoch` (one pass over this rank's shard, calling
 :meth:`~convnets.train.step.Trainer.step`) -> :func:`evaluate`. Runs on one CPU or GPU, or under
 ``torchrun`` on several processes and machines (DDP; rank 0 logs and writes files). Checkpoints
-(:class:`~convnets.weights.checkpoint.TrainingCheckpoint`) are written atomically after every
+(:class:`~convnets.train.checkpoint.TrainingCheckpoint`) are written atomically after every
 epoch, and a run resumed from one ends with the same weights as an uninterrupted run (see
-:mod:`convnets.train.data` for how data order and augmentation are seeded).
+:mod:`convnets.data.folders` for how data order and augmentation are seeded).
 """
 
 from __future__ import annotations
@@ -30,16 +30,17 @@ from convnets.dist import DistContext
 from convnets.errors import CheckpointError, DataError, InvalidArgumentError, message_for
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import fetch_pretrained, get_model, load_model
-from convnets.train.checkpoint import BEST, BEST_SAFETENSORS, CHECKPOINT, atomic_copy, get_rng_state, set_rng_state
+from convnets.train.checkpoint import (BEST, BEST_SAFETENSORS, CHECKPOINT, TrainingCheckpoint, atomic_copy, get_rng_state,
+                                       set_rng_state)
 from convnets.train.config import TrainConfig
 from convnets.train.curves import CURVES, write_curves
-from convnets.train.data import Batch, DataSource, make_data, to_device
-from convnets.train.evaluation import accumulate
+from convnets.data.folders import Batch, DataSource, make_data, to_device
+from convnets.evaluation.loop import accumulate
 from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_history
-from convnets.train.recipe import Precision, default_warmup_epochs, resolve_precision, scaled_lr
+from convnets.runtime import Precision, resolve_precision
+from convnets.train.recipe import default_warmup_epochs, scaled_lr
 from convnets.train.step import Trainer, configure_backends
 from convnets.train.tensorboard import TENSORBOARD_DIR, TensorBoardLog, open_tensorboard
-from convnets.weights.checkpoint import TrainingCheckpoint
 from convnets.weights.safetensors_io import save_safetensors
 
 __all__ = ["evaluate", "fit"]
@@ -335,7 +336,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], precision: Precision, c
              criterion: nn.Module | None = None) -> dict[str, float]:
     """Validation loss, top-1 and top-5 accuracy (percent) over all processes' batches.
 
-    Sums (not means) are all-reduced (:func:`convnets.train.evaluation.accumulate`, the loop that
+    Sums (not means) are all-reduced (:func:`convnets.evaluation.loop.accumulate`, the loop that
     ``convnets evaluate`` runs too), so the result is that of the whole validation set.
 
     Returns:

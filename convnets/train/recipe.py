@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,16 +18,12 @@ from torch import Tensor, nn
 
 from convnets.errors import InvalidArgumentError, InvalidArgumentTypeError
 from convnets.train.config import BASE_LR_PER_256, LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY
-from convnets.runtime import (PRECISIONS, check_precision, cpu_has_bf16, parse_memory_format, precision_dtype,
-                              precision_name)
 
 __all__ = [
     "BASE_LR_PER_256",
     "LABEL_SMOOTHING",
     "MOMENTUM",
     "WEIGHT_DECAY",
-    "AMP_DTYPES",
-    "Precision",
     "default_warmup_epochs",
     "lr_at",
     "make_ema",
@@ -36,11 +31,9 @@ __all__ = [
     "make_scheduler",
     "mixup",
     "param_groups",
-    "resolve_precision",
     "scaled_lr",
 ]
 
-GRAD_SCALER_INIT = 128.0  # upstream's initial dynamic loss scale
 WARMUP_MIN_BATCH = 512  # upstream warms up only from this global batch on
 WARMUP_EPOCHS_LARGE_BATCH = 8.0
 
@@ -149,76 +142,3 @@ def make_ema(model: nn.Module, decay: float) -> torch.optim.swa_utils.AveragedMo
     """
     return torch.optim.swa_utils.AveragedModel(
         model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(decay), use_buffers=True)
-
-
-@dataclass(frozen=True)
-class Precision:
-    """How the forward pass runs: autocast dtype (None = fp32), loss scaling and memory layout."""
-
-    device: torch.device
-    amp_dtype: torch.dtype | None
-    memory_format: torch.memory_format
-
-    @property
-    def use_scaler(self) -> bool:
-        """Dynamic loss scaling is needed for fp16 only (bf16 has fp32's exponent range)."""
-        return self.amp_dtype == torch.float16
-
-    def autocast(self) -> torch.autocast:
-        """The autocast context of a forward pass (disabled in fp32)."""
-        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                              enabled=self.amp_dtype is not None)
-
-    def make_scaler(self) -> torch.amp.GradScaler | None:
-        """Upstream's dynamic loss scaler (initial scale 128) for fp16, else None."""
-        if not self.use_scaler:
-            return None
-        return torch.amp.GradScaler(self.device.type, init_scale=GRAD_SCALER_INIT)
-
-    def describe(self) -> str:
-        """E.g. ``'cuda fp16 autocast, channels_last'``."""
-        dtype = "fp32" if self.amp_dtype is None else f"{precision_name(self.amp_dtype)} autocast"
-        layout = "channels_last" if self.memory_format == torch.channels_last else "contiguous (NCHW)"
-        return f"{self.device.type} {dtype}, {layout}"
-
-
-#: Autocast dtypes (of :data:`convnets.runtime.PRECISIONS`): fp32 means no autocast.
-AMP_DTYPES: tuple[str, ...] = tuple(p for p in PRECISIONS if p != "fp32")
-
-
-def resolve_precision(device: torch.device, amp: bool | None = None, amp_dtype: str | None = None,
-                      memory_format: str | None = None, *, option: str = "--amp-dtype") -> Precision:
-    """Choose autocast and layout; ``None`` means "where it helps".
-
-    Rules: on CUDA, AMP is on by default with fp16 and a GradScaler (bf16 on request, without a
-    scaler). On CPU, AMP (always bf16: CPU autocast has no fp16 training path) is on by default
-    only when :func:`convnets.runtime.cpu_has_bf16`. The layout defaults to ``channels_last``
-    (NHWC) under AMP, where tensor cores and oneDNN's bf16 kernels want it, and to ``contiguous``
-    (NCHW) in fp32.
-
-    Args:
-        device: where the step runs.
-        amp: autocast on / off; ``None``: where it helps.
-        amp_dtype: ``"fp16"`` or ``"bf16"``; ``None``: fp16 on CUDA, bf16 elsewhere.
-        memory_format: ``"channels_last"`` / ``"contiguous"`` (or ``"nhwc"`` / ``"nchw"``); ``None``:
-            see above.
-        option: the name of ``amp_dtype`` in the caller's interface, for the messages.
-
-    Raises:
-        InvalidArgumentError: an unknown dtype or layout.
-        UnsupportedPrecisionError: a dtype the device cannot run, e.g. fp16 on a CPU (both are
-            ``ValueError``).
-    """
-    if amp_dtype is not None and amp_dtype not in AMP_DTYPES:
-        raise InvalidArgumentError(f"amp dtype must be one of {', '.join(AMP_DTYPES)}, got {amp_dtype!r}")
-    layout = None if memory_format is None else parse_memory_format(memory_format)
-    if amp is None:
-        amp = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) or amp_dtype is not None
-    dtype: torch.dtype | None = None
-    if amp:
-        name = amp_dtype or ("fp16" if device.type == "cuda" else "bf16")
-        check_precision(name, device, option=option)
-        dtype = precision_dtype(name)
-    if layout is None:
-        layout = torch.channels_last if dtype is not None else torch.contiguous_format
-    return Precision(device, dtype, layout)

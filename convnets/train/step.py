@@ -19,10 +19,11 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from convnets.errors import CheckpointError, InvalidArgumentError, TrainingDivergedError
+from convnets.runtime import Precision
 from convnets.train.config import TrainConfig
-from convnets.train.recipe import (LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY, Precision, make_ema, make_optimizer,
+from convnets.train.recipe import (LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY, make_ema, make_optimizer,
                                    make_scheduler, mixup)
-from convnets.weights.checkpoint import TrainingCheckpoint
+from convnets.train.checkpoint import TrainingCheckpoint
 
 __all__ = ["StepResult", "Trainer", "configure_backends"]
 
@@ -51,7 +52,7 @@ class Trainer:
 
     Args:
         model: the network (unwrapped), already on its device and memory format.
-        precision: autocast dtype and loss scaling (:func:`~convnets.train.recipe.resolve_precision`).
+        precision: autocast dtype and loss scaling (:func:`~convnets.runtime.resolve_precision`).
         lr: peak learning rate.
         total_steps: optimizer steps of the whole run (length of the cosine schedule).
         warmup_steps: linear-warmup steps at its start.

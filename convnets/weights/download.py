@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from convnets.errors import ConvnetsError, InvalidArgumentError, WeightsUnavailableError
 from convnets.fileio import atomic_output, atomic_write, exclusive_lock
+from convnets.constants import MIRROR_ENV
 from convnets.weights.manifest import WeightsEntry
 
 __all__ = ["MIRROR_ENV", "Progress", "cache_dir", "fetch_weights", "resolve_source", "sha256_file", "show_progress"]
@@ -51,7 +52,6 @@ Progress = bool | Literal["always"]
 
 log = logging.getLogger(__name__)
 
-MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # longest silence tolerated mid-download
 LOCK_TIMEOUT_S = 3600.0  # how long a process waits for another one's download

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from convnets.errors import CheckpointError
 from convnets.models.resnet import ArchSpec
-from convnets.weights.checkpoint import STATE_DICT, STATE_DICT_EMA
+from convnets.weights.record import STATE_DICT, STATE_DICT_EMA
 
 __all__ = ["infer_spec", "split_checkpoint", "to_canonical"]
 

@@ -34,8 +34,8 @@ from convnets.errors import DataError, ImageLoadError, InvalidArgumentError
 from convnets.preprocessing.pipeline import load_image
 from convnets.preprocessing.presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
 from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
-from convnets.train.batches import Batch, DataSource, sample_seed
-from convnets.train.config import BACKENDS
+from convnets.data.batches import Batch, DataSource, sample_seed
+from convnets.constants import BACKENDS
 
 __all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "eval_loader", "make_data",
            "sample_seed", "scan_split", "train_transform", "val_transform"]
@@ -239,7 +239,7 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
     if backend == "pytorch":
         return _pytorch(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
                         image_size=image_size, workers=workers, seed=seed, ctx=ctx)
-    from convnets.train.dali import make_dali_data  # optional dependency, imported only when asked for
+    from convnets.data.dali import make_dali_data  # optional dependency, imported only when asked for
 
     return make_dali_data(val_classes, train_samples, val_samples, steps, batch_size=batch_size,
                           image_size=image_size, threads=max(1, workers), seed=seed, ctx=ctx,

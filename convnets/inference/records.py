@@ -24,7 +24,7 @@ run (a killed run leaves no ``FILE``), and cannot be resumed.
 
 Every format also has a reader, :func:`read_records` (a complete file's records, lazily), and
 :func:`write_records` writes a whole file atomically a batch at a time, byte for byte as a run
-would: :mod:`convnets.shard` merges and splits the parts of a sharded run with these two.
+would: :mod:`convnets.inference.shard` merges and splits the parts of a sharded run with these two.
 
 Embeddings (``convnets embed``: ``.npy`` and ``.parquet``) stream into a resumable spool and are
 assembled at the end; see the section "embeddings" below.

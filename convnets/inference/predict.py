@@ -3,13 +3,13 @@
 Used by ``convnets predict``; also usable from Python::
 
     model = convnets.se_resnext101_32x4d(pretrained=True)
-    for result in convnets.predict.predict(model, ["cat.jpg", "photos/"], topk=3):
+    for result in convnets.inference.predict.predict(model, ["cat.jpg", "photos/"], topk=3):
         print(result.input, result.top[0].label if result.ok else result.error)
 
 Inputs are read lazily, a batch at a time (any iterable: a generator over a list file of millions
 of paths costs no more memory than a few); results come in input order. ``workers=N`` decodes the
-next batches in N processes while the model runs (:mod:`convnets.loader`). Writing results to files
-is :mod:`convnets.records`; embeddings are :mod:`convnets.embeddings`.
+next batches in N processes while the model runs (:mod:`convnets.inference.loader`). Writing results to files
+is :mod:`convnets.inference.records`; embeddings are :mod:`convnets.inference.embed`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
+from convnets.constants import IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.loader import iter_batches
+from convnets.inference.loader import iter_batches
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
@@ -37,8 +38,6 @@ __all__ = ["IMAGE_SUFFIXES", "InputItem", "Prediction", "TopClass", "class_label
 
 log = logging.getLogger(__name__)
 
-#: File endings that a directory input is searched for (case-insensitive).
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 
 
 @dataclass(frozen=True)
@@ -224,7 +223,7 @@ def predict_items(
             ``batch_size``), so each image is computed in the same batch and gives the same numbers.
         workers: processes that decode the next batches while the model runs (a PyTorch
             ``DataLoader``; the same tensors, bit for bit, and the same order); 0 (default): decode
-            in this process, on threads, between model calls. See :mod:`convnets.loader`.
+            in this process, on threads, between model calls. See :mod:`convnets.inference.loader`.
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.

@@ -1,9 +1,9 @@
 """Contact sheets of predictions: each image as a thumbnail with its top classes, as upstream's notebook
 shows them (``img.thumbnail((256, 256))`` and the top-5 list under it), without a notebook.
 
-Used by ``convnets predict --show FILE.png``; also usable on :func:`convnets.predict.predict`'s results::
+Used by ``convnets predict --show FILE.png``; also usable on :func:`convnets.inference.predict.predict`'s results::
 
-    results = convnets.predict.predict(model, ["photos/"], topk=5)
+    results = convnets.inference.predict.predict(model, ["photos/"], topk=5)
     write_contact_sheets(results, "photos.png")   # photos.png, photos-2.png, ... 64 images each
 
 Streaming: a sheet is drawn and written (atomically, :mod:`convnets.fileio`) as soon as its
@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
+from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, Interface, InvalidArgumentError, UnknownArgumentError, message_for
 from convnets.fileio import atomic_write
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from convnets.predict import Prediction
+    from convnets.inference.predict import Prediction
 
 __all__ = ["SHEET_SIZE", "ContactSheetWriter", "check_sheet_destination", "sheet_path", "write_contact_sheets"]
 
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 
 #: Images per sheet: 8 x 8 thumbnails of 256 pixels keep a sheet readable on a screen.
 SHEET_SIZE = 64
-_DEFAULT_TIMEOUT = 30.0  # convnets.preprocessing.io.DEFAULT_TIMEOUT (that module imports requests: not here)
 
 # Colours (RGB).
 _PAPER = (255, 255, 255)
@@ -263,7 +263,7 @@ class ContactSheetWriter:
 
     def __init__(self, path: str | os.PathLike[str], *, per_sheet: int = SHEET_SIZE, columns: int = 8,
                  thumbnail_size: int = 256, max_classes: int = 10, font_size: int = 14, gap: int = 8,
-                 timeout: float = _DEFAULT_TIMEOUT, interface: Interface = "python") -> None:
+                 timeout: float = DEFAULT_TIMEOUT, interface: Interface = "python") -> None:
         for name, value, least in (("per_sheet", per_sheet, 1), ("columns", columns, 1),
                                    ("thumbnail_size", thumbnail_size, 32), ("max_classes", max_classes, 0),
                                    ("font_size", font_size, 6), ("gap", gap, 0)):
@@ -352,7 +352,7 @@ _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_clas
 
 
 def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
-    """Write contact sheets of ``results`` (e.g. :func:`convnets.predict.predict`'s), streaming.
+    """Write contact sheets of ``results`` (e.g. :func:`convnets.inference.predict.predict`'s), streaming.
 
     Args:
         results: predictions in order; any iterable, consumed once.

@@ -23,7 +23,7 @@ import torch
 from convnets.dist import DistContext
 from convnets.errors import DataError, MissingDependencyError
 from convnets.preprocessing.presets import EvalPreset
-from convnets.train.batches import Batch, DataSource, sample_seed
+from convnets.data.batches import Batch, DataSource, sample_seed
 
 __all__ = ["DALI_PACKAGE", "make_dali_data"]
 
@@ -54,7 +54,7 @@ def _epoch_order(n: int, seed: int, epoch: int, ctx: DistContext) -> list[int]:
 def make_dali_data(classes: list[str], train_samples: list[tuple[str, int]], val_samples: list[tuple[str, int]],
                    steps: int, *, batch_size: int, image_size: int, threads: int, seed: int, ctx: DistContext,
                    on_gpu: bool, preset: EvalPreset | None = None) -> DataSource:
-    """The DALI :class:`~convnets.train.batches.DataSource`; see the module docstring.
+    """The DALI :class:`~convnets.data.batches.DataSource`; see the module docstring.
 
     Args:
         preset: the validation resize, crop, interpolation, mean and std; default

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from convnets.constants import IMAGE_SUFFIXES
 from convnets.errors import DataError, InvalidArgumentError, MissingDependencyError
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_synsets
 
@@ -56,7 +57,6 @@ _TORCHVISION_META = "meta.bin"  # torchvision.datasets.imagenet.META_FILE: the p
 _KAGGLE_VAL = Path("ILSVRC", "Data", "CLS-LOC", "val")
 _LEVELS_UP = 4
 _VAL_NUMBER = re.compile(r"ILSVRC2012_val_(\d+)$")
-_IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class EvalSamples:
 
 
 def _is_image(path: Path) -> bool:
-    return path.suffix.lower() in _IMAGE_SUFFIXES and not path.name.startswith(".")
+    return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
 
 
 def _flat_images(directory: Path) -> list[Path]:
@@ -254,7 +254,7 @@ def _folder_samples(directory: Path, class_names: Sequence[str] | None, num_clas
                             f"classes: it has {num_classes} outputs and {names}"
                             + ("; a 1000-class ImageNet model reads WordNet-id folders (n01440764, ...)"
                                if num_classes == NUM_CLASSES else ""))
-    samples = datasets.folder.make_dataset(str(directory), index, extensions=tuple(_IMAGE_SUFFIXES),
+    samples = datasets.folder.make_dataset(str(directory), index, extensions=tuple(IMAGE_SUFFIXES),
                                            allow_empty=True)
     if not samples:
         raise DataError(f"the class folders of {directory} hold no images")

@@ -1,6 +1,6 @@
 """From a stream of ``(input, error)`` items to decoded batches, decoding in parallel with the model.
 
-Used by :mod:`convnets.predict` and :mod:`convnets.embeddings`. The main process reads the items (a
+Used by :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed`. The main process reads the items (a
 listing, a directory walk, a list file: any iterable, read lazily) and cuts them into batches of
 ``batch_size`` with the boundaries of an uninterrupted run (:func:`iter_chunks`); decoding and
 preprocessing each batch (:func:`~convnets.preprocessing.pipeline.prepare_batch`, the model's
@@ -42,7 +42,7 @@ __all__ = ["PREFETCH", "DecodedBatch", "decode", "iter_batches", "iter_chunks"]
 log = logging.getLogger(__name__)
 
 #: One input after expansion: a file or URL, or an input already known to fail with its error
-#: (the same type as :data:`convnets.predict.InputItem`).
+#: (the same type as :data:`convnets.inference.predict.InputItem`).
 Item = tuple[str, "ImageLoadError | None"]
 
 #: Batches each worker process decodes ahead (DataLoader's ``prefetch_factor``).

@@ -1,7 +1,7 @@
 """What every training data backend yields and shares: :data:`Batch`, :class:`DataSource`, seeds.
 
-Both the ``pytorch`` backend (:mod:`convnets.train.data`) and the DALI backends
-(:mod:`convnets.train.dali`) import these from here, so neither imports the other at module level
+Both the ``pytorch`` backend (:mod:`convnets.data.folders`) and the DALI backends
+(:mod:`convnets.data.dali`) import these from here, so neither imports the other at module level
 (``data`` imports ``dali`` lazily, only when a DALI backend is asked for).
 """
 

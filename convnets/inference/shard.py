@@ -119,8 +119,8 @@ def interleave(streams: Sequence[Iterable[T]], batch_size: int) -> Iterator[list
 class PartFiles:
     """How :func:`merge_parts` reads a part back, writes the whole output, and finds and removes parts.
 
-    The default (:meth:`records`) is the prediction records of :mod:`convnets.records`; ``convnets
-    embed`` passes its embedding files (parts are spools, see :func:`convnets.records.read_embedding_records`).
+    The default (:meth:`records`) is the prediction records of :mod:`convnets.inference.records`; ``convnets
+    embed`` passes its embedding files (parts are spools, see :func:`convnets.inference.records.read_embedding_records`).
     """
 
     read: Callable[[Path], Iterable[dict]]
@@ -131,14 +131,14 @@ class PartFiles:
     @classmethod
     def records(cls, fmt: str | None = None) -> PartFiles:
         """Prediction records in ``fmt`` (default: from each file's suffix)."""
-        from convnets.records import read_records, write_records
+        from convnets.inference.records import read_records, write_records
 
         return cls(read=lambda path: read_records(path, fmt), write=lambda path, batches: write_records(path, batches, fmt))
 
     @classmethod
     def embeddings(cls, dim: int) -> PartFiles:
         """Embedding files of ``dim`` values per vector: a part is its spool (never assembled)."""
-        from convnets.records import read_embedding_records, spool_path, write_embedding_records
+        from convnets.inference.records import read_embedding_records, spool_path, write_embedding_records
 
         return cls(read=read_embedding_records,
                    write=lambda path, batches: write_embedding_records(path, batches, dim=dim),
@@ -171,7 +171,7 @@ def merge_parts(output: str | os.PathLike[str], world: int, batch_size: int, *, 
         output: the run's file; its suffix picks the format unless ``fmt`` is given.
         world: the number of ranks that wrote parts.
         batch_size: the run's batch size (each part holds whole batches but for the run's last).
-        fmt: the format (:data:`convnets.records.FORMATS`' values); default: from ``output``'s suffix.
+        fmt: the format (:data:`convnets.inference.records.FORMATS`' values); default: from ``output``'s suffix.
         option: the interface's name of ``output`` in messages.
         files: how parts and the output are read and written; default: prediction records in ``fmt``.
 
@@ -206,7 +206,7 @@ def split_into_parts(output: str | os.PathLike[str], world: int, batch_size: int
     Returns:
         The number of records in each part.
     """
-    from convnets.records import read_records, write_records
+    from convnets.inference.records import read_records, write_records
 
     counts = []
     for rank, part in enumerate(part_paths(output, world)):
@@ -306,7 +306,7 @@ class ShardedRun:
             device: the ``torch.device`` asked for: under torchrun a CUDA device becomes GPU
                 ``LOCAL_RANK`` (NCCL), a CPU stays the CPU (gloo).
             resume: the run continues earlier parts.
-            repair: checks and repairs the output before it is split (e.g. :func:`convnets.records.scan`).
+            repair: checks and repairs the output before it is split (e.g. :func:`convnets.inference.records.scan`).
 
         Raises:
             InvalidArgumentError: a device other than CPU or CUDA under torchrun.

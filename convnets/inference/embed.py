@@ -10,8 +10,8 @@ earlier, more local features (256, 512, 1024 values for the NGC models)::
 
 The model runs as ``convnets.optimize_for_inference``'s torch engine runs classifiers (BatchNorm
 folded, channels_last, the precision asked for, optionally compiled), cut after the chosen stage.
-Inputs are read lazily and decoded as for predictions (:mod:`convnets.loader`); writing vectors to
-files is :mod:`convnets.records` (``.npy``, ``.parquet``).
+Inputs are read lazily and decoded as for predictions (:mod:`convnets.inference.loader`); writing vectors to
+files is :mod:`convnets.inference.records` (``.npy``, ``.parquet``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from convnets.constants import LAYERS
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.loader import iter_batches
+from convnets.inference.loader import iter_batches
 from convnets.models.resnet import ResNet
-from convnets.predict import InputItem, resolve_preset, iter_inputs
+from convnets.inference.predict import InputItem, resolve_preset, iter_inputs
 from convnets.preprocessing.io import DEFAULT_TIMEOUT
 from convnets.preprocessing.presets import EvalPreset
 from convnets.runtime import PrecisionName
@@ -37,8 +38,6 @@ __all__ = ["LAYERS", "Embedding", "PooledFeatures", "embed", "embed_items", "fea
 
 log = logging.getLogger(__name__)
 
-#: The stages whose pooled output can be taken (ResNet-family models have four).
-LAYERS: tuple[str, ...] = ("layer1", "layer2", "layer3", "layer4")
 
 
 class PooledFeatures(nn.Module):
@@ -124,7 +123,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
                 normalize: bool = False, batch_size: int = 32, device: torch.device | str = "cpu",
                 timeout: float = DEFAULT_TIMEOUT, workers: int = 0, start: int = 0,
                 on_batch: Callable[[int], None] | None = None) -> Iterator[Embedding]:
-    """Embed expanded inputs (:func:`convnets.predict.iter_inputs`), one :class:`Embedding` each, in order.
+    """Embed expanded inputs (:func:`convnets.inference.predict.iter_inputs`), one :class:`Embedding` each, in order.
 
     Args:
         features: from a normalised batch to ``[N, D]`` features (e.g. :func:`features_model`).
@@ -132,7 +131,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
         preset: the preprocessing.
         normalize: divide each vector by its L2 norm.
         batch_size, device, timeout, workers, start, on_batch: as for
-            :func:`convnets.predict.predict_items`.
+            :func:`convnets.inference.predict.predict_items`.
 
     Yields:
         An :class:`Embedding` per input: a float32 vector, or the input's error.
@@ -183,7 +182,7 @@ def embed(
         workers: processes that decode the next batches while the model runs (0: decode here).
         precision, device, compile: how the model runs (see :func:`features_model`).
         recursive: search directories' subfolders too.
-        image_size, resize_size, preset: preprocessing, as for :func:`convnets.predict.predict`.
+        image_size, resize_size, preset: preprocessing, as for :func:`convnets.inference.predict.predict`.
         timeout: total seconds allowed for each URL download.
         on_error: an input that cannot be read is logged and skipped (``"skip"``) or raises its
             :class:`~convnets.errors.ImageLoadError` (``"raise"``).

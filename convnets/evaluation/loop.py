@@ -5,7 +5,7 @@ when asked, the confusion matrix (summed over DDP ranks). The training loop's pe
 validation and ``train --evaluate`` (:func:`convnets.train.loop.evaluate`) and
 :func:`evaluate_model` (``convnets evaluate``) all use it.
 
-:func:`evaluate_model` reads a data set in any layout of :mod:`convnets.train.eval_data` (class
+:func:`evaluate_model` reads a data set in any layout of :mod:`convnets.evaluation.data` (class
 folders, ImageNet's flat validation images with Kaggle's or the devkit's labels), runs the model
 with its own evaluation preset (:func:`~convnets.preprocessing.presets.preset_for_model`: what
 ``train --evaluate`` and ``predict`` use) and returns an :class:`EvaluationReport`: top-1, top-5,
@@ -44,10 +44,10 @@ from convnets.errors import DataError, InvalidArgumentError
 from convnets.fileio import atomic_write
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes, get_imgnet_synsets
 from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_for_model
-from convnets.train.batches import Batch
-from convnets.train.data import eval_loader, to_device
-from convnets.train.eval_data import EvalSamples, find_eval_samples
-from convnets.train.recipe import Precision
+from convnets.data.batches import Batch
+from convnets.data.folders import eval_loader, to_device
+from convnets.evaluation.data import EvalSamples, find_eval_samples
+from convnets.runtime import Precision
 
 __all__ = ["CONFUSION", "REPORT", "ClassMetrics", "ConfusedPair", "EvalTotals", "EvaluationReport", "accumulate",
            "evaluate_model"]
@@ -285,10 +285,11 @@ class EvaluationReport:
         atomic_write(directory / REPORT, lambda f: f.write(self.to_json().encode()))
         written = [directory / REPORT]
         if figure:
-            from convnets.train.confusion import plot_confusion
+            from convnets.evaluation.confusion import plot_confusion
 
             try:
-                written.append(plot_confusion(self, directory / CONFUSION))
+                written.append(plot_confusion(self.confusion, [c.name for c in self.classes], directory / CONFUSION,
+                                              summary=f"top-1 {self.top1:.2f}% on {self.images} images"))
             except ImportError:  # MissingDependencyError too
                 log.warning("%s not drawn: matplotlib is not installed (pip install 'convnets-hub[plots]')", CONFUSION)
         return written
@@ -340,7 +341,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
     Args:
         model: a model (moved to ``device``, in eval mode), a checkpoint path (any layout
             :func:`convnets.load_model` reads), or a registered name (its pretrained weights).
-        data: the data set, in any layout of :mod:`convnets.train.eval_data`.
+        data: the data set, in any layout of :mod:`convnets.evaluation.data`.
         labels: the labels file of a flat ImageNet layout (default: searched for).
         output: the report directory: ``report.json`` and ``confusion.png``; ``None``: none written.
         batch_size: images per forward pass.
@@ -358,8 +359,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         InvalidArgumentError, UnsupportedPrecisionError: a bad setting.
         CheckpointError, WeightsUnavailableError: from loading the model.
     """
-    from convnets.runtime import PRECISIONS, resolve_device
-    from convnets.train.recipe import resolve_precision
+    from convnets.runtime import PRECISIONS, resolve_device, resolve_precision
 
     for name, value in (("batch_size", batch_size), ("workers", workers)):
         if not isinstance(value, int) or value < (1 if name == "batch_size" else 0):

@@ -1,4 +1,4 @@
-"""``confusion.png``: the confusion matrix of an :class:`~convnets.train.evaluation.EvaluationReport`.
+"""``confusion.png``: a confusion matrix (rows: true classes, columns: predicted) with its class names.
 
 With few classes (at most :data:`MAX_SHOWN` that have images or predictions) the whole matrix of
 those classes; with more (ImageNet's 1000) the sub-matrix of the classes in the most confused
@@ -12,16 +12,14 @@ Needs matplotlib (the ``plots`` extra), drawn on a ``Figure`` of its own with th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from convnets.errors import MissingDependencyError
 from convnets.fileio import atomic_write
-
-if TYPE_CHECKING:
-    from convnets.train.evaluation import EvaluationReport
 
 __all__ = ["DPI", "FIGSIZE", "MAX_SHOWN", "plot_confusion", "shown_classes"]
 
@@ -54,8 +52,14 @@ def shown_classes(confusion: np.ndarray, pairs: list[tuple[int, int]], limit: in
     return sorted(chosen)
 
 
-def plot_confusion(report: EvaluationReport, path: Path) -> Path:
-    """Draw the report's confusion (sub-)matrix into the PNG ``path``.
+def plot_confusion(confusion: np.ndarray, names: Sequence[str], path: str | Path, *, summary: str = "") -> Path:
+    """Draw a confusion (sub-)matrix into the PNG ``path``.
+
+    Args:
+        confusion: ``[true, predicted]`` image counts, ``C x C``.
+        names: the ``C`` class names.
+        path: the PNG to write (atomically).
+        summary: ends the title, e.g. ``"top-1 81.20% on 50000 images"``.
 
     Returns:
         ``path``.
@@ -70,7 +74,7 @@ def plot_confusion(report: EvaluationReport, path: Path) -> Path:
         raise MissingDependencyError(
             f"matplotlib is needed to draw {Path(path).name} but cannot be imported ({e}); install the 'plots' "
             "extra: pip install 'convnets-hub[plots]'") from e
-    cm = report.confusion
+    cm = np.asarray(confusion)
     # Pairs beyond the report's list only matter when they add classes: take them from the matrix.
     off = cm.copy()
     np.fill_diagonal(off, 0)
@@ -78,7 +82,7 @@ def plot_confusion(report: EvaluationReport, path: Path) -> Path:
     order = flat[np.argsort(-off.ravel()[flat], kind="stable")]
     pairs = [divmod(int(k), cm.shape[0]) for k in order]
     shown = shown_classes(cm, pairs)
-    names = [report.classes[i].name for i in shown]
+    shown_names = [names[i] for i in shown]
     sub = cm[np.ix_(shown, shown)]
     support = cm.sum(1)[shown].astype(float)
     share = np.divide(sub, support[:, None], out=np.zeros(sub.shape), where=support[:, None] > 0)
@@ -89,8 +93,8 @@ def plot_confusion(report: EvaluationReport, path: Path) -> Path:
     image = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
     fig.colorbar(image, ax=ax, shrink=0.8, label="share of the true class's images")
     ticks = np.arange(len(shown))
-    ax.set_xticks(ticks, [_short(n) for n in names], rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(ticks, [_short(n) for n in names], fontsize=8)
+    ax.set_xticks(ticks, [_short(n) for n in shown_names], rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(ticks, [_short(n) for n in shown_names], fontsize=8)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     for (i, j), count in np.ndenumerate(sub):
@@ -100,7 +104,7 @@ def plot_confusion(report: EvaluationReport, path: Path) -> Path:
     involved = int(np.count_nonzero(cm.sum(0) + cm.sum(1)))
     what = (f"all {len(shown)} classes" if len(shown) == involved else
             f"the {len(shown)} classes of the most confused pairs (of {involved} involved)")
-    ax.set_title(f"confusion: {what}; top-1 {report.top1:.2f}% on {report.images} images")
+    ax.set_title(f"confusion: {what}" + (f"; {summary}" if summary else ""))
     atomic_write(path, lambda f: fig.savefig(f, format="png"))
     return Path(path)
 

@@ -1,0 +1,28 @@
+"""Values the command line needs before PyTorch is imported, each defined once.
+
+``--help`` and usage errors must answer without importing PyTorch, PIL or requests, so the modules
+that use these values import them from here rather than the other way round. Nothing here imports
+anything.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BACKENDS", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES", "LAYERS", "MIRROR_ENV"]
+
+#: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
+DEFAULT_MODEL = "se_resnext101_32x4d"
+
+#: Seconds allowed for each image download (connecting included) unless ``timeout=`` / ``--timeout``.
+DEFAULT_TIMEOUT = 30.0
+
+#: File endings that a directory input is searched for (case-insensitive).
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+
+#: The stages whose pooled output can be an embedding (ResNet-family models have four).
+LAYERS: tuple[str, ...] = ("layer1", "layer2", "layer3", "layer4")
+
+#: Environment variable naming a directory or URL that replaces the NGC host for pretrained weights.
+MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
+
+#: ``convnets train --data-backend`` choices (see :mod:`convnets.data`).
+BACKENDS: tuple[str, ...] = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")

@@ -1,0 +1,29 @@
+"""Measure a classifier on a labelled image set: ``convnets evaluate`` / :func:`evaluate_model`.
+
+* :mod:`~convnets.evaluation.data`: the dataset layouts (class folders, flat + Kaggle CSV, flat +
+  devkit, a labels file) mapped to the model's class order;
+* :mod:`~convnets.evaluation.loop`: :func:`accumulate`, the one evaluation loop (also behind training's
+  validation), and :func:`evaluate_model`;
+* :mod:`~convnets.evaluation.report`: :class:`EvaluationReport` and its metrics;
+* :mod:`~convnets.evaluation.confusion`: ``confusion.png`` from a confusion matrix and class names.
+
+PyTorch is imported on first use of a name that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from convnets.evaluation.loop import EvaluationReport, evaluate_model
+
+__all__ = ["EvaluationReport", "evaluate_model"]
+
+_LAZY = {"EvaluationReport": "loop", "evaluate_model": "loop"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"convnets.evaluation.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,30 @@
+"""Batch inference at scale: ``convnets predict`` / :func:`predict`, ``convnets embed`` / :func:`embed`.
+
+* :mod:`~convnets.inference.predict`: inputs (files, folders, URLs, lazily), top-k predictions;
+* :mod:`~convnets.inference.embed`: pooled stage outputs, one vector per image;
+* :mod:`~convnets.inference.loader`: batch boundaries and decoding in worker processes;
+* :mod:`~convnets.inference.records`: the output files, streamed and resumable;
+* :mod:`~convnets.inference.shard`: runs under ``torchrun`` (a shard per rank, parts merged);
+* :mod:`~convnets.inference.sheet`: contact sheets (``predict --show``).
+
+PyTorch is imported on first use of a name that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from convnets.inference.embed import embed
+    from convnets.inference.predict import predict
+
+__all__ = ["embed", "predict"]
+
+_LAZY = {"embed": "embed", "predict": "predict"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"convnets.inference.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,69 @@
+"""What a checkpoint file says about its model, besides its weights: :class:`ModelRecord`.
+
+Any checkpoint may carry ``arch_spec`` (the architecture), ``class_names`` and
+``config["image_size"]`` next to its weights (``state_dict``, or ``state_dict_ema`` for the EMA
+weights of a training run); :class:`ModelRecord` reads them leniently, so that
+:func:`convnets.load_model` rebuilds a model from the file alone. The training checkpoint's full
+schema is :class:`convnets.train.checkpoint.TrainingCheckpoint`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from convnets.errors import CheckpointError
+from convnets.models.specs import ArchSpec
+
+__all__ = ["STATE_DICT", "STATE_DICT_EMA", "ModelRecord", "is_int", "is_names"]
+
+#: The entries holding model weights, for :func:`convnets.weights.layouts.split_checkpoint`.
+STATE_DICT = "state_dict"
+STATE_DICT_EMA = "state_dict_ema"
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """What a checkpoint's metadata says about its model, read leniently from any checkpoint file.
+
+    Attributes:
+        arch_spec: the recorded ``arch_spec`` entry, unchecked (see :meth:`spec`), or ``None``.
+        class_names: the class names, if recorded as a list of strings.
+        image_size: the training crop size from the recorded run configuration, if valid.
+    """
+
+    arch_spec: Any = None
+    class_names: list[str] | None = None
+    image_size: int | None = None
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> ModelRecord:
+        """Read the non-weight entries of a checkpoint (``split_checkpoint``'s metadata)."""
+        names = metadata.get("class_names")
+        config = metadata.get("config")
+        size = config.get("image_size") if isinstance(config, Mapping) else None
+        return cls(arch_spec=metadata.get("arch_spec"),
+                   class_names=list(names) if is_names(names) else None,
+                   image_size=size if is_int(size) and size > 0 else None)
+
+    def spec(self, source: str = "checkpoint") -> ArchSpec | None:
+        """The recorded architecture, or ``None`` when the checkpoint records none.
+
+        Raises:
+            CheckpointError: the recorded ``arch_spec`` is not a valid :class:`ArchSpec`.
+        """
+        if not isinstance(self.arch_spec, Mapping):
+            return None
+        try:
+            return ArchSpec(**self.arch_spec)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{source} has an invalid 'arch_spec' entry: {e}") from e
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_names(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value)
