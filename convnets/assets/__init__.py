@@ -14,11 +14,12 @@ __all__ = ["EXAMPLES_DIR", "example_images"]
 #: The folder of example photos inside the installed package.
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 
-_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+# The formats of the shipped photos (package_data lists the same), not every format a folder input may hold.
+_PHOTO_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 def example_images() -> list[Path]:
     """The example photos, sorted by file name (empty if the package was installed without its data)."""
     if not EXAMPLES_DIR.is_dir():
         return []
-    return sorted(p for p in EXAMPLES_DIR.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES and p.is_file())
+    return sorted(p for p in EXAMPLES_DIR.iterdir() if p.suffix.lower() in _PHOTO_SUFFIXES and p.is_file())
