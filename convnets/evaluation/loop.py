@@ -67,8 +67,8 @@ def accumulate(model: nn.Module, batches: Iterable[Batch], precision: Precision,
     model.eval()
     device = precision.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, top-1 hits, top-5 hits
-    confusion = None if num_classes is None else torch.zeros(num_classes * num_classes, dtype=torch.int64,
-                                                             device=device)
+    c = 0 if num_classes is None else num_classes  # classes of the confusion matrix (read only when counted)
+    confusion = None if num_classes is None else torch.zeros(c * c, dtype=torch.int64, device=device)
     images_seen = unreadable = 0
     for images, targets, bad in batches:
         unreadable += bad
@@ -86,20 +86,20 @@ def accumulate(model: nn.Module, batches: Iterable[Batch], precision: Precision,
         hits = top == y[:, None]
         sums += torch.stack([loss, hits[:, 0].sum(), hits.any(1).sum()])
         if confusion is not None:
-            confusion += torch.bincount(y * num_classes + top[:, 0], minlength=num_classes * num_classes)
+            confusion += torch.bincount(y * c + top[:, 0], minlength=c * c)
         images_seen += len(y)
         if progress is not None:
             progress.update(len(y))
     loss_sum, top1, top5 = sums.tolist()
-    loss_sum, top1, top5, n, unreadable = dist.all_reduce_sum([loss_sum, top1, top5, images_seen, unreadable], ctx)
+    loss_sum, top1, top5, n, bad_files = dist.all_reduce_sum([loss_sum, top1, top5, images_seen, unreadable], ctx)
     if n == 0:
         raise DataError("no evaluation image could be read")
     matrix = None
     if confusion is not None:
         if ctx.distributed:
             torch.distributed.all_reduce(confusion)
-        matrix = confusion.view(num_classes, num_classes).cpu().numpy()
-    return EvalTotals(loss_sum, int(top1), int(top5), int(n), int(unreadable), matrix)
+        matrix = confusion.view(c, c).cpu().numpy()
+    return EvalTotals(loss_sum, int(top1), int(top5), int(n), int(bad_files), matrix)
 
 
 def class_keys_and_names(model: nn.Module) -> tuple[list[str], list[str]]:
@@ -195,7 +195,8 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
                                            num_classes=len(keys), labels=labels)
     preset = preset_for_model(net)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=dev)
-    net.to(dev, memory_format=run.memory_format)
+    net.to(dev)
+    net.to(memory_format=run.memory_format)  # torch's stubs lack to(device, memory_format=)
     batches = eval_loader(found.samples, preset, batch_size=batch_size, workers=workers, ctx=ctx)
     bar = None
     if progress:
