@@ -4,7 +4,8 @@
   devkit, a labels file) mapped to the model's class order;
 * :mod:`~convnets.evaluation.loop`: :func:`accumulate`, the one evaluation loop (also behind training's
   validation), and :func:`evaluate_model`;
-* :mod:`~convnets.evaluation.report`: :class:`EvaluationReport` and its metrics;
+* :mod:`~convnets.evaluation.report`: :class:`EvaluationReport`: its metrics (declared once, in
+  ``METRICS``), ``report.json`` and the printed table;
 * :mod:`~convnets.evaluation.confusion`: ``confusion.png`` from a confusion matrix and class names.
 
 PyTorch is imported on first use of a name that needs it.
@@ -16,11 +17,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from convnets.evaluation.loop import EvaluationReport, evaluate_model
+    from convnets.evaluation.loop import evaluate_model
+    from convnets.evaluation.report import EvaluationReport
 
 __all__ = ["EvaluationReport", "evaluate_model"]
 
-_LAZY = {"EvaluationReport": "loop", "evaluate_model": "loop"}
+_LAZY = {"EvaluationReport": "report", "evaluate_model": "loop"}
 
 
 def __getattr__(name: str) -> Any:
