@@ -16,6 +16,7 @@ dependencies = ["torch", "torchvision", "numpy", "PIL", "requests", "validators"
 
 # Everything but the entry points is private: torch.hub lists the public callables of this module.
 from collections.abc import Callable as _Callable  # noqa: E402
+from typing import TYPE_CHECKING as _TYPE_CHECKING  # noqa: E402
 from typing import Any as _Any  # noqa: E402
 
 import convnets  # noqa: E402
@@ -66,3 +67,12 @@ def nvidia_convnets_processing_utils() -> "processing_utils.Processing":
 
 
 _add_entry_points()  # last, so that a hub name clashing with anything above is caught
+
+if _TYPE_CHECKING:
+    # What _add_entry_points defines, for type checkers and IDEs: each hub name is its model's
+    # builder (the same signature; the default of ``pretrained`` differs, which types do not show).
+    # One line per hub name; tests/test_typing.py checks it and prints the line to add.
+    from convnets.registry import resnet50 as nvidia_resnet50
+    from convnets.registry import resnext101_32x4d as nvidia_resnext101_32x4d
+    from convnets.registry import resnext101_32x4d as nvidia_resneXt
+    from convnets.registry import se_resnext101_32x4d as nvidia_se_resnext101_32x4d

@@ -29,7 +29,9 @@ setup(
     # weights_manifest.json inside the package is a symlink to the repository's one source of truth;
     # setuptools copies the file it points to into the wheel.
     package_data={
-        "convnets": ["weights_manifest.json"],
+        # py.typed (PEP 561): type checkers read the inline annotations of an installed copy.
+        "convnets": ["weights_manifest.json", "py.typed"],
+        "processing_utils": ["py.typed"],
         "convnets.preprocessing": ["imagenet_classes.tsv"],
         # The example photos: export verification runs on them when the user passes no images.
         # (`examples/` at the repository's top is a symlink to this folder.)
@@ -64,6 +66,7 @@ setup(
         "parquet": ["pyarrow>=14"],
         "test": [
             "pytest>=8",
+            "mypy>=1.11",  # tests/test_typing.py type-checks the package as pyproject.toml configures
             "timm>=1.0",
             "scikit-image>=0.22",
             "scikit-learn>=1.3",

@@ -14,7 +14,7 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -180,6 +180,13 @@ def _make_builder(info: ModelInfo) -> Callable[..., ResNet]:
 for _info in MODELS.values():
     globals()[_info.name] = _make_builder(_info)
 del _info
+
+if TYPE_CHECKING:
+    # What the loop above defines, spelled out for type checkers and IDEs (which do not run it).
+    # One line per register_model call; tests/test_typing.py checks it and prints the line to add.
+    def resnet50(pretrained: bool = False, **kwargs: Any) -> ResNet: ...
+    def resnext101_32x4d(pretrained: bool = False, **kwargs: Any) -> ResNet: ...
+    def se_resnext101_32x4d(pretrained: bool = False, **kwargs: Any) -> ResNet: ...
 
 
 def get_model(name: str, pretrained: bool = False, **kwargs: Any) -> ResNet:

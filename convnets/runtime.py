@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 PrecisionName = Literal["fp32", "bf16", "fp16"]
 #: Precision names, in the order the help texts list them.
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+PRECISIONS: tuple[PrecisionName, ...] = ("fp32", "bf16", "fp16")
 _DTYPE_ATTRS: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 #: Memory format names: PyTorch's own (``torch.contiguous_format``, ``torch.channels_last``).
@@ -55,12 +55,13 @@ def setting(option: str, value: object) -> str:
 # --- precision -----------------------------------------------------------------------------------
 
 
-def check_precision_name(name: str, *, option: str = "precision") -> str:
+def check_precision_name(name: str, *, option: str = "precision") -> PrecisionName:
     """Return ``name`` if it is one of :data:`PRECISIONS`, else raise :class:`InvalidArgumentError`."""
-    if name not in PRECISIONS:
-        raise InvalidArgumentError(f"unknown precision {setting(option, name)}; choose one of "
-                                   f"{', '.join(PRECISIONS)}")
-    return name
+    for known in PRECISIONS:
+        if name == known:
+            return known  # as a PrecisionName
+    raise InvalidArgumentError(f"unknown precision {setting(option, name)}; choose one of "
+                               f"{', '.join(PRECISIONS)}")
 
 
 def precision_dtype(name: str, *, option: str = "precision") -> torch.dtype:

@@ -18,7 +18,7 @@ This package is a facade: the implementation lives in :mod:`convnets.preprocessi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from convnets.errors import ImageDecodeError, ImageDownloadError, ImageLoadError, ImageNotFoundError
@@ -72,7 +72,8 @@ def optimize_for_inference(model: torch.nn.Module, precision: str = "fp32", devi
                     compile=compile)
 
 
-def classify(model: Callable[[torch.Tensor], torch.Tensor], uri: ImageInput | Sequence[ImageInput], n: int = 5, *,
+def classify(model: Callable[[torch.Tensor], torch.Tensor],
+             uri: ImageInput | list[ImageInput] | tuple[ImageInput, ...], n: int = 5, *,
              engine: str | None = None, precision: str = "fp32", calibration_data: Any = None,
              verbose: bool = True, **prepare_options: Any) -> list[list[tuple[str, str]]]:
     """Upstream's three steps in one call: ``prepare_input_from_uri`` -> softmax of ``model`` -> ``pick_n_best``.
@@ -103,15 +104,17 @@ def classify(model: Callable[[torch.Tensor], torch.Tensor], uri: ImageInput | Se
     """
     import torch
 
-    from convnets.errors import InvalidArgumentError
+    from convnets.errors import InvalidArgumentError, InvalidArgumentTypeError
 
     if engine is None:
         if precision != "fp32" or calibration_data is not None:
             raise InvalidArgumentError("precision and calibration_data choose how an engine runs the model: "
                                        "pass engine='auto' (or 'torch', 'onnxruntime', 'openvino') with them")
+    elif not isinstance(model, torch.nn.Module):
+        raise InvalidArgumentTypeError(f"engine={engine!r} runs a torch.nn.Module, got {type(model).__name__}; "
+                                       "call classify without engine to use this callable as it is")
     else:
-        model = optimize_for_inference(model, precision, engine=engine,  # type: ignore[arg-type]
-                                       calibration_data=calibration_data)
+        model = optimize_for_inference(model, precision, engine=engine, calibration_data=calibration_data)
     batch = prepare_input_from_uri(uri, **prepare_options)
     with torch.inference_mode():
         probabilities = torch.softmax(model(batch).float(), dim=1)

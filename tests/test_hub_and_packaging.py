@@ -123,6 +123,7 @@ def test_wheel_contains_manifest_and_class_names(wheel: Path) -> None:
         manifest = json.loads(zf.read("convnets/weights_manifest.json"))
     assert manifest == json.loads((REPO / "weights_manifest.json").read_text())
     assert "convnets/preprocessing/imagenet_classes.tsv" in names
+    assert {"convnets/py.typed", "processing_utils/py.typed"} <= names  # PEP 561: the annotations are used
     assert "hubconf.py" not in names and not any(n.startswith("tests/") for n in names)
     assert any(n.startswith("convnets_hub-") and n.endswith("/LICENSE") for n in names)  # license_files
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -66,6 +66,7 @@ def make_dali_data(classes: list[str], train_samples: list[tuple[str, int]], val
     """
     dali = _import_dali()
     from nvidia.dali import fn, types
+    from nvidia.dali.data_node import DataNode
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     if on_gpu and ctx.device.type != "cuda":
@@ -76,17 +77,18 @@ def make_dali_data(classes: list[str], train_samples: list[tuple[str, int]], val
     # Training crops are normalised like validation images (one mean/std per model).
     mean = [m * 255 for m in preset.mean]
     std = [s * 255 for s in preset.std]
-    interpolation = {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR,
-                     "bicubic": types.INTERP_CUBIC}[preset.interpolation]
+    interpolation = {"nearest": types.DALIInterpType.INTERP_NN, "bilinear": types.DALIInterpType.INTERP_LINEAR,
+                     "bicubic": types.DALIInterpType.INTERP_CUBIC}[preset.interpolation]
 
     @dali.pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id)
     def train_pipe(files: list[str], labels: list[int]) -> Any:
         jpegs, label = fn.readers.file(files=files, labels=labels, name="Reader")
-        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB,
+        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.DALIImageType.RGB,
                                                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
                                                num_attempts=100)
-        images = fn.resize(images, resize_x=image_size, resize_y=image_size)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std,
+        # One output (fn.resize returns two only with save_attrs=True).
+        images = cast(DataNode, fn.resize(images, resize_x=image_size, resize_y=image_size))
+        images = fn.crop_mirror_normalize(images, dtype=types.DALIDataType.FLOAT, output_layout="CHW", mean=mean, std=std,
                                           mirror=fn.random.coin_flip(probability=0.5))
         return images, label
 
@@ -95,9 +97,9 @@ def make_dali_data(classes: list[str], train_samples: list[tuple[str, int]], val
         jpegs, label = fn.readers.file(files=[p for p, _ in val_samples], labels=[c for _, c in val_samples],
                                        shard_id=ctx.rank, num_shards=ctx.world_size, pad_last_batch=True,
                                        name="Reader")
-        images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
-        images = fn.resize(images, resize_shorter=preset.resize_size, interp_type=interpolation)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std,
+        images = fn.decoders.image(jpegs, device=decoder, output_type=types.DALIImageType.RGB)
+        images = cast(DataNode, fn.resize(images, resize_shorter=preset.resize_size, interp_type=interpolation))
+        images = fn.crop_mirror_normalize(images, dtype=types.DALIDataType.FLOAT, output_layout="CHW", mean=mean, std=std,
                                           crop=(preset.crop_size, preset.crop_size))
         return images, label
 

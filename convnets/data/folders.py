@@ -170,8 +170,8 @@ class SeededSampler(Sampler[tuple[int, int]]):
     also hands each index its augmentation seed."""
 
     def __init__(self, dataset: Dataset[Any], ctx: DistContext, seed: int) -> None:
-        self.inner = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                        shuffle=True, seed=seed)
+        self.inner: DistributedSampler[Any] = DistributedSampler(
+            dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed)
         self.seed, self.epoch = seed, 0
 
     def set_epoch(self, epoch: int) -> None:

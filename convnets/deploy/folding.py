@@ -41,19 +41,20 @@ def _folded_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     three float32 roundings.
     """
     # On the CPU: float64 is not available on every accelerator (e.g. MPS); this runs once.
-    acc = {"device": "cpu", "dtype": torch.float64}
-    w = conv.weight.detach().to(**acc)
-    b = conv.bias.detach().to(**acc) if conv.bias is not None else torch.zeros(w.shape[0], **acc)
-    gamma = bn.weight.detach().to(**acc) if bn.weight is not None else torch.ones_like(b)
-    beta = bn.bias.detach().to(**acc) if bn.bias is not None else torch.zeros_like(b)
+    def acc(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(device="cpu", dtype=torch.float64)
+
+    w = acc(conv.weight)
+    b = acc(conv.bias) if conv.bias is not None else torch.zeros(w.shape[0], device="cpu", dtype=torch.float64)
+    gamma = acc(bn.weight) if bn.weight is not None else torch.ones_like(b)
+    beta = acc(bn.bias) if bn.bias is not None else torch.zeros_like(b)
     assert bn.running_mean is not None and bn.running_var is not None  # checked by _foldable
-    scale = gamma * torch.rsqrt(bn.running_var.detach().to(**acc) + bn.eps)
+    scale = gamma * torch.rsqrt(acc(bn.running_var) + bn.eps)
     weight = w * scale.reshape(-1, 1, 1, 1)
-    bias = (b - bn.running_mean.detach().to(**acc)) * scale + beta
-    like = {"device": conv.weight.device, "dtype": conv.weight.dtype}
+    bias = (b - acc(bn.running_mean)) * scale + beta
     fused = copy.deepcopy(conv)
-    fused.weight = nn.Parameter(weight.to(**like), requires_grad=False)
-    fused.bias = nn.Parameter(bias.to(**like), requires_grad=False)
+    fused.weight = nn.Parameter(weight.to(device=conv.weight.device, dtype=conv.weight.dtype), requires_grad=False)
+    fused.bias = nn.Parameter(bias.to(device=conv.weight.device, dtype=conv.weight.dtype), requires_grad=False)
     return fused
 
 

@@ -15,6 +15,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -113,7 +114,7 @@ class ResNet(nn.Module):
         num_classes: int = 1000,
         *,
         last_bn_0_init: bool = False,
-        conv_init: str = "fan_in",
+        conv_init: Literal["fan_in", "fan_out"] = "fan_in",
         fused_se: bool = True,
     ) -> None:
         super().__init__()
@@ -147,7 +148,7 @@ class ResNet(nn.Module):
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         self._init_weights(conv_init, last_bn_0_init)
 
-    def _init_weights(self, conv_init: str, last_bn_0_init: bool) -> None:
+    def _init_weights(self, conv_init: Literal["fan_in", "fan_out"], last_bn_0_init: bool) -> None:
         if self.conv1.weight.is_meta:
             # Built to receive a checkpoint's tensors; besides, normal_ has no meta kernel and its
             # fallback imports torch's decomposition machinery, ~1.3 s of a pretrained load.

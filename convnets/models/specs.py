@@ -25,7 +25,7 @@ def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _as_int_tuple(name: str, value: object) -> tuple:
+def _as_int_tuple(name: str, value: object) -> tuple[Any, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise InvalidArgumentError(f"invalid architecture: {name} must be a list of integers, got {value!r}")
     return tuple(value)

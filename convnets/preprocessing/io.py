@@ -16,7 +16,7 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO, TypeGuard, Union
 
 import requests
 import urllib3
@@ -91,7 +91,7 @@ def _scheme(source: str) -> str | None:
     return match.group(1).lower() if match else None
 
 
-def is_url(source: object) -> bool:
+def is_url(source: object) -> TypeGuard[str]:
     """Whether ``source`` is a string with a URL scheme (``scheme://...``), i.e. not a local path.
 
     Args:
@@ -201,7 +201,9 @@ def download(url: str, *, timeout: float = DEFAULT_TIMEOUT,
     try:
         # A urllib3 Timeout with `total` bounds connect + response headers together; the body
         # is bounded by the deadline in _read_body.
-        with requests.get(url, stream=True, timeout=urllib3.Timeout(total=timeout),
+        # requests hands a urllib3 Timeout to urllib3 as it is (HTTPAdapter.send); its annotation
+        # of `timeout` lists only floats and tuples.
+        with requests.get(url, stream=True, timeout=urllib3.Timeout(total=timeout),  # type: ignore[arg-type]
                           headers={"User-Agent": USER_AGENT, "Accept": "image/*,*/*;q=0.8"}) as resp:
             resp.raise_for_status()
             content_type = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()

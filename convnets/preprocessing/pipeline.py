@@ -251,11 +251,12 @@ def prepare_batch(
     count = options.workers or _default_workers(sources)
     results = _map_in_order(prepare, sources, min(count, max(len(sources), 1)))
     indices = [i for i, result in enumerate(results) if isinstance(result, torch.Tensor)]
+    tensors = [result for result in results if isinstance(result, torch.Tensor)]
     errors = [(i, result) for i, result in enumerate(results) if isinstance(result, ImageLoadError)]
     for index, error in errors:
         logger.info("input %d failed: %s", index, error)
     if indices:
-        tensor = torch.stack([results[i] for i in indices])  # type: ignore[misc]
+        tensor = torch.stack(tensors)
     else:
         size = options.preset.crop_size
         tensor = torch.empty((0, 3, size, size))
@@ -264,7 +265,7 @@ def prepare_batch(
 
 
 def prepare_input_from_uri(
-    uri: ImageInput | Sequence[ImageInput],
+    uri: ImageInput | list[ImageInput] | tuple[ImageInput, ...],
     cuda: bool = False,
     *,
     device: str | torch.device | None = None,

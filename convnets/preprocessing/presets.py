@@ -15,6 +15,7 @@ This module imports no torch, so the manifest and the CLI can build presets chea
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,15 +42,18 @@ def _positive_int(name: str, value: object) -> int:
 
 
 def _channels(name: str, value: object, *, positive: bool) -> tuple[float, float, float]:
-    try:
-        numbers = tuple(float(v) for v in value if not isinstance(v, bool))  # type: ignore[attr-defined]
-        ok = len(numbers) == 3 == len(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or not all(math.isfinite(v) and (v > 0 or not positive) for v in numbers):
+    numbers: tuple[float, ...] = ()
+    if isinstance(value, Collection):
+        try:
+            numbers = tuple(float(v) for v in value if not isinstance(v, bool))
+        except (TypeError, ValueError):
+            pass
+        if len(numbers) != len(value):  # a bool among them
+            numbers = ()
+    if len(numbers) != 3 or not all(math.isfinite(v) and (v > 0 or not positive) for v in numbers):
         kind = "three positive finite numbers" if positive else "three finite numbers"
         raise InvalidArgumentError(f"EvalPreset {name} must be {kind} (RGB, 0..1 scale), got {value!r}.")
-    return numbers  # type: ignore[return-value]
+    return numbers[0], numbers[1], numbers[2]
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def benchmark_training(model_name: str, *, batch_size: int, device: str | torch.
     precision = resolve_precision(dev, amp=amp_dtype is not None, amp_dtype=amp_dtype, memory_format=memory_format)
     torch.manual_seed(0)
     model = get_model(model_name, num_classes=num_classes, **dict(arch_kwargs or {}))
-    model.to(dev, memory_format=precision.memory_format)
+    model.to(dev).to(memory_format=precision.memory_format)
     trainer = Trainer(model, precision, lr=scaled_lr(batch_size), total_steps=warmup + steps,
                       max_nonfinite_steps=warmup + steps + 1)
     g = torch.Generator().manual_seed(0)

@@ -67,13 +67,16 @@ def atomic_copy(src: Path, dst: Path) -> None:
 
 def get_rng_state() -> dict[str, Any]:
     """Every global generator's state as tensors and plain values (``weights_only``-loadable)."""
-    np_state = np.random.get_state()
+    # The dict form, by name: numpy's stub types a bare get_state() as this dict, but at run time
+    # it returns the legacy tuple (legacy=True is the default).
+    np_state = np.random.get_state(legacy=False)
+    mt = np_state["state"]
     py_version, py_state, py_gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {"keys": torch.from_numpy(mt["key"].astype(np.int64)), "pos": int(mt["pos"]),
+                  "has_gauss": int(np_state["has_gauss"]), "cached_gaussian": float(np_state["gauss"])},
         "python": {"version": py_version, "state": list(py_state), "gauss_next": py_gauss},
     }
 

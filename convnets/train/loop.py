@@ -104,7 +104,7 @@ def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> 
     metrics: dict[str, Any] = {}
     for prefix, model in models.items():
         _check_head(model, data.classes, cfg)
-        model.to(ctx.device, memory_format=precision.memory_format)
+        model.to(ctx.device).to(memory_format=precision.memory_format)
         result = evaluate(model, data.val(), precision, ctx, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing))
         metrics.update({f"{prefix}_{k}": v for k, v in result.items() if k in ("loss", "top1", "top5")})
         metrics["images"], metrics["unreadable_images"] = result["images"], result["unreadable"]
@@ -147,7 +147,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
     model.class_names = list(data.classes)
     if ckpt is not None:
         _check_resume(ckpt, model, data.classes, cfg)
-    model.to(ctx.device, memory_format=precision.memory_format)
+    model.to(ctx.device).to(memory_format=precision.memory_format)
 
     steps_per_epoch = data.steps_per_epoch // cfg.grad_accum
     if steps_per_epoch == 0:
@@ -271,7 +271,8 @@ def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg
     batches = iter(data.train_epoch(epoch))
     bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step", file=sys.stderr,
                disable=not (ctx.is_main and cfg.progress), dynamic_ncols=True)
-    loss_sum = finite_steps = images = unreadable = skipped = 0
+    loss_sum = 0.0
+    finite_steps = images = unreadable = skipped = 0
     lr = trainer.lr
     start = time.perf_counter()
     interval = _Interval(start)
@@ -300,10 +301,12 @@ def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg
             if (i + 1) % cfg.print_freq == 0:
                 interval.log(board, epoch * steps + i + 1, lr, ctx, to_log=not cfg.progress)
     seconds = time.perf_counter() - start
-    loss_sum, finite_steps, images, unreadable = dist.all_reduce_sum([loss_sum, finite_steps, images, unreadable], ctx)
-    return {"train_loss": loss_sum / finite_steps if finite_steps else float("nan"), "lr": lr,
-            "img_per_s": images / seconds, "train_images": int(images), "skipped_steps": skipped,
-            "unreadable_images": int(unreadable)}
+    # Over all ranks (floats: all_reduce_sum sums in float64).
+    all_loss, all_finite, all_images, all_unreadable = dist.all_reduce_sum(
+        [loss_sum, finite_steps, images, unreadable], ctx)
+    return {"train_loss": all_loss / all_finite if all_finite else float("nan"), "lr": lr,
+            "img_per_s": all_images / seconds, "train_images": int(all_images), "skipped_steps": skipped,
+            "unreadable_images": int(all_unreadable)}
 
 
 class _Interval:

@@ -13,6 +13,7 @@ import pickle
 import re
 import zipfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,9 @@ __all__ = ["read_checkpoint"]
 # reconstructors only rebuild numbers and dtypes, so allowing them keeps weights_only safe.
 # Pickles name the scalar reconstructor by the module path of the numpy that wrote them.
 _np_scalar = (np._core if hasattr(np, "_core") else np.core).multiarray.scalar
-_SAFE_NUMPY = [(_np_scalar, "numpy.core.multiarray.scalar"), (_np_scalar, "numpy._core.multiarray.scalar"),
-               np.dtype, *{type(np.dtype(t)) for t in "?bBhHiIlLqQefdgFD"}]
+_SAFE_NUMPY: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+    (_np_scalar, "numpy.core.multiarray.scalar"), (_np_scalar, "numpy._core.multiarray.scalar"),
+    np.dtype, *{type(np.dtype(t)) for t in "?bBhHiIlLqQefdgFD"}]
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> Any:

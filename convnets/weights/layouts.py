@@ -142,7 +142,8 @@ def infer_spec(state_dict: Mapping[str, Tensor], source: str = "checkpoint") -> 
                                   f"(keys start with {sorted(state_dict)[:4]})")
         return state_dict[key].shape
 
-    layers, widths = [], []
+    layers: list[int] = []
+    widths: list[int] = []
     while f"layer{len(layers) + 1}.0.conv1.weight" in state_dict:
         stage = len(layers) + 1
         blocks = 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from convnets.errors import CheckpointError
 from convnets.models.specs import ArchSpec
@@ -61,9 +61,9 @@ class ModelRecord:
             raise CheckpointError(f"{source} has an invalid 'arch_spec' entry: {e}") from e
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_names(value: Any) -> bool:
+def is_names(value: object) -> TypeGuard[list[str] | tuple[str, ...]]:
     return isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value)

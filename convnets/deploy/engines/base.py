@@ -36,15 +36,17 @@ class Engine(abc.ABC):
     extra: ClassVar[str] = "export"
 
     @abc.abstractmethod
-    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
+    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
+              calibration_data: list[torch.Tensor] | None = None) -> nn.Module:
         """The optimized callable for ``model`` (eval mode; not modified), checks already done.
 
         Returns a module that takes an NCHW float batch of any size and returns float32 logits, with
         an ``engine`` attribute naming this engine.
 
-        Engines may take more keywords: ``calibration_data`` (those that run ``"int8"``: passed by
-        ``optimize_for_inference`` for int8 only, as a list of batches) and ``settings`` (the
-        runtime's own options, for benchmarks/bench_engines.py).
+        ``calibration_data``: passed by ``optimize_for_inference`` for ``"int8"`` only, as a list of
+        batches (:func:`~convnets.deploy.calibrate.calibration_batches`); an engine that runs no int8
+        never gets one. Engines may take more keywords, e.g. ``settings`` (the runtime's own
+        options, for benchmarks/bench_engines.py).
         """
 
     def check(self, precision: str, device: torch.device, *, option: str = "precision") -> None:

@@ -33,6 +33,7 @@ class OnnxRuntimeEngine(Engine):
     extra = "export"
 
     def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
+              calibration_data: list[torch.Tensor] | None = None,
               settings: Mapping[str, Any] | None = None) -> nn.Module:
         """See :meth:`Engine.build`; ``settings``: ``onnxruntime.SessionOptions`` attributes (default:
         ONNX Runtime's own; see the onnx format's ``load_runner``)."""
@@ -40,8 +41,10 @@ class OnnxRuntimeEngine(Engine):
 
         from convnets.deploy.engines.runner import engine_model, folded_copy
         from convnets.deploy.formats import get_format
+        from convnets.deploy.formats.onnx import OnnxFormat
 
         fmt = get_format("onnx")
+        assert isinstance(fmt, OnnxFormat)  # for its load_runner(path, settings)
         module = folded_copy(model)
 
         def make_runner(shape: tuple[int, ...]) -> Runner:

@@ -76,13 +76,15 @@ class OpenVinoEngine(Engine):
 
         from convnets.deploy.engines.runner import engine_model, folded_copy
         from convnets.deploy.formats import get_format
+        from convnets.deploy.formats.openvino import OpenVinoFormat
 
         fmt = get_format("openvino")
+        assert isinstance(fmt, OpenVinoFormat)  # for its convert and compile
         module = folded_copy(model)
         config = {**self.config(precision), **(settings or {})}
         if precision != "int8":
             def make_runner(shape: tuple[int, ...]) -> Runner:
-                return fmt.compile(fmt.convert(module, torch.zeros(2, *shape)), config)  # type: ignore[attr-defined]
+                return fmt.compile(fmt.convert(module, torch.zeros(2, *shape)), config)
             return engine_model(make_runner, engine=self.name, precision=precision, source=model)
 
         if not calibration_data:
@@ -95,8 +97,8 @@ class OpenVinoEngine(Engine):
                     f"this int8 model was calibrated on {calibrated[1]}x{calibrated[2]} images and runs that size "
                     f"only, not {shape[1]}x{shape[2]}; quantize again with calibration_data of that size",
                     keyword="calibration_data")
-            quantized = quantize_int8(fmt.convert(module, torch.zeros(2, *shape)), calibration_data)  # type: ignore[attr-defined]
-            return fmt.compile(quantized, config)  # type: ignore[attr-defined]
+            quantized = quantize_int8(fmt.convert(module, torch.zeros(2, *shape)), calibration_data)
+            return fmt.compile(quantized, config)
         return engine_model(make_int8_runner, engine=self.name, precision=precision, source=model,
                             shape=calibrated)
 

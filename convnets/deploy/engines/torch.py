@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from convnets.deploy.engines.base import Engine
 from convnets.deploy.folding import error_summary, fold_batchnorm
-from convnets.runtime import PRECISIONS, PrecisionName, check_precision, precision_dtype
+from convnets.runtime import PRECISIONS, PrecisionName, check_precision, check_precision_name, precision_dtype
 
 __all__ = ["ENGINE", "OptimizedModel", "TorchEngine", "compile_unavailable_reason", "optimize_with_torch"]
 
@@ -160,7 +160,7 @@ def optimize_with_torch(model: nn.Module, precision: PrecisionName, device: torc
     module.requires_grad_(False)
     # The whole network in the target dtype: weights are converted once here instead of by
     # autocast on every call (which also leaves nothing for autocast to decide per op).
-    module.to(device=device, dtype=precision_dtype(precision), memory_format=torch.channels_last)
+    module.to(device=device, dtype=precision_dtype(precision)).to(memory_format=torch.channels_last)
     optimized = OptimizedModel(module, precision=precision, device=device,
                                graph=_compiled(module, device) if compile else None)
     for attr in ("num_classes", "class_names", "spec", "input_size"):
@@ -181,8 +181,10 @@ class TorchEngine(Engine):
     def check(self, precision: str, device: torch.device, *, option: str = "precision") -> None:
         check_precision(precision, device, option=option)
 
-    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool) -> nn.Module:
-        return optimize_with_torch(model, precision, device, compile=compile)  # type: ignore[arg-type]
+    def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
+              calibration_data: list[Tensor] | None = None) -> nn.Module:
+        # calibration_data: int8 only, which this engine does not run (check refuses it).
+        return optimize_with_torch(model, check_precision_name(precision), device, compile=compile)
 
 
 ENGINE = TorchEngine()

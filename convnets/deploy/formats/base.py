@@ -134,14 +134,17 @@ class ExportFormat(abc.ABC):
     # --- what a format must do --------------------------------------------------------------------
 
     @abc.abstractmethod
-    def write(self, module: nn.Module, path: Path, example: Tensor, **options: Any) -> None:
+    def write(self, module: nn.Module, path: Path, example: Tensor) -> None:
         """Write ``module`` (folded, float32 in and out, dynamic batch axis) to ``path`` and its companions.
+
+        A format with :attr:`options` takes each as a keyword-only parameter with a default (e.g.
+        ``*, opset: int = MIN_OPSET``); callers pass them checked, defaults filled in
+        (:meth:`resolve_options`).
 
         Args:
             module: the network to export, in eval mode, on the CPU.
             path: the main file; the others go to :meth:`files` ``(path)``.
             example: a float32 batch of at least 2 images (tracing input).
-            options: this format's options, checked, defaults filled in.
         """
 
     @abc.abstractmethod
