@@ -22,7 +22,7 @@ from torchvision import transforms
 
 import convnets
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.inference.records import open_embedding_writer, read_embedding_records, scan_spool, spool_path
+from convnets.inference.spool import open_embedding_writer, read_embedding_records, scan_spool, spool_path
 
 ARCH = "se_resnext101_32x4d"
 IMAGE_SIZE = 40

@@ -271,7 +271,7 @@ def test_the_progress_bar_counts_this_ranks_shard_and_only_rank_0_shows_it(rank:
     """Ten named files in batches of 2: batches 0..4, batch k on rank k % world (counted by hand)."""
     import argparse
 
-    from convnets.commands.options import progress_from_args
+    from convnets.inference.job import progress as progress_from_args
     from convnets.inference.shard import ShardedRun
 
     args = argparse.Namespace(inputs=[f"img{i}.png" for i in range(10)], recursive=False, from_file=None,
@@ -358,7 +358,7 @@ def test_sharded_embed_refuses_a_single_process_spool(tmp_path: Path, monkeypatc
     """A spool left by one process is not split into parts: continuing it under torchrun is refused
     before the model loads, with what to do instead."""
     from convnets.cli import main
-    from convnets.inference.records import SPOOL_MAGIC
+    from convnets.inference.spool import SPOOL_MAGIC
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RANK", "1")

@@ -3,9 +3,10 @@
 ``--output FILE.npy`` writes float32 ``[N, D]`` with the inputs in ``FILE.npy.inputs.txt`` (same
 order); ``--output FILE.parquet`` columns ``input`` and ``embedding``. Records stream into
 ``FILE.spool`` as batches finish and FILE is assembled at the end, so a killed run continues with
-``--resume`` (see :mod:`convnets.inference.records`). Inputs that cannot be read are reported on stderr, get
+``--resume`` (see :mod:`convnets.inference.spool`). Inputs that cannot be read are reported on stderr, get
 no vector and leave the exit status at 1. The inputs, batches, workers and output options are
-``convnets predict``'s (:mod:`convnets.commands.options`), and so is sharding under ``torchrun``:
+``convnets predict``'s (:mod:`convnets.commands.batch_options`), and so is the run around the model
+(:mod:`convnets.inference.job`, of which this module is a plug-in), sharding under ``torchrun`` included:
 each process embeds its share of the batches into a part (its spool), and rank 0 merges the parts
 into FILE at the end (:mod:`convnets.inference.shard`).
 """
@@ -15,17 +16,30 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
-from convnets.commands.options import (add_batch_arguments, add_device_argument, add_input_arguments,
-                                       add_model_arguments, add_output_arguments, add_precision_argument,
-                                       add_progress_argument, device_from_args, input_error_message, load_from_args,
-                                       progress_from_args, skip_recorded, sources_from_args, workers_from_args)
-
+from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
+                                             add_progress_argument, job_settings)
+from convnets.commands.options import (add_device_argument, add_model_arguments, add_precision_argument,
+                                       device_from_args, load_from_args)
 from convnets.constants import DEFAULT_MODEL, LAYERS
 from convnets.errors import InvalidArgumentError
+from convnets.inference.job import BatchJob, run_job
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    import torch
+
+    from convnets.inference.embed import Embedding
+    from convnets.inference.inputs import InputItem
+    from convnets.inference.loader import Decoding
+    from convnets.inference.records import Record, ScanResult, Writer
+    from convnets.inference.shard import PartFiles, ShardedRun
+    from convnets.models.resnet import ResNet
 
 __all__ = ["add_arguments", "run"]
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,71 +71,75 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets embed``; exit status 1 if any input could not be read."""
-    from convnets.inference.records import check_embedding_destination, embedding_output_complete, spool_path
-    from convnets.inference.shard import ShardedRun
+    return run_job(EmbedJob(args), job_settings(args))
 
-    # Before PyTorch and the model load: a wrong --output fails at once.
-    check_embedding_destination(args.output, resume=args.resume)
-    if args.resume and embedding_output_complete(args.output):
-        print(f"convnets embed: {args.output} is complete (no {spool_path(args.output).name} to continue); "
-              "nothing to do", file=sys.stderr)
-        return 0
-    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.inference.shard).
-    sharded = ShardedRun.from_env(output=args.output, batch_size=args.batch_size, reads_stdin=args.from_file == "-")
-    part = sharded.part(args.output)
-    if sharded.world > 1:
-        if spool_path(args.output).exists():  # a single process's run: its spool is not split into parts
-            raise InvalidArgumentError(f"{spool_path(args.output)} was left by a run of one process: continue it "
-                                       "with one process (--resume, without torchrun), or delete it")
-        check_embedding_destination(part, resume=args.resume)
 
-    from tqdm.auto import tqdm
+class EmbedJob(BatchJob):
+    """``convnets embed`` as a batch job: a vector per input, spooled, assembled into ``.npy`` or ``.parquet``."""
 
-    from convnets.inference.embed import embed_items, features_model
-    from convnets.inference.predict import iter_inputs
-    from convnets.preprocessing.presets import preset_for_model
-    from convnets.inference.records import open_embedding_writer, read_embedding_records
-    from convnets.inference.shard import PartFiles
+    command = "embed"
+    unreadable = " and have no vector"
 
-    device = sharded.join(device_from_args(args), resume=args.resume)
-    model = load_from_args(args, device=device).model
-    preset = preset_for_model(model).with_crop_size(args.image_size or model.input_size)
-    net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile)
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.net: Any = None
+        self.sharded = False
 
-    with ExitStack() as stack:
+    def check(self, run: ShardedRun, part: Path | None) -> bool:
+        from convnets.inference.spool import check_embedding_destination, embedding_output_complete, spool_path
+
+        args = self.args
+        check_embedding_destination(args.output, resume=args.resume)
+        if args.resume and embedding_output_complete(args.output):
+            print(f"convnets embed: {args.output} is complete (no {spool_path(args.output).name} to continue); "
+                  "nothing to do", file=sys.stderr)
+            return False
+        self.sharded = run.world > 1
+        if self.sharded and part is not None:
+            if spool_path(args.output).exists():  # a single process's run: its spool is not split into parts
+                raise InvalidArgumentError(f"{spool_path(args.output)} was left by a run of one process: continue "
+                                           "it with one process (--resume, without torchrun), or delete it")
+            check_embedding_destination(part, resume=args.resume)
+        return True
+
+    def device(self) -> torch.device:
+        return device_from_args(self.args)
+
+    def load(self, device: torch.device) -> ResNet:
+        from convnets.inference.embed import features_model
+
+        args = self.args
+        model = cast("ResNet", load_from_args(args, device=device).model)
+        self.net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile)
+        return model
+
+    def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:
+        from convnets.inference.spool import open_embedding_writer
+
+        assert part is not None  # --output is required
         # A shard's part stays a spool: rank 0 assembles FILE from all of them.
-        writer, found = open_embedding_writer(part, dim=net.num_features, resume=args.resume, stack=stack,
-                                              assemble=sharded.world == 1)
-        items = sharded.items(iter_inputs(sources_from_args(args, stack), recursive=args.recursive))
-        done = found.records if found else 0
-        if done:
-            items = skip_recorded(items, (r["input"] for r in read_embedding_records(part)), str(part))
-        total, show = progress_from_args(args, sys.stderr.isatty(), sharded)
-        failed = 0
+        return open_embedding_writer(part, dim=self.net.num_features, resume=self.args.resume, stack=stack,
+                                     assemble=not self.sharded)
 
-        def on_batch(count: int) -> None:
-            writer.flush()
-            bar.update(count)
-        with tqdm(total=total, initial=done, unit="img", disable=not show, file=sys.stderr) as bar:
-            for result in embed_items(net, items, preset=preset, normalize=args.normalize,
-                                      batch_size=args.batch_size, device=device, timeout=args.timeout,
-                                      workers=workers_from_args(args, device), start=done, on_batch=on_batch):
-                done += 1
-                if result.ok:
-                    writer.write({"input": result.input, "embedding": result.vector})
-                    continue
-                error = input_error_message(result.error)
-                writer.write({"input": result.input, "error": error})
-                failed += 1
-                bar.clear()
-                # One write per line: under torchrun the ranks share stderr (print() writes twice).
-                sys.stderr.write(f"convnets embed: error: {error}\n")
-    earlier = found.errors if found else 0
-    # Under torchrun: totals over the ranks, and rank 0 merges the parts into --output.
-    failed, earlier, done = sharded.finish([failed, earlier, done], files=PartFiles.embeddings(net.num_features))
-    if (failed or earlier) and sharded.is_main:
-        also = f" ({earlier} in the earlier run)" if earlier else ""
-        print(f"convnets embed: {failed + earlier} of {done} inputs could not be read and have no vector{also}",
-              file=sys.stderr)
-    sharded.close()
-    return 1 if failed or earlier else 0
+    def recorded(self, part: Path) -> Iterator[str]:
+        from convnets.inference.spool import read_embedding_records
+
+        return (r["input"] for r in read_embedding_records(part))
+
+    def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
+                start: int, on_batch: Callable[[int], None]) -> Iterator[Embedding]:
+        from convnets.inference.embed import embed_items
+
+        return embed_items(self.net, items, normalize=self.args.normalize, batch_size=batch_size, device=device,
+                           decoding=decoding, start=start, on_batch=on_batch)
+
+    def record(self, result: Embedding, error: str) -> Record:
+        """A vector, or the input's error: the spool's records (:mod:`convnets.inference.spool`)."""
+        if result.ok:
+            return {"input": result.input, "embedding": result.vector}
+        return {"input": result.input, "error": error}
+
+    def part_files(self) -> PartFiles:
+        from convnets.inference.shard import PartFiles
+
+        return PartFiles.embeddings(self.net.num_features)

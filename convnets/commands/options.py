@@ -23,13 +23,11 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
-from convnets.constants import DEFAULT_TIMEOUT
-from convnets.errors import CheckpointError, ConvnetsError, InvalidArgumentError, message_for
+from convnets.errors import CheckpointError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models, registered_name
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
                               resolve_device)
@@ -38,14 +36,11 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from convnets.inference.shard import ShardedRun
-
-__all__ = ["WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_argument", "add_batch_arguments",
-           "add_device_argument", "add_engine_argument", "add_input_arguments", "add_memory_format_argument",
-           "add_model_argument", "add_model_arguments", "add_output_arguments", "add_precision_argument",
-           "add_progress_argument", "device_from_args", "input_error_message", "load_from_args", "non_negative_int",
-           "parse_arch_kwargs", "positive_int", "positive_seconds", "progress_from_args", "read_list",
-           "skip_recorded", "sources_from_args", "workers_from_args"]
+__all__ = ["WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_argument",
+           "add_device_argument", "add_engine_argument", "add_memory_format_argument",
+           "add_model_argument", "add_model_arguments", "add_precision_argument",
+           "device_from_args", "load_from_args", "non_negative_int",
+           "parse_arch_kwargs", "positive_int", "positive_seconds"]
 
 log = logging.getLogger(__name__)
 
@@ -327,10 +322,6 @@ def device_from_args(args: argparse.Namespace) -> torch.device:
     return device
 
 
-# --- inputs at scale, batches, records: the commands that read many images (predict, embed) ---------
-
-
-
 def non_negative_int(text: str) -> int:
     """argparse ``type=`` for a count that may be 0, such as ``--workers``."""
     try:
@@ -340,150 +331,3 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
     return value
-
-
-def add_input_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``INPUT...`` and the ``inputs at scale`` group (``--recursive``, ``--from-file``);
-    :func:`sources_from_args` reads them. At least one INPUT or ``--from-file`` is required."""
-    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="image file, directory of images, or URL")
-    group = parser.add_argument_group("inputs at scale")
-    group.add_argument("--recursive", action="store_true",
-                       help="search directories' subfolders too, depth first in sorted order (default: only the "
-                            "images directly inside). Hidden files and folders (.name, ._name) are always skipped")
-    group.add_argument("--from-file", metavar="LIST", default=None,
-                       help="read more inputs from LIST, one path, directory or URL per line ('-': standard "
-                            "input), after the INPUTs; blank lines and lines starting with '#' are skipped")
-    # At least one INPUT or --from-file: checked after parsing, still as a usage error (exit 2, no torch).
-    parse = parser.parse_known_args
-
-    def parse_known_args(args: list[str] | None = None,
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        parsed, rest = parse(args, namespace)
-        if not parsed.inputs and parsed.from_file is None:
-            parser.error("the following arguments are required: INPUT (or --from-file LIST)")
-        return parsed, rest
-    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
-
-
-def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: int = 16) -> None:
-    """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``."""
-    from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
-
-    group = parser.add_argument_group("batches")
-    group.add_argument("--batch-size", type=positive_int, default=default_batch_size, metavar="B",
-                       help=f"images per forward pass (default {default_batch_size})")
-    group.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
-                       help="processes that decode and preprocess the next batches while the model runs (a "
-                            "PyTorch DataLoader; same tensors, same order); 0: decode in this process, between "
-                            f"batches (default: min(4, cores - 2) for a model on the CPU, here {default_workers()} "
-                            f"of {usable_cores()} cores; min(4, cores - 1) on a GPU)")
-    group.add_argument("--image-size", type=positive_int, default=None, metavar="N",
-                       help="center-crop size; the shorter side is resized to N*256/224 first (default: "
-                            "what the weights were trained for, 224 for the NGC weights)")
-    group.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                       help=f"time allowed for each URL download, connecting included (default {DEFAULT_TIMEOUT:g})")
-
-
-def workers_from_args(args: argparse.Namespace, device: torch.device) -> int:
-    """``--workers``, or :func:`convnets.runtime.default_workers` for ``device`` when not given."""
-    from convnets.runtime import default_workers
-
-    return default_workers(device.type) if args.workers is None else args.workers
-
-
-def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, resume_help: str,
-                         required: bool = False) -> argparse._ArgumentGroup:
-    """Add the ``output`` group: ``--output FILE`` and ``--resume``.
-
-    Args:
-        parser: the command's parser.
-        output_help, resume_help: what the command writes and how it resumes.
-        required: ``--output`` must be given (no output on standard output).
-
-    Returns:
-        Without ``required``: the group of mutually exclusive destinations that holds ``--output``,
-        for a command to add its standard-output formats (``predict --json``); else the ``output`` group.
-    """
-    group = parser.add_argument_group("output")
-    where = group if required else group.add_mutually_exclusive_group()
-    where.add_argument("--output", metavar="FILE", default=None, required=required, help=output_help)
-    group.add_argument("--resume", action="store_true", help=resume_help)
-    return where
-
-
-def add_progress_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--progress`` / ``--no-progress`` (:func:`progress_from_args`)."""
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar on stderr; it counts images, with a total only when every INPUT "
-                             "is a file or URL named on the command line (default: when stderr is a terminal "
-                             "and the inputs may fill more than one batch)")
-
-
-def progress_from_args(args: argparse.Namespace, stderr_is_terminal: bool,
-                       sharded: ShardedRun) -> tuple[int | None, bool]:
-    """``(total, show)`` for the progress bar: the total is known without listing anything only
-    when every input is a file or URL named on the command line (listing a tree twice costs time).
-    Under torchrun only rank 0 shows a bar, counting its own shard of the inputs."""
-    import os
-
-    from convnets.preprocessing.io import is_url
-
-    total = None if args.recursive or args.from_file is not None or any(
-        not is_url(i) and os.path.isdir(i) for i in args.inputs) else len(args.inputs)
-    show = args.progress if args.progress is not None else (
-        stderr_is_terminal and (total is None or total > args.batch_size))
-    return sharded.count(total), show and sharded.is_main
-
-
-def read_list(stream: TextIO) -> Iterator[str]:
-    """Inputs listed one per line; blank lines and ``#`` comments skipped."""
-    for line in stream:
-        line = line.strip()
-        if line and not line.startswith("#"):
-            yield line
-
-
-def sources_from_args(args: argparse.Namespace, stack: ExitStack) -> Iterator[str]:
-    """The INPUTs, then the lines of ``--from-file``, lazily (``stack`` closes the list file).
-
-    Raises:
-        InvalidArgumentError: the list file cannot be read (on the first ``next`` past the INPUTs).
-    """
-    import sys
-
-    yield from args.inputs
-    if args.from_file == "-":
-        yield from read_list(sys.stdin)
-    elif args.from_file is not None:
-        try:
-            stream = stack.enter_context(open(args.from_file, encoding="utf-8"))
-        except OSError as e:
-            raise InvalidArgumentError(f"--from-file {args.from_file}: cannot read it ({e.strerror})") from e
-        yield from read_list(stream)
-
-
-def skip_recorded(items: Iterator[tuple[str, Any]], recorded: Iterable[str],
-                  output: str) -> Iterator[tuple[str, Any]]:
-    """``items`` (``(input, error)`` pairs) after those that ``recorded`` (a resumed file's inputs)
-    already holds, in order.
-
-    The file must hold a prefix of this run's inputs: anything else (the inputs changed, or the file
-    belongs to another run) would record some inputs twice or never, so it is refused.
-
-    Raises:
-        InvalidArgumentError: the recorded inputs are not a prefix of ``items``.
-    """
-    for position, name in enumerate(recorded, 1):
-        item = next(items, None)
-        if item is None or item[0] != name:
-            now = f"the inputs now give {item[0]!r} there" if item else "the inputs now end before it"
-            raise InvalidArgumentError(f"--resume: {output} records {name!r} as input {position} but {now}; "
-                                       "resume with the same inputs and options, or write a new --output")
-    return items
-
-
-def input_error_message(error: BaseException | None) -> str:
-    """An input's error in command-line words (see :mod:`convnets.errors`), with ``--timeout`` advice."""
-    if isinstance(error, ConvnetsError) and error.keyword == "timeout":
-        error.add_cli_advice("Retry, or pass a larger --timeout.")
-    return message_for(error, "cli") if error is not None else ""

@@ -8,7 +8,8 @@ that a killed run left. Inputs that cannot be read are reported on stderr, one l
 the exit status at 1; the others are still predicted. Inputs are streamed (``--recursive`` trees,
 ``--from-file`` lists), so their number does not cost memory, and decoded by ``--workers`` processes
 while the model runs (:mod:`convnets.inference.loader`). The options shared with ``convnets embed`` are in
-:mod:`convnets.commands.options`. ``--show FILE.png`` also draws contact sheets, thumbnails with
+:mod:`convnets.commands.batch_options`, and the run around the model (inputs, resume, progress,
+errors, summary) is the batch-job driver's, :mod:`convnets.inference.job`: this module is its plug-in. ``--show FILE.png`` also draws contact sheets, thumbnails with
 their top classes (:mod:`convnets.inference.sheet`). Under ``torchrun`` each process predicts its share of
 the batches into a part of ``--output`` (required there) and rank 0 merges the parts into it at the
 end: the file one process writes (see :mod:`convnets.inference.shard`).
@@ -20,22 +21,31 @@ import argparse
 import json
 import sys
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
-from convnets.commands.options import (add_batch_arguments, add_device_argument,
-                                       add_engine_argument, add_input_arguments, add_model_arguments,
-                                       add_output_arguments, add_precision_argument, add_progress_argument,
-                                       device_from_args, input_error_message, load_from_args, progress_from_args,
-                                       sources_from_args, skip_recorded, workers_from_args)
+from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
+                                             add_progress_argument, job_settings)
+from convnets.commands.options import (add_device_argument, add_engine_argument, add_model_arguments,
+                                       add_precision_argument, device_from_args, load_from_args)
 from convnets.constants import DEFAULT_MODEL
 from convnets.errors import InvalidArgumentError
+from convnets.inference.job import BatchJob, run_job
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    import torch
+
+    from convnets.inference.inputs import InputItem
+    from convnets.inference.loader import Decoding
     from convnets.inference.predict import Prediction
+    from convnets.inference.records import Record, ScanResult, Writer
+    from convnets.inference.shard import ShardedRun
     from convnets.inference.sheet import ContactSheetWriter
+    from convnets.models.resnet import ResNet
 
 __all__ = ["add_arguments", "run"]
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,115 +82,110 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_progress_argument(parser)
 
 
-def _print_table(result: Prediction) -> None:
-    print(result.input)
-    for rank, top in enumerate(result.top, 1):
-        print(f"  {rank}. {100 * top.probability:6.2f}%  {top.label}  [{top.index}]")
-
-
-def _record(result: Prediction, error: str) -> dict:
-    """The record of one result (see :mod:`convnets.inference.records`); ``error``: its message, if it failed."""
-    if not result.ok:
-        return {"input": result.input, "error": error}
-    return {"input": result.input,
-            "top": [{"index": t.index, "label": t.label, "probability": t.probability} for t in result.top]}
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets predict``; exit status 1 if any input could not be read."""
-    from convnets.inference.records import RecordWriter, check_destination, open_writer, recorded_inputs, scan
-    from convnets.inference.shard import ShardedRun
+    return run_job(PredictJob(args), job_settings(args))
 
-    # Before PyTorch and the model load: a wrong --output fails at once.
-    if args.resume and args.output is None:
-        raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
-    # Under torchrun, this process's shard of the inputs and its part of --output (see convnets.inference.shard).
-    sharded = ShardedRun.from_env(output=args.output, batch_size=args.batch_size, reads_stdin=args.from_file == "-")
-    output = None if args.output is None else sharded.part(args.output)
-    if args.output is not None:
-        check_destination(args.output, resume=args.resume)
-        if sharded.world > 1:
-            check_destination(output, resume=args.resume)
-    if args.show is not None:
-        if sharded.world > 1:  # each rank sees only its shard; one process must draw them all
-            raise InvalidArgumentError("--show draws the contact sheets in one process, not under torchrun; "
-                                       "drop --show here and draw sheets from a single-process run")
-        from convnets.inference.sheet import check_sheet_destination
-        check_sheet_destination(args.show, option="show")
 
-    from tqdm.auto import tqdm
+class PredictJob(BatchJob):
+    """``convnets predict`` as a batch job: top-k classes per input, records in JSONL, CSV or Parquet,
+    a table or JSON on stdout without ``--output``, contact sheets with ``--show``."""
 
-    from convnets.deploy.optimize import optimize_for_inference
-    from convnets.inference.predict import class_labels, iter_inputs, predict_items
-    from convnets.preprocessing.presets import preset_for_model
-    if args.topk < 1:
-        raise InvalidArgumentError(f"--topk must be a positive integer, got {args.topk}")
-    device = sharded.join(device_from_args(args), resume=args.resume, repair=lambda path: scan(path, topk=args.topk))
-    model = load_from_args(args, device=device).model
-    labels = class_labels(model)
-    if args.topk > len(labels):
-        raise InvalidArgumentError(f"--topk {args.topk} is more than the {len(labels)} classes of the model; "
-                                   f"use --topk {len(labels)} or less")
-    preset = preset_for_model(model).with_crop_size(args.image_size or model.input_size)
-    net = optimize_for_inference(model, args.precision, device=device, engine=args.engine, compile=args.compile)
+    command = "predict"
 
-    with ExitStack() as stack:
-        writer, found = None, None
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.net: Any = None
+        self.labels: list[str] = []
+        self.sheets: ContactSheetWriter | None = None
+        self.printed: list[Record] = []  # --json: printed at the end, as one array
+
+    def check(self, run: ShardedRun, part: Path | None) -> bool:
+        from convnets.inference.records import check_destination
+
+        args = self.args
         if args.output is not None:
-            writer, found = open_writer(output, resume=args.resume, topk=args.topk, stack=stack)
-        elif args.jsonl:
-            writer = RecordWriter(sys.stdout, "jsonl")
-        sheets = _open_sheets(args, stack)
-        items = sharded.items(iter_inputs(sources_from_args(args, stack), recursive=args.recursive))
-        done = found.records if found else 0
-        if done:
-            items = skip_recorded(items, recorded_inputs(output, topk=args.topk), str(output))
-        total, show = progress_from_args(args, sys.stderr.isatty(), sharded)
-        results, failed = [], 0
+            check_destination(args.output, resume=args.resume)
+            if run.world > 1 and part is not None:
+                check_destination(part, resume=args.resume)
+        if args.show is not None:
+            if run.world > 1:  # each rank sees only its shard; one process must draw them all
+                raise InvalidArgumentError("--show draws the contact sheets in one process, not under torchrun; "
+                                           "drop --show here and draw sheets from a single-process run")
+            from convnets.inference.sheet import check_sheet_destination
+            check_sheet_destination(args.show, option="show")
+        if args.topk < 1:
+            raise InvalidArgumentError(f"--topk must be a positive integer, got {args.topk}")
+        return True
 
-        def on_batch(count: int) -> None:
-            if writer is not None:
-                writer.flush()
-            bar.update(count)
-        with tqdm(total=total, initial=done, unit="img", disable=not show, file=sys.stderr) as bar:
-            for result in predict_items(net, items, labels=labels, topk=args.topk, batch_size=args.batch_size,
-                                        device=device, preset=preset, timeout=args.timeout, on_batch=on_batch,
-                                        start=done, workers=workers_from_args(args, device)):
-                done += 1
-                error = input_error_message(result.error)  # once: it adds command-line advice to the error
-                if writer is not None:
-                    writer.write(_record(result, error))
-                if sheets is not None:
-                    sheets.add(result)
-                if not result.ok:
-                    failed += 1
-                    bar.clear()
-                    # One write per line: print() writes the text and its newline separately, and under
-                    # torchrun the ranks share stderr, so their lines would interleave.
-                    sys.stderr.write(f"convnets predict: error: {error}\n")
-                elif args.json:
-                    results.append(_record(result, error))
-                elif writer is None:
-                    _print_table(result)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    if sheets is not None:  # stderr: stdout holds only the results
-        print(f"convnets predict: contact sheets: {', '.join(map(str, sheets.paths)) or 'none (no inputs)'}",
-              file=sys.stderr)
-    earlier = found.errors if found else 0
-    # Under torchrun: totals over the ranks, and rank 0 merges the parts into --output.
-    failed, earlier, done = sharded.finish([failed, earlier, done])
-    if (failed or earlier) and sharded.is_main:
-        also = f" ({earlier} recorded by the earlier run)" if earlier else ""
-        print(f"convnets predict: {failed + earlier} of {done} inputs could not be read{also}", file=sys.stderr)
-    sharded.close()
-    return 1 if failed or earlier else 0
+    def device(self) -> torch.device:
+        return device_from_args(self.args)
 
+    def repair(self, path: Path) -> object:
+        from convnets.inference.records import scan
 
-def _open_sheets(args: argparse.Namespace, stack: ExitStack) -> ContactSheetWriter | None:
-    """The --show writer, closed (the last sheet written) when ``stack`` unwinds without an error."""
-    if args.show is None:
-        return None
-    from convnets.inference.sheet import ContactSheetWriter
+        return scan(path, topk=self.args.topk)
 
-    return stack.enter_context(ContactSheetWriter(args.show, timeout=args.timeout, interface="cli"))
+    def load(self, device: torch.device) -> ResNet:
+        from convnets.deploy.optimize import optimize_for_inference
+        from convnets.inference.predict import class_labels
+
+        args = self.args
+        model = cast("ResNet", load_from_args(args, device=device).model)
+        self.labels = class_labels(model)
+        if args.topk > len(self.labels):
+            raise InvalidArgumentError(f"--topk {args.topk} is more than the {len(self.labels)} classes of the "
+                                       f"model; use --topk {len(self.labels)} or less")
+        self.net = optimize_for_inference(model, args.precision, device=device, engine=args.engine,
+                                          compile=args.compile)
+        return model
+
+    def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:
+        from convnets.inference.records import RecordWriter, open_writer
+
+        args = self.args
+        if args.show is not None:  # closed (the last sheet written) when the stack unwinds without an error
+            from convnets.inference.sheet import ContactSheetWriter
+
+            self.sheets = stack.enter_context(ContactSheetWriter(args.show, timeout=args.timeout, interface="cli"))
+        if part is not None:
+            return open_writer(part, resume=args.resume, topk=args.topk, stack=stack)
+        return (RecordWriter(sys.stdout, "jsonl") if args.jsonl else None), None
+
+    def recorded(self, part: Path) -> Iterator[str]:
+        from convnets.inference.records import recorded_inputs
+
+        return recorded_inputs(part, topk=self.args.topk)
+
+    def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
+                start: int, on_batch: Callable[[int], None]) -> Iterator[Prediction]:
+        from convnets.inference.predict import predict_items
+
+        return predict_items(self.net, items, labels=self.labels, topk=self.args.topk, batch_size=batch_size,
+                             device=device, decoding=decoding, start=start, on_batch=on_batch)
+
+    def record(self, result: Prediction, error: str) -> Record:
+        """The record of one result (see :mod:`convnets.inference.records`)."""
+        if not result.ok:
+            return {"input": result.input, "error": error}
+        return {"input": result.input,
+                "top": [{"index": t.index, "label": t.label, "probability": t.probability} for t in result.top]}
+
+    def show(self, result: Prediction, record: Record) -> None:
+        if self.sheets is not None:
+            self.sheets.add(result)
+        if not result.ok:
+            return
+        if self.args.json:
+            self.printed.append(record)
+        elif self.args.output is None and not self.args.jsonl:
+            print(result.input)
+            for rank, top in enumerate(result.top, 1):
+                print(f"  {rank}. {100 * top.probability:6.2f}%  {top.label}  [{top.index}]")
+
+    def close(self) -> None:
+        if self.args.json:
+            print(json.dumps(self.printed, indent=2))
+        if self.sheets is not None:  # stderr: stdout holds only the results
+            print(f"convnets predict: contact sheets: {', '.join(map(str, self.sheets.paths)) or 'none (no inputs)'}",
+                  file=sys.stderr)

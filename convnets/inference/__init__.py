@@ -1,9 +1,13 @@
 """Batch inference at scale: ``convnets predict`` / :func:`predict`, ``convnets embed`` / :func:`embed`.
 
-* :mod:`~convnets.inference.predict`: inputs (files, folders, URLs, lazily), top-k predictions;
+* :mod:`~convnets.inference.job`: the batch-job driver that both commands run (a plug-in each);
+* :mod:`~convnets.inference.inputs`: inputs (files, folders, URLs, list files), lazily;
+* :mod:`~convnets.inference.predict`: top-k predictions;
 * :mod:`~convnets.inference.embed`: pooled stage outputs, one vector per image;
-* :mod:`~convnets.inference.loader`: batch boundaries and decoding in worker processes;
-* :mod:`~convnets.inference.records`: the output files, streamed and resumable;
+* :mod:`~convnets.inference.loader`: decoding settings, batch boundaries, decoding in worker
+  processes, and the loop predict and embed share;
+* :mod:`~convnets.inference.records`: prediction records on disk, streamed and resumable;
+* :mod:`~convnets.inference.spool`: embedding files (a resumable spool, assembled at the end);
 * :mod:`~convnets.inference.shard`: runs under ``torchrun`` (a shard per rank, parts merged);
 * :mod:`~convnets.inference.sheet`: contact sheets (``predict --show``).
 

@@ -10,8 +10,10 @@ earlier, more local features (256, 512, 1024 values for the NGC models)::
 
 The model runs as ``convnets.optimize_for_inference``'s torch engine runs classifiers (BatchNorm
 folded, channels_last, the precision asked for, optionally compiled), cut after the chosen stage.
-Inputs are read lazily and decoded as for predictions (:mod:`convnets.inference.loader`); writing vectors to
-files is :mod:`convnets.inference.records` (``.npy``, ``.parquet``).
+Inputs are read lazily and decoded as for predictions, in the same loop
+(:func:`convnets.inference.loader.map_batches`); writing vectors to files is
+:mod:`convnets.inference.spool` (``.npy``, ``.parquet``); ``convnets embed`` runs this as a batch job
+(:mod:`convnets.inference.job`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from convnets.constants import LAYERS
+from convnets.constants import DEFAULT_TIMEOUT, LAYERS
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.inference.loader import iter_batches
+from convnets.inference.inputs import InputItem, iter_inputs
+from convnets.inference.loader import Decoding, Result, map_batches
+from convnets.inference.predict import resolve_decoding
 from convnets.models.resnet import ResNet
-from convnets.inference.predict import InputItem, resolve_preset, iter_inputs
-from convnets.preprocessing.io import DEFAULT_TIMEOUT
 from convnets.preprocessing.presets import EvalPreset
 from convnets.runtime import PrecisionName
 
@@ -100,56 +102,46 @@ def features_model(model: ResNet, layer: str = "layer4", *, precision: Precision
     if model.training:
         raise InvalidArgumentError("embeddings need a model in eval mode: call model.eval() first")
     optimized = optimize_for_inference(features.eval(), precision, device=device, engine="torch", compile=compile)
-    optimized.num_features = features.num_features
-    optimized.input_size = features.input_size
+    # Module.__setattr__ is typed for tensors and modules; these are plain ints that callers read.
+    optimized.num_features = features.num_features  # type: ignore[assignment]
+    optimized.input_size = features.input_size  # type: ignore[assignment]
     return optimized
 
 
 @dataclass(frozen=True)
-class Embedding:
-    """The result for one input: its vector, or why it could not be read."""
+class Embedding(Result):
+    """The result for one input: its vector, or why it could not be read (``ok``: see :class:`Result`)."""
 
     input: str
     vector: np.ndarray | None = None
     error: ImageLoadError | None = None
 
-    @property
-    def ok(self) -> bool:
-        """Whether the input was read and embedded."""
-        return self.error is None
 
-
-def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem], *, preset: EvalPreset,
-                normalize: bool = False, batch_size: int = 32, device: torch.device | str = "cpu",
-                timeout: float = DEFAULT_TIMEOUT, workers: int = 0, start: int = 0,
-                on_batch: Callable[[int], None] | None = None) -> Iterator[Embedding]:
-    """Embed expanded inputs (:func:`convnets.inference.predict.iter_inputs`), one :class:`Embedding` each, in order.
+def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem], *,
+                preset: EvalPreset | None = None, normalize: bool = False, batch_size: int = 32,
+                device: torch.device | str = "cpu", timeout: float = DEFAULT_TIMEOUT, workers: int | None = 0,
+                start: int = 0, on_batch: Callable[[int], None] | None = None,
+                decoding: Decoding | None = None) -> Iterator[Embedding]:
+    """Embed expanded inputs (:func:`convnets.inference.inputs.iter_inputs`), one :class:`Embedding` each, in order.
 
     Args:
         features: from a normalised batch to ``[N, D]`` features (e.g. :func:`features_model`).
         items: ``(input, error)`` pairs in order; those with an error are reported, not read.
-        preset: the preprocessing.
+        preset: the preprocessing (required unless ``decoding`` holds it).
         normalize: divide each vector by its L2 norm.
-        batch_size, device, timeout, workers, start, on_batch: as for
+        batch_size, device, timeout, workers, start, on_batch, decoding: as for
             :func:`convnets.inference.predict.predict_items`.
 
     Yields:
         An :class:`Embedding` per input: a float32 vector, or the input's error.
     """
-    for batch in iter_batches(items, batch_size=batch_size, preset=preset, timeout=timeout, workers=workers,
-                              device=device, start=start):
-        vectors: dict[int, np.ndarray] = {}
-        if batch.rows:
-            with torch.inference_mode():
-                out = features(batch.tensor).float()
-                if normalize:
-                    out = nn.functional.normalize(out, dim=1)
-            array = out.cpu().numpy()
-            vectors = {pos: array[row] for row, pos in enumerate(batch.rows)}
-        for i, (name, _) in enumerate(batch.items):
-            yield Embedding(name, vectors.get(i), batch.errors.get(i))
-        if on_batch is not None:
-            on_batch(len(batch.items))
+    def vectors(batch: Tensor) -> np.ndarray:
+        out = features(batch).float()
+        return (nn.functional.normalize(out, dim=1) if normalize else out).cpu().numpy()
+    chosen = decoding or Decoding(preset, timeout, workers)
+    for name, vector, error in map_batches(vectors, items, batch_size=batch_size, decoding=chosen, device=device,
+                                           start=start, on_batch=on_batch):
+        yield Embedding(name, vector, error)
 
 
 def embed(
@@ -197,9 +189,10 @@ def embed(
     if on_error not in ("skip", "raise"):
         raise InvalidArgumentError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     net: Any = features_model(model, layer, precision=precision, device=device, compile=compile)
-    chosen = resolve_preset(model, preset, image_size, resize_size)
-    for result in embed_items(net, iter_inputs(inputs, recursive=recursive), preset=chosen, normalize=normalize,
-                              batch_size=batch_size, device=net.device, timeout=timeout, workers=workers):
+    chosen = resolve_decoding(model, None, preset=preset, image_size=image_size, resize_size=resize_size,
+                              timeout=timeout, workers=workers)
+    for result in embed_items(net, iter_inputs(inputs, recursive=recursive), normalize=normalize,
+                              batch_size=batch_size, device=net.device, decoding=chosen):
         if result.error is not None:
             if on_error == "raise":
                 raise result.error

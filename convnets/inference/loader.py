@@ -1,6 +1,12 @@
-"""From a stream of ``(input, error)`` items to decoded batches, decoding in parallel with the model.
+"""From a stream of ``(input, error)`` items to decoded batches, and from batches to per-input results.
 
-Used by :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed`. The main process reads the items (a
+Used by :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed`: both run
+:func:`map_batches` (decode a batch, compute on its tensor, hand back one value or error per input)
+and their results share :class:`Result`. How inputs are decoded is one setting, :class:`Decoding`
+(preprocessing preset, download timeout, worker processes), carried unchanged from the command
+line through :mod:`convnets.inference.job` and the library to :func:`decode`.
+
+The main process reads the items (a
 listing, a directory walk, a list file: any iterable, read lazily) and cuts them into batches of
 ``batch_size`` with the boundaries of an uninterrupted run (:func:`iter_chunks`); decoding and
 preprocessing each batch (:func:`~convnets.preprocessing.pipeline.prepare_batch`, the model's
@@ -25,25 +31,65 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
+from convnets.inference.inputs import InputItem as Item
 from convnets.preprocessing.io import is_url
 from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset
 from convnets.runtime import check_workers
 
-__all__ = ["PREFETCH", "DecodedBatch", "decode", "iter_batches", "iter_chunks"]
+__all__ = ["PREFETCH", "DecodedBatch", "Decoding", "Result", "decode", "iter_batches", "iter_chunks", "map_batches"]
 
 log = logging.getLogger(__name__)
 
-#: One input after expansion: a file or URL, or an input already known to fail with its error
-#: (the same type as :data:`convnets.inference.predict.InputItem`).
-Item = tuple[str, "ImageLoadError | None"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How inputs become tensors: one object from the command line (or a caller) to :func:`decode`.
+
+    Attributes:
+        preset: the preprocessing (crop, resize, normalisation); ``None``: the model's, filled in
+            by whoever knows the model (:meth:`with_preset`).
+        timeout: total seconds allowed for each URL download.
+        workers: decoding processes (0: decode in this process, on threads, between model calls);
+            ``None``: the default for the device (:func:`convnets.runtime.default_workers`).
+    """
+
+    preset: EvalPreset | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    workers: int | None = 0
+
+    def with_preset(self, preset: EvalPreset) -> Decoding:
+        """This decoding with ``preset`` (the model's, sized as asked)."""
+        return replace(self, preset=preset)
+
+    def for_device(self, device: torch.device | str) -> Decoding:
+        """This decoding with ``workers`` set: the default for ``device`` when it was ``None``."""
+        from convnets.runtime import default_workers
+
+        return self if self.workers is not None else replace(self, workers=default_workers(torch.device(device).type))
+
+
+class Result:
+    """What :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed` yield per input (their
+    dataclasses add the computed value): the input, and why it could not be read, if it could not."""
+
+    input: str
+    error: ImageLoadError | None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the input was read and computed."""
+        return self.error is None
 
 #: Batches each worker process decodes ahead (DataLoader's ``prefetch_factor``).
 PREFETCH = 2
@@ -102,31 +148,29 @@ class _Decoder:
     workers only decode; ``__getitems__`` takes a whole chunk and returns its :class:`DecodedBatch`.
     """
 
-    preset: EvalPreset
-    timeout: float
+    decoding: Decoding
 
     def __getitems__(self, chunk: list[Item]) -> DecodedBatch:
-        return decode(chunk, preset=self.preset, timeout=self.timeout,
-                      in_worker=torch.utils.data.get_worker_info() is not None)
+        return decode(chunk, self.decoding, in_worker=torch.utils.data.get_worker_info() is not None)
 
     def __getitem__(self, item: Item) -> DecodedBatch:  # the Dataset protocol; batches use __getitems__
         return self.__getitems__([item])
 
 
-def decode(chunk: list[Item], *, preset: EvalPreset, timeout: float, in_worker: bool = False) -> DecodedBatch:
+def decode(chunk: list[Item], decoding: Decoding, *, in_worker: bool = False) -> DecodedBatch:
     """Decode and preprocess one batch on the CPU; unreadable inputs become ``errors``.
 
     Args:
         chunk: the batch's items; those with an error are not read.
-        preset: the preprocessing.
-        timeout: total seconds allowed for each URL download.
+        decoding: the preset (required here) and the download timeout.
         in_worker: running in a decoding process: one thread for local files (the processes are
             the parallelism), threads for URLs (they wait on the network).
     """
     readable = [i for i, (_, error) in enumerate(chunk) if error is None]
     names = [chunk[i][0] for i in readable]
     threads = 1 if in_worker and not any(is_url(name) for name in names) else None
-    batch = prepare_batch(names, on_error="collect", preset=preset, timeout=timeout, workers=threads)
+    batch = prepare_batch(names, on_error="collect", preset=decoding.preset, timeout=decoding.timeout,
+                          workers=threads)
     errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
     errors.update({readable[pos]: error for pos, error in batch.errors})
     return DecodedBatch(chunk, batch.tensor, [readable[pos] for pos in batch.indices], errors)
@@ -136,16 +180,17 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
-def iter_batches(items: Iterable[Item], *, batch_size: int, preset: EvalPreset, timeout: float,
-                 workers: int = 0, device: torch.device | str = "cpu", start: int = 0) -> Iterator[DecodedBatch]:
+def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding | None = None,
+                 preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT, workers: int | None = 0,
+                 device: torch.device | str = "cpu", start: int = 0) -> Iterator[DecodedBatch]:
     """Decoded batches of ``items``, in input order, on ``device``.
 
     Args:
         items: ``(input, error)`` pairs in order, read lazily.
         batch_size: inputs per batch.
-        preset: the preprocessing (bit-identical whatever ``workers`` is).
-        timeout: total seconds allowed for each URL download.
-        workers: decoding processes (0: decode in this process, on threads, between model calls).
+        decoding: how to decode (its preset is required; the tensors are bit-identical whatever
+            its ``workers`` is); default: ``Decoding(preset, timeout, workers)``.
+        preset, timeout, workers: the fields of ``decoding`` when it is not given.
         device: where the batches' tensors go; on CUDA through pinned memory, without blocking.
         start: as for :func:`iter_chunks`.
 
@@ -157,11 +202,14 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, preset: EvalPreset, 
         raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(start, int) or start < 0:
         raise InvalidArgumentError(f"start must be a non-negative integer, got {start!r}")
-    workers = check_workers(workers)
     device = torch.device(device)
+    decoding = (decoding or Decoding(preset, timeout, workers)).for_device(device)
+    workers = check_workers(decoding.workers)
+    if decoding.preset is None:
+        raise InvalidArgumentError("decoding needs a preset (the model's: convnets.preset_for_model)")
     pin = device.type == "cuda"
     chunks = iter_chunks(items, batch_size, start)
-    decoder = _Decoder(preset, timeout)
+    decoder = _Decoder(decoding)
     if workers == 0:
         for chunk in chunks:
             batch = decoder.__getitems__(chunk)
@@ -169,8 +217,35 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, preset: EvalPreset, 
         return
     # batch_sampler: the chunks themselves (any iterable; DataLoader pulls prefetch * workers of
     # them ahead, no more). collate_fn: the decoder already returns the batch.
-    loader = torch.utils.data.DataLoader(decoder, batch_sampler=chunks, num_workers=workers,  # type: ignore[arg-type]
-                                         collate_fn=_identity, pin_memory=pin, prefetch_factor=PREFETCH)
+    loader: Any = torch.utils.data.DataLoader(decoder, batch_sampler=chunks,  # type: ignore[arg-type]
+                                              num_workers=workers, collate_fn=_identity, pin_memory=pin,
+                                              prefetch_factor=PREFETCH)
     log.debug("decoding in %d worker processes", workers)
     for batch in loader:
         yield batch.to(device)
+
+
+def map_batches(compute: Callable[[torch.Tensor], Iterable[T]], items: Iterable[Item], *, batch_size: int,
+                decoding: Decoding, device: torch.device | str = "cpu", start: int = 0,
+                on_batch: Callable[[int], None] | None = None) -> Iterator[tuple[str, T | None, ImageLoadError | None]]:
+    """The library loop of predictions and embeddings: decode each batch, ``compute`` on its tensor.
+
+    Args:
+        compute: from a decoded batch tensor ``[R, 3, H, W]`` to one value per row (run under
+            ``torch.inference_mode``; not called for a batch of which no input could be read).
+        items: ``(input, error)`` pairs in order; those with an error are reported, not read.
+        batch_size, decoding, device, start: as for :func:`iter_batches`.
+        on_batch: called with the number of inputs handled after each batch (progress bars, flushing).
+
+    Yields:
+        ``(input, value, error)`` per input in order: ``value`` ``None`` where ``error`` is set.
+    """
+    for batch in iter_batches(items, batch_size=batch_size, decoding=decoding, device=device, start=start):
+        values: dict[int, T] = {}
+        if batch.rows:
+            with torch.inference_mode():
+                values = dict(zip(batch.rows, compute(batch.tensor)))
+        for i, (name, _) in enumerate(batch.items):
+            yield name, values.get(i), batch.errors.get(i)
+        if on_batch is not None:
+            on_batch(len(batch.items))

@@ -7,37 +7,32 @@ Used by ``convnets predict``; also usable from Python::
         print(result.input, result.top[0].label if result.ok else result.error)
 
 Inputs are read lazily, a batch at a time (any iterable: a generator over a list file of millions
-of paths costs no more memory than a few); results come in input order. ``workers=N`` decodes the
-next batches in N processes while the model runs (:mod:`convnets.inference.loader`). Writing results to files
-is :mod:`convnets.inference.records`; embeddings are :mod:`convnets.inference.embed`.
+of paths costs no more memory than a few; :mod:`convnets.inference.inputs`, re-exported here);
+results come in input order. ``workers=N`` decodes the next batches in N processes while the model
+runs; the loop itself, shared with embeddings, is :func:`convnets.inference.loader.map_batches`.
+Writing results to files is :mod:`convnets.inference.records`; embeddings are :mod:`convnets.inference.embed`;
+``convnets predict`` runs this as a batch job (:mod:`convnets.inference.job`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from convnets.constants import IMAGE_SUFFIXES
+from convnets.constants import DEFAULT_TIMEOUT, IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.inference.loader import iter_batches
+from convnets.inference.inputs import InputItem, expand_inputs, iter_inputs
+from convnets.inference.loader import Decoding, Result, map_batches
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
-from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 __all__ = ["IMAGE_SUFFIXES", "InputItem", "Prediction", "TopClass", "class_labels", "expand_inputs", "iter_inputs",
-           "resolve_preset",
-           "predict", "predict_items"]
-
-log = logging.getLogger(__name__)
-
+           "predict", "predict_items", "resolve_decoding", "resolve_preset"]
 
 
 @dataclass(frozen=True)
@@ -50,93 +45,12 @@ class TopClass:
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """The result for one input: its top classes, or why it could not be read."""
+class Prediction(Result):
+    """The result for one input: its top classes, or why it could not be read (``ok``: see :class:`Result`)."""
 
     input: str
     top: list[TopClass] = field(default_factory=list)
     error: ImageLoadError | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the input was read and classified."""
-        return self.error is None
-
-
-#: One input after expansion: a file or URL, or an input that is already known to fail with its error.
-InputItem = tuple[str, "ImageLoadError | None"]
-
-
-def _hidden(name: str) -> bool:
-    """Hidden files and folders (``.name``; also macOS's ``._name`` resource forks) are skipped."""
-    return name.startswith(".")
-
-
-def _is_image(name: str) -> bool:
-    return os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES and not _hidden(name)
-
-
-def _walk(directory: str, recursive: bool, ancestors: frozenset[str] = frozenset()) -> Iterator[str]:
-    """Images in ``directory``, sorted by name; with ``recursive`` its subfolders' in the same order
-    (each folder's images and subfolders sorted together, so a path sorts by its components).
-
-    Hidden files and folders are skipped; a symbolic link to a folder that is being walked (a
-    cycle) is not entered.
-    """
-    try:
-        with os.scandir(directory) as listing:
-            entries = sorted((e for e in listing if not _hidden(e.name)), key=lambda e: e.name)
-    except OSError as e:
-        log.warning("cannot list %s: %s", directory, e)
-        return
-    inside = ancestors | {os.path.realpath(directory)} if recursive else ancestors
-    for entry in entries:
-        path = str(Path(directory) / entry.name)  # as Path spells it: './a' lists 'a/x.jpg'
-        try:
-            is_dir = entry.is_dir()
-        except OSError:
-            continue
-        if is_dir:
-            if recursive and os.path.realpath(path) not in inside:
-                yield from _walk(path, recursive, inside)
-        elif _is_image(entry.name) and entry.is_file():
-            yield path
-
-
-def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bool = False) -> Iterator[InputItem]:
-    """Replace each directory by its images, lazily (constant memory for any number of inputs).
-
-    Args:
-        inputs: file paths, directories and URLs, as given on the command line or read from a list
-            (or one of them alone). Only directories are searched; a file named explicitly is used
-            even when hidden.
-        recursive: search directories' subfolders too (depth first, sorted by name); default: only
-            the images directly inside. Hidden files and folders (``.name``, ``._name``) are skipped.
-
-    Yields:
-        ``(input, None)`` for each file or URL in order; a directory without images gives
-        ``(directory, error)``, so that it is reported like any other unreadable input.
-    """
-    if isinstance(inputs, (str, os.PathLike)):  # one path, not an iterable of its characters
-        inputs = [inputs]
-    for item in inputs:
-        item = os.fspath(item)
-        if is_url(item) or not os.path.isdir(item):
-            yield item, None
-            continue
-        found = False
-        for image in _walk(item, recursive):
-            found = True
-            yield image, None
-        if not found:
-            where = "or its subfolders " if recursive else ""
-            yield item, ImageLoadError(f"Cannot load images from {item!r}: the directory {where}has no files "
-                                       f"ending in {', '.join(sorted(IMAGE_SUFFIXES))}.")
-
-
-def expand_inputs(inputs: Iterable[str], *, recursive: bool = False) -> list[InputItem]:
-    """:func:`iter_inputs` as a list (for few inputs; streams should use :func:`iter_inputs`)."""
-    return list(iter_inputs(inputs, recursive=recursive))
 
 
 def class_labels(model: ResNet) -> list[str]:
@@ -159,6 +73,27 @@ def resolve_preset(model: object, preset: EvalPreset | None, image_size: int | N
     return base
 
 
+def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
+                     image_size: int | None = None, resize_size: int | None = None, timeout: float = DEFAULT_TIMEOUT,
+                     workers: int | None = 0) -> Decoding:
+    """The decoding a library call uses: ``decoding``, or one made of the separate options.
+
+    Args:
+        model: whose preset (:func:`resolve_preset`) applies where none is given.
+        decoding: the whole setting; its ``preset``, when ``None``, is filled in from ``model``.
+        preset, image_size, resize_size: as for :func:`resolve_preset` (used without ``decoding``,
+            or to fill its missing preset).
+        timeout, workers: the fields of a new :class:`~convnets.inference.loader.Decoding`.
+
+    Returns:
+        A decoding with a preset.
+    """
+    decoding = decoding or Decoding(preset, timeout, workers)
+    if decoding.preset is not None and image_size is None and resize_size is None:
+        return decoding
+    return decoding.with_preset(resolve_preset(model, decoding.preset, image_size, resize_size))
+
+
 def predict(
     model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
     inputs: Iterable[str],
@@ -178,7 +113,8 @@ def predict(
             iterable, e.g. a generator reading a list file.
         recursive: search directories' subfolders too.
         **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``,
-            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``on_batch``, ``workers``).
+            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``on_batch``, ``workers``,
+            ``decoding``).
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
@@ -200,7 +136,8 @@ def predict_items(
     timeout: float = DEFAULT_TIMEOUT,
     on_batch: Callable[[int], None] | None = None,
     start: int = 0,
-    workers: int = 0,
+    workers: int | None = 0,
+    decoding: Decoding | None = None,
 ) -> Iterator[Prediction]:
     """:func:`predict` for inputs already expanded by :func:`iter_inputs` (e.g. after skipping
     the ones an earlier run recorded).
@@ -223,7 +160,10 @@ def predict_items(
             ``batch_size``), so each image is computed in the same batch and gives the same numbers.
         workers: processes that decode the next batches while the model runs (a PyTorch
             ``DataLoader``; the same tensors, bit for bit, and the same order); 0 (default): decode
-            in this process, on threads, between model calls. See :mod:`convnets.inference.loader`.
+            in this process, on threads, between model calls; ``None``: the default for ``device``.
+            See :mod:`convnets.inference.loader`.
+        decoding: preset, timeout and workers in one :class:`~convnets.inference.loader.Decoding`
+            (what ``convnets predict`` passes); replaces those three options.
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
@@ -240,17 +180,14 @@ def predict_items(
             raise InvalidArgumentError("pass labels= when the model is not a convnets ResNet")
         labels = class_labels(model)
     topk = min(topk, len(labels))
-    preset = resolve_preset(model, preset, image_size, resize_size)
-    for batch in iter_batches(items, batch_size=batch_size, preset=preset, timeout=timeout, workers=workers,
-                              device=device, start=start):
-        tops: dict[int, list[TopClass]] = {}
-        if batch.rows:
-            with torch.inference_mode():
-                probabilities = torch.softmax(model(batch.tensor).float(), dim=1).cpu()
-            values, indices = probabilities.topk(topk, dim=1)
-            for row, pos in enumerate(batch.rows):
-                tops[pos] = [TopClass(int(c), labels[int(c)], float(p)) for p, c in zip(values[row], indices[row])]
-        for i, (name, _) in enumerate(batch.items):
-            yield Prediction(name, tops.get(i, []), batch.errors.get(i))
-        if on_batch is not None:
-            on_batch(len(batch.items))
+    names = list(labels)
+
+    def top_classes(batch: torch.Tensor) -> list[list[TopClass]]:
+        probabilities = torch.softmax(model(batch).float(), dim=1).cpu()
+        values, indices = probabilities.topk(topk, dim=1)
+        return [[TopClass(int(c), names[int(c)], float(p)) for p, c in zip(v, i)] for v, i in zip(values, indices)]
+    chosen = resolve_decoding(model, decoding, preset=preset, image_size=image_size, resize_size=resize_size,
+                              timeout=timeout, workers=workers)
+    for name, top, error in map_batches(top_classes, items, batch_size=batch_size, decoding=chosen, device=device,
+                                        start=start, on_batch=on_batch):
+        yield Prediction(name, top or [], error)

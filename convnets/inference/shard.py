@@ -120,7 +120,7 @@ class PartFiles:
     """How :func:`merge_parts` reads a part back, writes the whole output, and finds and removes parts.
 
     The default (:meth:`records`) is the prediction records of :mod:`convnets.inference.records`; ``convnets
-    embed`` passes its embedding files (parts are spools, see :func:`convnets.inference.records.read_embedding_records`).
+    embed`` passes its embedding files (parts are spools, see :func:`convnets.inference.spool.read_embedding_records`).
     """
 
     read: Callable[[Path], Iterable[dict]]
@@ -138,7 +138,7 @@ class PartFiles:
     @classmethod
     def embeddings(cls, dim: int) -> PartFiles:
         """Embedding files of ``dim`` values per vector: a part is its spool (never assembled)."""
-        from convnets.inference.records import read_embedding_records, spool_path, write_embedding_records
+        from convnets.inference.spool import read_embedding_records, spool_path, write_embedding_records
 
         return cls(read=read_embedding_records,
                    write=lambda path, batches: write_embedding_records(path, batches, dim=dim),

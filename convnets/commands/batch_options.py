@@ -1,0 +1,110 @@
+"""The options of the batch jobs, ``convnets predict`` and ``convnets embed``: inputs at scale, batches, output, progress.
+
+Each ``add_*`` function adds one group to a command's parser (nothing heavy is imported: ``--help``
+and usage errors answer at once); :func:`job_settings` turns the parsed values into the
+:class:`~convnets.inference.job.JobSettings` that the batch-job driver (:mod:`convnets.inference.job`)
+runs with, including the :class:`~convnets.inference.loader.Decoding` that reaches the decoder. The
+model, device and precision options are :mod:`convnets.commands.options`'.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from convnets.commands.options import non_negative_int, positive_int, positive_seconds
+from convnets.constants import DEFAULT_TIMEOUT
+
+if TYPE_CHECKING:
+    from convnets.inference.job import JobSettings
+
+__all__ = ["add_batch_arguments", "add_input_arguments", "add_output_arguments", "add_progress_argument",
+           "job_settings"]
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``INPUT...`` and the ``inputs at scale`` group (``--recursive``, ``--from-file``);
+    :func:`job_settings` carries them to the driver. At least one INPUT or ``--from-file`` is required."""
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="image file, directory of images, or URL")
+    group = parser.add_argument_group("inputs at scale")
+    group.add_argument("--recursive", action="store_true",
+                       help="search directories' subfolders too, depth first in sorted order (default: only the "
+                            "images directly inside). Hidden files and folders (.name, ._name) are always skipped")
+    group.add_argument("--from-file", metavar="LIST", default=None,
+                       help="read more inputs from LIST, one path, directory or URL per line ('-': standard "
+                            "input), after the INPUTs; blank lines and lines starting with '#' are skipped")
+    # At least one INPUT or --from-file: checked after parsing, still as a usage error (exit 2, no torch).
+    parse = parser.parse_known_args
+
+    def parse_known_args(args: list[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = parse(args, namespace)
+        if not parsed.inputs and parsed.from_file is None:
+            parser.error("the following arguments are required: INPUT (or --from-file LIST)")
+        return parsed, rest
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign, assignment]
+
+
+def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: int = 16) -> None:
+    """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``."""
+    from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
+
+    group = parser.add_argument_group("batches")
+    group.add_argument("--batch-size", type=positive_int, default=default_batch_size, metavar="B",
+                       help=f"images per forward pass (default {default_batch_size})")
+    group.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
+                       help="processes that decode and preprocess the next batches while the model runs (a "
+                            "PyTorch DataLoader; same tensors, same order); 0: decode in this process, between "
+                            f"batches (default: min(4, cores - 2) for a model on the CPU, here {default_workers()} "
+                            f"of {usable_cores()} cores; min(4, cores - 1) on a GPU)")
+    group.add_argument("--image-size", type=positive_int, default=None, metavar="N",
+                       help="center-crop size; the shorter side is resized to N*256/224 first (default: "
+                            "what the weights were trained for, 224 for the NGC weights)")
+    group.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                       help=f"time allowed for each URL download, connecting included (default {DEFAULT_TIMEOUT:g})")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, resume_help: str,
+                         required: bool = False) -> argparse._ArgumentGroup:
+    """Add the ``output`` group: ``--output FILE`` and ``--resume``.
+
+    Args:
+        parser: the command's parser.
+        output_help, resume_help: what the command writes and how it resumes.
+        required: ``--output`` must be given (no output on standard output).
+
+    Returns:
+        Without ``required``: the group of mutually exclusive destinations that holds ``--output``,
+        for a command to add its standard-output formats (``predict --json``); else the ``output`` group.
+    """
+    group = parser.add_argument_group("output")
+    where = group if required else group.add_mutually_exclusive_group()
+    where.add_argument("--output", metavar="FILE", default=None, required=required, help=output_help)
+    group.add_argument("--resume", action="store_true", help=resume_help)
+    return where
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--progress`` / ``--no-progress`` (:func:`convnets.inference.job.progress`)."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr; it counts images, with a total only when every INPUT "
+                             "is a file or URL named on the command line (default: when stderr is a terminal "
+                             "and the inputs may fill more than one batch)")
+
+
+def job_settings(args: argparse.Namespace) -> JobSettings:
+    """The batch job that the options of this module describe.
+
+    Args:
+        args: parsed by a parser with all four groups.
+
+    Returns:
+        The settings, with a :class:`~convnets.inference.loader.Decoding` whose preset the driver
+        fills in from the model.
+    """
+    from convnets.inference.job import JobSettings
+    from convnets.inference.loader import Decoding
+
+    return JobSettings(inputs=args.inputs, decoding=Decoding(timeout=args.timeout, workers=args.workers),
+                       recursive=args.recursive, from_file=args.from_file, output=args.output, resume=args.resume,
+                       batch_size=args.batch_size, image_size=args.image_size, progress=args.progress)

@@ -1,0 +1,270 @@
+"""The batch-job driver: what ``convnets predict`` and ``convnets embed`` do around their model, written once.
+
+A batch job reads inputs (INPUTs, then a ``--from-file`` list; :mod:`convnets.inference.inputs`),
+keeps its shard of them under ``torchrun`` (:mod:`convnets.inference.shard`), checks its
+destination before PyTorch loads, continues a resumed file (skipping exactly the inputs it
+records), decodes in worker processes (:class:`~convnets.inference.loader.Decoding`), shows a
+progress bar, writes records as batches finish, reports each unreadable input on stderr, and ends
+with one summary line and the exit status (1 if any input, now or in the resumed run, could not
+be read). :func:`run_job` does all of that; what differs between jobs is a :class:`BatchJob`
+plug-in: its destination checks, its model, what it computes on a batch, what its record looks
+like, which writer, and its words. The commands (:mod:`convnets.commands.predict`,
+:mod:`convnets.commands.embed`) build a :class:`JobSettings` from their options
+(:mod:`convnets.commands.batch_options`) and a plug-in, and call :func:`run_job`.
+
+This module imports nothing heavy at module level (the commands subclass :class:`BatchJob` while
+the command line is parsed); PyTorch, tqdm and the job's model load inside :func:`run_job`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from convnets.errors import ConvnetsError, InvalidArgumentError, message_for
+from convnets.inference.shard import PartFiles, ShardedRun
+
+if TYPE_CHECKING:
+    import torch
+
+    from convnets.inference.inputs import InputItem
+    from convnets.inference.loader import Decoding, Result
+    from convnets.inference.records import Record, ScanResult, Writer
+    from convnets.models.resnet import ResNet
+
+__all__ = ["BatchJob", "JobSettings", "input_error_message", "progress", "run_job", "skip_recorded"]
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """The options every batch job shares (the command line's are in :mod:`convnets.commands.batch_options`).
+
+    Attributes:
+        inputs: paths, directories and URLs.
+        decoding: how inputs are decoded; its preset is filled in from the model (see ``image_size``).
+        recursive: search directories' subfolders too.
+        from_file: a list of more inputs, one per line (``"-"``: standard input).
+        output: the file records go to (``None``: the job's standard-output forms, if any).
+        resume: continue ``output`` as a stopped run left it.
+        batch_size: inputs per forward pass (and the unit of sharding).
+        image_size: the center crop (default: the model's).
+        progress: show a progress bar (``None``: when stderr is a terminal and there is more than a batch).
+    """
+
+    inputs: Sequence[str]
+    decoding: Decoding
+    recursive: bool = False
+    from_file: str | None = None
+    output: str | None = None
+    resume: bool = False
+    batch_size: int = 16
+    image_size: int | None = None
+    progress: bool | None = None
+
+
+class BatchJob(ABC):
+    """The per-job part of a batch job, the rest being :func:`run_job`'s. Hooks run in this order:
+    :meth:`check`, :meth:`device`, :meth:`load`, :meth:`open`, (:meth:`recorded`), :meth:`results`
+    with :meth:`record` and :meth:`show` per result, :meth:`close`, :meth:`part_files`.
+
+    Attributes:
+        command: the command's name, the prefix of its stderr lines (``convnets predict: error: ...``).
+        unreadable: what an unreadable input means, after "N of M inputs could not be read".
+    """
+
+    command: str = "job"
+    unreadable: str = ""
+
+    def check(self, run: ShardedRun, part: Path | None) -> bool:
+        """Before PyTorch loads: check the destination (``settings.output`` and this rank's ``part``
+        of it) and the job's own options, so that a wrong one fails at once.
+
+        Returns:
+            ``False`` when there is nothing to do (the exit status is then 0).
+        """
+        return True
+
+    @abstractmethod
+    def device(self) -> torch.device:
+        """The device asked for (under torchrun, :meth:`ShardedRun.join` picks this rank's)."""
+
+    def repair(self, path: Path) -> object:
+        """Cut a torn tail off ``path`` before a sharded resume splits it into parts (default: nothing)."""
+        return None
+
+    @abstractmethod
+    def load(self, device: torch.device) -> ResNet:
+        """Load the model onto ``device`` and build what runs it; returns the model (for its preset)."""
+
+    @abstractmethod
+    def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:
+        """Open this rank's ``part`` of the output (``None``: no ``--output``), or continue it.
+
+        Args:
+            part: where this rank writes.
+            stack: closes the writer (finishing the file) when it unwinds.
+
+        Returns:
+            The writer (``None``: records go nowhere) and, when a file is resumed, what its scan found.
+        """
+
+    @abstractmethod
+    def recorded(self, part: Path) -> Iterable[str]:
+        """The inputs that a resumed ``part`` records, in order (lazily)."""
+
+    @abstractmethod
+    def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
+                start: int, on_batch: Callable[[int], None]) -> Iterator[Result]:
+        """The library loop of this job (:func:`convnets.inference.predict.predict_items`, ...)."""
+
+    @abstractmethod
+    def record(self, result: Any, error: str) -> Record:
+        """The record written for ``result``; ``error``: its message in command-line words, if it failed."""
+
+    def show(self, result: Any, record: Record) -> None:
+        """Anything else done with each result (print it, draw it); default: nothing."""
+
+    def close(self) -> None:
+        """After the last result and the writer's close: what the job prints at the end; default: nothing."""
+
+    def part_files(self) -> PartFiles | None:
+        """How a sharded run's parts are read and merged (``None``: prediction records)."""
+        return None
+
+
+def run_job(job: BatchJob, settings: JobSettings) -> int:
+    """Run a batch job (see the module docstring) as this process's share of the run.
+
+    Args:
+        job: what is computed and written.
+        settings: the inputs, output and batches.
+
+    Returns:
+        The exit status: 1 if any input could not be read (now or in the resumed run), else 0.
+
+    Raises:
+        InvalidArgumentError: options that do not go together, a destination that cannot be
+            written, a resumed file whose records are not a prefix of the inputs.
+    """
+    # Before PyTorch and the model load: a wrong --output fails at once.
+    if settings.resume and settings.output is None:
+        raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
+    # Under torchrun, this process's shard of the inputs and its part of --output.
+    run = ShardedRun.from_env(output=settings.output, batch_size=settings.batch_size,
+                              reads_stdin=settings.from_file == "-")
+    part = None if settings.output is None else run.part(settings.output)
+    if not job.check(run, part):
+        return 0
+
+    from tqdm.auto import tqdm
+
+    from convnets.inference.inputs import iter_inputs, read_sources
+    from convnets.preprocessing.presets import preset_for_model
+
+    device = run.join(job.device(), resume=settings.resume, repair=job.repair)
+    model = job.load(device)
+    preset = preset_for_model(model).with_crop_size(settings.image_size or model.input_size)
+    decoding = settings.decoding.with_preset(preset).for_device(device)
+    with ExitStack() as stack:
+        writer, found = job.open(part, stack)
+        items = run.items(iter_inputs(read_sources(settings.inputs, settings.from_file, stack),
+                                      recursive=settings.recursive))
+        done = found.records if found else 0
+        if done and part is not None:
+            items = skip_recorded(items, job.recorded(part), str(part))
+        total, show = progress(settings, sys.stderr.isatty(), run)
+        failed = 0
+
+        def on_batch(count: int) -> None:
+            if writer is not None:
+                writer.flush()
+            bar.update(count)
+        with tqdm(total=total, initial=done, unit="img", disable=not show, file=sys.stderr) as bar:
+            for result in job.results(items, decoding=decoding, batch_size=settings.batch_size, device=device,
+                                      start=done, on_batch=on_batch):
+                done += 1
+                error = input_error_message(result.error)  # once: it adds command-line advice to the error
+                record = job.record(result, error)
+                if writer is not None:
+                    writer.write(record)
+                job.show(result, record)
+                if not result.ok:
+                    failed += 1
+                    bar.clear()
+                    # One write per line: print() writes the text and its newline separately, and under
+                    # torchrun the ranks share stderr, so their lines would interleave.
+                    sys.stderr.write(f"convnets {job.command}: error: {error}\n")
+    job.close()
+    earlier = found.errors if found else 0
+    # Under torchrun: totals over the ranks, and rank 0 merges the parts into --output.
+    failed, earlier, done = run.finish([failed, earlier, done], files=job.part_files())
+    if (failed or earlier) and run.is_main:
+        also = f" ({earlier} recorded by the earlier run)" if earlier else ""
+        print(f"convnets {job.command}: {failed + earlier} of {done} inputs could not be read{job.unreadable}{also}",
+              file=sys.stderr)
+    run.close()
+    return 1 if failed or earlier else 0
+
+
+def progress(settings: JobSettings, stderr_is_terminal: bool, run: ShardedRun) -> tuple[int | None, bool]:
+    """``(total, show)`` for the progress bar.
+
+    The total is known without listing anything only when every input is a file or URL named in
+    ``settings.inputs`` (listing a tree twice costs time). Under torchrun only rank 0 shows a bar,
+    counting its own shard of the inputs.
+
+    Args:
+        settings: the inputs, ``progress`` and ``batch_size`` (a namespace with those names will do).
+        stderr_is_terminal: whether a bar would be seen.
+        run: this process's share of the run.
+
+    Returns:
+        This rank's number of inputs (``None``: unknown) and whether to show the bar.
+    """
+    from convnets.preprocessing.io import is_url
+
+    total = None if settings.recursive or settings.from_file is not None or any(
+        not is_url(i) and os.path.isdir(i) for i in settings.inputs) else len(settings.inputs)
+    show = settings.progress if settings.progress is not None else (
+        stderr_is_terminal and (total is None or total > settings.batch_size))
+    return run.count(total), show and run.is_main
+
+
+def skip_recorded(items: Iterator[InputItem], recorded: Iterable[str], output: str) -> Iterator[InputItem]:
+    """``items`` after those that ``recorded`` (a resumed file's inputs) already holds, in order.
+
+    The file must hold a prefix of this run's inputs: anything else (the inputs changed, or the file
+    belongs to another run) would record some inputs twice or never, so it is refused.
+
+    Args:
+        items: this run's ``(input, error)`` items.
+        recorded: the resumed file's inputs, in order.
+        output: the file, for messages.
+
+    Returns:
+        The rest of ``items``.
+
+    Raises:
+        InvalidArgumentError: the recorded inputs are not a prefix of ``items``.
+    """
+    for position, name in enumerate(recorded, 1):
+        item = next(items, None)
+        if item is None or item[0] != name:
+            now = f"the inputs now give {item[0]!r} there" if item else "the inputs now end before it"
+            raise InvalidArgumentError(f"--resume: {output} records {name!r} as input {position} but {now}; "
+                                       "resume with the same inputs and options, or write a new --output")
+    return items
+
+
+def input_error_message(error: BaseException | None) -> str:
+    """An input's error in command-line words (see :mod:`convnets.errors`), with ``--timeout`` advice;
+    ``""`` for none."""
+    if isinstance(error, ConvnetsError) and error.keyword == "timeout":
+        error.add_cli_advice("Retry, or pass a larger --timeout.")
+    return message_for(error, "cli") if error is not None else ""
