@@ -16,7 +16,7 @@ import argparse
 import sys
 from contextlib import ExitStack
 
-from convnets.commands.options import (add_batch_arguments, add_device_argument, add_input_arguments,
+from convnets.commands.options import (add_batch_arguments, add_compile_argument, add_device_argument, add_input_arguments,
                                        add_model_arguments, add_output_arguments, add_precision_argument,
                                        add_progress_argument, device_from_args, input_error_message, load_from_args,
                                        progress_from_args, skip_recorded, sources_from_args, workers_from_args)
@@ -41,9 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_precision_argument(parser, help="fp32 (default); bf16 (CPUs with AVX512-BF16 or AMX, GPUs); fp16 (GPUs). "
                                         "The network runs like predict's torch engine: BatchNorm folded, "
                                         "channels_last; vectors are float32")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                        help="torch.compile the model too: faster per image, but the first batch waits for "
-                             "the compilation (default: off)")
+    add_compile_argument(parser, default=False, help="faster per image, but the first batch waits for the "
+                                                     "compilation")
     add_batch_arguments(parser, default_batch_size=16)
     add_output_arguments(
         parser, required=True,

@@ -22,8 +22,8 @@ import sys
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
-from convnets.commands.options import (add_batch_arguments, add_device_argument,
-                                       add_engine_argument, add_input_arguments, add_model_arguments,
+from convnets.commands.options import (add_batch_arguments, add_compile_argument, add_device_argument,
+                                       add_engine_argument, add_json_argument, add_input_arguments, add_model_arguments,
                                        add_output_arguments, add_precision_argument, add_progress_argument,
                                        device_from_args, input_error_message, load_from_args, progress_from_args,
                                        sources_from_args, skip_recorded, workers_from_args)
@@ -50,9 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "The model runs through convnets.optimize_for_inference: BatchNorm "
                                         "folded, channels_last")
     add_engine_argument(parser)
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                        help="torch.compile the model too: faster per image, but the first batch waits for "
-                             "the compilation, so it pays off for many images (default: off)")
+    add_compile_argument(parser, default=False, help="faster per image, but the first batch waits for the "
+                                                     "compilation, so it pays off for many images")
     add_batch_arguments(parser, default_batch_size=16)
     where = add_output_arguments(
         parser, output_help="write records to FILE as batches finish, in input order; its suffix picks the "
@@ -60,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(needs pyarrow). An existing FILE is refused unless --resume",
         resume_help="continue an existing --output FILE (.jsonl or .csv) that a stopped or killed run "
                     "left: its torn last record is cut away and the inputs it records are skipped")
-    where.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
+    add_json_argument(where, help="one array (an object per image) instead of a table")
     where.add_argument("--jsonl", action="store_true",
                        help="print one JSON object per line instead of a table, as batches finish")
     # Not one of the exclusive destinations: the sheets go with any of them.
