@@ -7,10 +7,13 @@ anything.
 
 from __future__ import annotations
 
-__all__ = ["BACKENDS", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES", "LAYERS", "MIRROR_ENV"]
+__all__ = ["BACKENDS", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES", "LAYERS", "MIRROR_ENV"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
+
+#: The input size of NVIDIA's ImageNet weights, and of models without a recorded one (``--image-size``).
+DEFAULT_IMAGE_SIZE = 224
 
 #: Seconds allowed for each image download (connecting included) unless ``timeout=`` / ``--timeout``.
 DEFAULT_TIMEOUT = 30.0

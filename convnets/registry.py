@@ -11,14 +11,17 @@ per :func:`~convnets.models.specs.register_model` call, with the docstring below
 from __future__ import annotations
 
 import functools
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from convnets.errors import InvalidArgumentError, UnknownArgumentError, UnknownModelError, WeightsUnavailableError
+from convnets.errors import (InvalidArgumentError, UnknownArgumentError, UnknownModelError, WeightsUnavailableError,
+                             message_for)
 from convnets.models.resnet import ResNet
 from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, ModelInfo, list_models, registered_name
 from convnets.weights.record import ModelRecord
@@ -27,7 +30,10 @@ from convnets.weights.layouts import infer_spec
 from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict
 from convnets.weights.manifest import load_manifest
 
-__all__ = ["fetch_pretrained", "get_model", "list_models", "load_model", *list_models()]
+__all__ = ["ChosenModel", "choose_model", "fetch_pretrained", "get_model", "list_models", "load_model",
+           *list_models()]
+
+log = logging.getLogger(__name__)
 
 # Upstream's model keywords. ``trt`` switched upstream's SE block to 1x1 convolutions so that
 # TensorRT could import it; our SE block exports to ONNX / TensorRT as it is, so it is accepted and
@@ -230,3 +236,80 @@ def load_model(path: str | os.PathLike[str], *, device: torch.device | str | Non
     model = build_model(spec, state_dict, model_name=name, source=str(path), layout=layout)
     _apply_metadata(model, record)
     return _place(model, device, memory_format)
+
+
+@dataclass(frozen=True)
+class ChosenModel:
+    """A model picked by :func:`choose_model` and where its weights came from.
+
+    Attributes:
+        model: the network, in eval mode.
+        name: the registry name, or ``"resnet_custom"`` for a checkpoint of an unregistered architecture.
+        weights: ``"pretrained"``, ``"random-init"`` or the checkpoint path.
+    """
+
+    model: ResNet
+    name: str
+    weights: str
+
+
+def choose_model(name: str | None = None, *, path: str | os.PathLike[str] | None = None, pretrained: bool = False,
+                 arch_kwargs: Mapping[str, Any] | None = None, device: torch.device | str | None = None,
+                 image_size: int = 224, names: Mapping[str, str] | None = None) -> ChosenModel:
+    """The model that a name, a checkpoint or both describe, in eval mode: what every command builds.
+
+    * ``path``: :func:`load_model` of the checkpoint, which defines the architecture; ``name`` is then
+      optional and, when given, must name that same architecture (a check, never a conversion).
+    * otherwise ``name`` with NVIDIA's weights (``pretrained=True``) or random weights whose
+      BatchNorm statistics are measured on random ``image_size`` inputs (meaningless outputs, for
+      trying the tools offline and timing); ``arch_kwargs`` changes the architecture of the latter.
+
+    Args:
+        name: a registered model (:func:`list_models`); required without ``path``.
+        path: a checkpoint in any layout :func:`load_model` reads.
+        pretrained: NVIDIA's ImageNet weights instead of random ones (without ``path``).
+        arch_kwargs: architecture overrides (:func:`get_model`'s), random weights only.
+        device: where the model goes (default: the CPU).
+        image_size: the input size at which random weights' BatchNorm statistics are measured.
+        names: how the caller's interface spells these keywords in messages (``{"name": "--model",
+            ...}``, also ``"random_init"`` for ``pretrained=False``); default: the keywords.
+
+    Raises:
+        InvalidArgumentError: inconsistent arguments (``arch_kwargs`` with a checkpoint or
+            pretrained weights, a checkpoint whose architecture is not ``name``'s, no model at all,
+            overrides the architecture refuses).
+        CheckpointError, WeightsUnavailableError: from loading.
+    """
+    words = {"name": "name", "path": "path", "arch_kwargs": "arch_kwargs", "random_init": "pretrained=False",
+             **(names or {})}
+    if path is not None:
+        if arch_kwargs:
+            raise InvalidArgumentError(f"{words['arch_kwargs']} does not apply to {words['path']}: the checkpoint "
+                                       "defines the architecture", keyword="arch_kwargs")
+        loaded = load_model(path, device=device)
+        if name and loaded.spec != MODEL_SPECS[_canonical_name(name)]:
+            raise InvalidArgumentError(f"{path} holds a different architecture than {words['name']} {name} "
+                                       f"({loaded.spec}); drop {words['name']} to use the checkpoint as it is",
+                                       keyword="name")
+        return ChosenModel(loaded.eval(), name or registered_name(loaded.spec) or "resnet_custom", str(path))
+    if not name:
+        raise InvalidArgumentError(f"{words['name']} is required unless {words['path']} is given", keyword="name")
+    if pretrained:
+        if arch_kwargs:
+            raise InvalidArgumentError(f"{words['arch_kwargs']} changes the architecture, so it needs "
+                                       f"{words['random_init']} or {words['path']}", keyword="arch_kwargs")
+        return ChosenModel(get_model(name, pretrained=True, device=device).eval(), name, "pretrained")
+    log.warning("using randomly initialised weights: the outputs mean nothing")
+    try:
+        model = get_model(name, **(arch_kwargs or {}))
+    except (TypeError, ValueError) as e:  # an unknown field name, or a value the spec refuses
+        if isinstance(e, UnknownModelError):
+            raise
+        raise InvalidArgumentError(f"{words['arch_kwargs']}: {message_for(e, 'python' if names is None else 'cli')}",
+                                   keyword="arch_kwargs") from e
+    from convnets.deploy.calibrate import calibrate_batchnorm  # torch only; keeps deploy out of model building
+
+    calibrate_batchnorm(model, image_size=image_size)
+    if device is not None:
+        model = model.to(device)
+    return ChosenModel(model.eval(), name, "random-init")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from convnets.commands.options import non_negative_int, positive_int, positive_seconds
+from convnets.commands.options import (add_image_size_argument, add_output_argument, non_negative_int, positive_int,
+                                       positive_seconds)
 from convnets.constants import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
@@ -57,9 +58,9 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
                             "PyTorch DataLoader; same tensors, same order); 0: decode in this process, between "
                             f"batches (default: min(4, cores - 2) for a model on the CPU, here {default_workers()} "
                             f"of {usable_cores()} cores; min(4, cores - 1) on a GPU)")
-    group.add_argument("--image-size", type=positive_int, default=None, metavar="N",
-                       help="center-crop size; the shorter side is resized to N*256/224 first (default: "
-                            "what the weights were trained for, 224 for the NGC weights)")
+    add_image_size_argument(group, default=None,
+                            help="center-crop size; the shorter side is resized to PX*256/224 first (default: "
+                                 "what the weights were trained for, 224 for the NGC weights)")
     group.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                        help=f"time allowed for each URL download, connecting included (default {DEFAULT_TIMEOUT:g})")
 
@@ -79,7 +80,7 @@ def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, r
     """
     group = parser.add_argument_group("output")
     where = group if required else group.add_mutually_exclusive_group()
-    where.add_argument("--output", metavar="FILE", default=None, required=required, help=output_help)
+    add_output_argument(where, metavar="FILE", help=output_help, required=required)
     group.add_argument("--resume", action="store_true", help=resume_help)
     return where
 

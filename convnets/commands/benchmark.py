@@ -3,31 +3,38 @@
 Examples::
 
     convnets benchmark --model resnext101_32x4d --device cuda --precision fp16 --batch-sizes 1,16,64,256
-    convnets benchmark --model se_resnext101_32x4d --precision bf16 --batch-sizes 1,16 --json bench.json
+    convnets benchmark --model se_resnext101_32x4d --precision bf16 --batch-sizes 1,16 --output bench.json
     convnets benchmark --model resnext101_32x4d --no-optimize --precision bf16   # eager + autocast
     convnets benchmark --model resnext101_32x4d --engine all --batch-sizes 1,16  # every installed engine
     convnets benchmark --model se_resnext101_32x4d --mode training --device cuda --precision fp16 \
         --memory-format channels_last --batch-sizes 128                        # the fine-tuning step
 
-Weights do not change the speed, so random weights are the default (no download).
+Weights do not change the speed, so random weights are the default (no download). ``--output FILE``
+writes the environment, configuration and results as JSON; ``--json`` prints that JSON on stdout
+instead of the table (``--json FILE``, which wrote the file and printed the table, still does).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from convnets.commands.options import (add_device_argument, add_engine_argument, add_memory_format_argument,
-                                       add_model_arguments, add_precision_argument, device_from_args, load_from_args,
-                                       positive_int)
+from convnets.commands.options import (add_compile_argument, add_device_argument, add_engine_argument,
+                                       add_image_size_argument, add_json_argument, add_memory_format_argument,
+                                       add_model_arguments, add_output_argument, add_precision_argument,
+                                       device_from_args, load_from_args, positive_int)
+from convnets.constants import DEFAULT_IMAGE_SIZE
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import torch
 
     from convnets.deploy.benchmark import BatchResult
+
+log = logging.getLogger(__name__)
 
 #: inference: the model's forward pass (eager or optimized); training: the fine-tuning loop's real
 #: optimizer step (convnets.train.benchmark_training) on synthetic data.
@@ -51,12 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
                         help="use convnets.optimize_for_inference (BatchNorm folding, channels_last, "
                              "compile); --no-optimize measures the plain eager model (default: optimize)")
-    add_engine_argument(parser, extra_choices=(ALL,),
-                        help="what runs the optimized model: torch (default; any device), onnxruntime (CPU fp32), "
-                             "openvino (CPU fp32/bf16), auto (the fastest installed one, checked against the "
-                             "model), or all: every installed engine in one table, the one auto picks marked")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="torch.compile the optimized model (default: on; each batch size compiles once)")
+    add_engine_argument(parser, extra_choices={ALL: "every installed engine in one table, the one auto picks marked"},
+                        help="what runs the optimized model")
+    add_compile_argument(parser, default=True, help="the torch engine's optimized model, once per batch size")
     add_memory_format_argument(parser, help="layout of the eager model and of the input batch (the optimized "
                                             "model always computes in channels_last); default: contiguous; "
                                             "nchw / nhwc are aliases")
@@ -64,8 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed calls per batch size (default: 5)")
     parser.add_argument("--iterations", type=positive_int, default=20, metavar="N",
                         help="timed calls per batch size (default: 20)")
-    parser.add_argument("--image-size", type=positive_int, default=224, metavar="PX", help="input size (default: 224)")
-    parser.add_argument("--json", metavar="FILE", help="also write the environment and results as JSON")
+    add_image_size_argument(parser, default=DEFAULT_IMAGE_SIZE, help=f"input size (default: {DEFAULT_IMAGE_SIZE})")
+    add_output_argument(parser, metavar="FILE", help="the JSON file (written) that gets the environment, configuration "
+                                                     "and results, besides the table")
+    add_json_argument(parser, help="the environment, configuration and results", file_option="--output")
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -84,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
     from convnets.deploy.benchmark import environment, format_engine_table, format_table
 
+    if isinstance(args.json, str):
+        log.warning("--json FILE is the older spelling of --output FILE; use --output %s", args.json)
     device = device_from_args(args)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # pick the fastest convolution algorithms, as NVIDIA does
@@ -97,11 +105,12 @@ def run(args: argparse.Namespace) -> int:
     arch = " (custom architecture)" if args.arch_kwargs else ""
     title = (f"{name}{arch} {args.mode}, {env['device_name']} ({device}), {args.precision}, {variant}, "
              f"{weights} weights")
-    if args.mode == "inference" and args.engine == ALL:
-        print(format_engine_table([(engine, r) for engine, results in runs for r in results], title, picked))
-    else:
-        print(format_table(runs[0][1], title))
-    if args.json:
+    if args.json is not True:  # --json alone: the JSON replaces the table
+        if args.mode == "inference" and args.engine == ALL:
+            print(format_engine_table([(engine, r) for engine, results in runs for r in results], title, picked))
+        else:
+            print(format_table(runs[0][1], title))
+    if args.json or args.output:
         config = {"model": name, "weights": weights, "arch_kwargs": args.arch_kwargs, "mode": args.mode,
                   "precision": args.precision, "variant": variant, "optimize": args.optimize,
                   "compile": args.compile, "compiled": "compiled" in variant, "memory_format": args.memory_format,
@@ -111,8 +120,12 @@ def run(args: argparse.Namespace) -> int:
             config |= {"engine": args.engine, "engines": [engine for engine, _ in runs], "auto_picks": picked}
         rows = [r.to_dict() | ({"engine": engine} if args.mode == "inference" else {})
                 for engine, results in runs for r in results]
-        report = {"environment": env, "config": config, "results": rows}
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        text = json.dumps({"environment": env, "config": config, "results": rows}, indent=2) + "\n"
+        for path in (args.output, args.json if isinstance(args.json, str) else None):
+            if path is not None:
+                Path(path).write_text(text, encoding="utf-8")
+        if args.json is True:
+            print(text, end="")
     return 0
 
 
@@ -141,7 +154,8 @@ def _inference(args: argparse.Namespace, device: torch.device) -> tuple[Runs, st
 
     if not args.optimize:
         autocast_dtype = precision_dtype(args.precision) if args.precision != "fp32" else None
-        results = measure(loaded.model.to(device=device, memory_format=memory_format), autocast_dtype)
+        eager = loaded.model.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]  # torch's stubs lack Module.to's device + memory_format overload
+        results = measure(eager, autocast_dtype)
         variant = "eager" + (" autocast" if autocast_dtype else "") + f", {args.memory_format}"
         return [("torch", results)], loaded.name, loaded.weights, variant, None
 

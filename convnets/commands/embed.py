@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, job_settings)
-from convnets.commands.options import (add_device_argument, add_model_arguments, add_precision_argument,
-                                       device_from_args, load_from_args)
+from convnets.commands.options import (add_compile_argument, add_device_argument, add_model_arguments,
+                                       add_precision_argument, device_from_args, load_from_args)
 from convnets.constants import DEFAULT_MODEL, LAYERS
 from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob, run_job
@@ -55,9 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_precision_argument(parser, help="fp32 (default); bf16 (CPUs with AVX512-BF16 or AMX, GPUs); fp16 (GPUs). "
                                         "The network runs like predict's torch engine: BatchNorm folded, "
                                         "channels_last; vectors are float32")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                        help="torch.compile the model too: faster per image, but the first batch waits for "
-                             "the compilation (default: off)")
+    add_compile_argument(parser, default=False, help="faster per image, but the first batch waits for the "
+                                                     "compilation")
     add_batch_arguments(parser, default_batch_size=16)
     add_output_arguments(
         parser, required=True,

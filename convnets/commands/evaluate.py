@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
+                                       add_output_argument,
                                        add_precision_argument, device_from_args, load_from_args, non_negative_int,
                                        positive_int)
 
@@ -39,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--labels", metavar="FILE", default=None,
                       help="the labels file of flat ImageNet images (LOC_val_solution.csv, the devkit's .tar.gz or "
                            "data/ILSVRC2012_validation_ground_truth.txt, meta.bin); default: searched for")
-    data.add_argument("--output", metavar="REPORT_DIR", default=None,
-                      help="write REPORT_DIR/report.json and REPORT_DIR/confusion.png (matplotlib)")
+    add_output_argument(data, metavar="DIR", help="directory (created) that gets report.json and confusion.png "
+                                                   "(matplotlib)")
     data.add_argument("--batch-size", type=positive_int, default=64, metavar="B",
                       help="images per forward pass (default 64)")
     data.add_argument("--workers", type=non_negative_int, default=4, metavar="N",

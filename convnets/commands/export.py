@@ -18,7 +18,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from convnets.commands.options import add_model_arguments, add_precision_argument, load_from_args
+from convnets.commands.options import (add_image_size_argument, add_json_argument, add_model_arguments,
+                                       add_output_argument, add_precision_argument, load_from_args)
+from convnets.constants import DEFAULT_IMAGE_SIZE
 from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError, message_for
 
@@ -33,21 +35,16 @@ _FP16_NOTE = ("fp16 was verified on this machine's CPU: exporters' CPU runtimes 
               "fp32 casts, and PyTorch's CPU fp16 kernels are not a GPU's; check accuracy on the serving GPU too")
 
 
-def _format_help(fmt: ExportFormat) -> str:
-    line = f"{fmt.name} ({fmt.description})"
-    return line + (f" [deprecated: {fmt.deprecated}]" if fmt.deprecated else "")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options (the format list and each format's own options come from the registry)."""
     add_model_arguments(parser, default_weights="pretrained")
     formats = export_formats()
     parser.add_argument("--format", choices=[f.name for f in formats], default=DEFAULT_FORMAT,
-                        help="; ".join(_format_help(f) for f in formats) + f"; default: {DEFAULT_FORMAT}")
+                        help="; ".join(f.help_line() for f in formats) + f"; default: {DEFAULT_FORMAT}")
     add_precision_argument(parser, choices=EXPORT_PRECISIONS,
                            help="weights and arithmetic; input and output stay float32 (default: fp32)")
-    parser.add_argument("--output", required=True, metavar="DIR",
-                        help="output directory (created); with --triton, the model repository")
+    add_output_argument(parser, metavar="DIR", required=True,
+                        help="directory (created) that gets the format's files; with --triton, the model repository")
     parser.add_argument("--triton", action="store_true",
                         help="write DIR/<name>/config.pbtxt and DIR/<name>/1/<the format's files> for Triton "
                              "(formats: " + ", ".join(f.name for f in formats if f.serves_on_triton) + ")")
@@ -56,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"Triton max_batch_size (default: {DEFAULT_MAX_BATCH_SIZE})")
     parser.add_argument("--images", nargs="+", metavar="IMAGE",
                         help="photos to verify with (default: the example photos shipped with convnets)")
-    parser.add_argument("--image-size", type=int, metavar="PX",
-                        help="input size (default: the size the --weights checkpoint was trained at, else 224)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_image_size_argument(parser, default=None, help="input size (default: the size the --weights checkpoint was "
+                                                       f"trained at, else {DEFAULT_IMAGE_SIZE})")
+    add_json_argument(parser, help="the result (files, tensors, verification)")
     for fmt in formats:
         if fmt.options:
             group = parser.add_argument_group(f"--format {fmt.name} options")
@@ -107,15 +104,13 @@ def run(args: argparse.Namespace) -> int:
     max_batch_size = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     if max_batch_size < 1:
         raise InvalidArgumentError(f"--max-batch-size must be at least 1, got {max_batch_size}")
-    if args.image_size is not None and args.image_size < 1:
-        raise InvalidArgumentError(f"--image-size must be a positive number of pixels, got {args.image_size}")
     fmt.check_dependencies()  # before loading (or downloading) the model
     # --random-init measures its BatchNorm statistics at --image-size, else at 224, which is also
     # what a freshly built model records.
     loaded = load_from_args(args)
     # A checkpoint records the size it was trained at (model.input_size): export that graph unless
     # --image-size says otherwise.
-    image_size = args.image_size or getattr(loaded.model, "input_size", 224)
+    image_size = args.image_size or getattr(loaded.model, "input_size", DEFAULT_IMAGE_SIZE)
     name = check_model_name(args.name or loaded.name)
     output = Path(args.output)
     path = (model_version_dir(output, name) if args.triton else output) / fmt.file_names[0]

@@ -1,9 +1,16 @@
 """Command-line options shared by every command: one spelling, one meaning, one parser each.
 
-Each ``add_*`` function adds options to a parser or argument group; the ``*_from_args`` functions
-turn the parsed values into objects inside a command's ``run()``. Nothing here imports PyTorch
-when the options are added or parsed (so ``--help`` and usage errors answer at once); the
-``*_from_args`` functions import it.
+Each ``add_*`` function adds options to a parser or argument group, and is the one definition of
+those options: ``--model``, ``--weights``, ``--precision``, ``--engine``, ``--device``,
+``--compile``, ``--image-size``, ``--memory-format``, ``--output``, ``--json``, ... (``convnets
+train`` adds them through the ``shared`` metadata of :class:`convnets.train.TrainConfig` fields,
+with upstream's spellings ``--arch``, ``--pretrained-from-file`` as aliases). A command passes what
+differs (a default, what its ``--output`` names). The ``*_from_args`` functions hand the parsed
+values to the library inside a command's ``run()``, in command-line words: the model is built by
+:func:`convnets.registry.choose_model`. Nothing here imports PyTorch when the options are added or
+parsed (so ``--help`` and usage errors answer at once); the ``*_from_args`` functions import it.
+Engine and export format choices come from their registries (:mod:`convnets.deploy.engines`,
+:mod:`convnets.deploy.formats`), which import nothing heavy either.
 
 The model options (:func:`add_model_arguments`) mean the same in every command:
 
@@ -23,24 +30,29 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
 
+from convnets.constants import DEFAULT_IMAGE_SIZE
 from convnets.errors import CheckpointError, InvalidArgumentError, message_for
-from convnets.models.specs import MODEL_SPECS, list_models, registered_name
+from convnets.models.specs import MODEL_SPECS, list_models
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
                               resolve_device)
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
 
-__all__ = ["WEIGHT_SOURCES", "LoadedModel", "add_arch_kwargs_argument",
-           "add_device_argument", "add_engine_argument", "add_memory_format_argument",
-           "add_model_argument", "add_model_arguments", "add_precision_argument",
-           "device_from_args", "load_from_args", "non_negative_int",
-           "parse_arch_kwargs", "positive_int", "positive_seconds"]
+    from convnets.registry import ChosenModel
+
+__all__ = ["MODEL_OPTION_NAMES", "WEIGHT_SOURCES", "add_arch_kwargs_argument", "add_compile_argument",
+           "add_device_argument", "add_engine_argument", "add_image_size_argument", "add_json_argument",
+           "add_memory_format_argument", "add_model_argument", "add_model_arguments", "add_output_argument",
+           "add_precision_argument", "add_pretrained_argument", "add_weights_argument", "device_from_args",
+           "load_from_args", "model_name", "non_negative_int", "parse_arch_kwargs", "positive_int",
+           "positive_seconds"]
+
+#: What an ``add_*`` function adds options to: a parser or one of its argument groups.
+Parser = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
 
 log = logging.getLogger(__name__)
 
@@ -106,25 +118,64 @@ def parse_arch_kwargs(text: str, *, option: str = "--arch-kwargs") -> dict[str, 
     return value
 
 
-def add_model_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
-                       flags: Sequence[str] = ("--model",), dest: str = "model", default: str | None = None,
-                       help: str | None = None) -> None:
-    """Add ``--model NAME``: one of :func:`convnets.list_models` (checked by argparse).
+def model_name(text: str) -> str:
+    """argparse ``type=`` of ``--model``: upstream's spelling (``se-resnext101-32x4d``) as the registry's
+    (``se_resnext101_32x4d``); whether it is registered is the ``choices`` check's or the registry's."""
+    key = text.strip().lower().replace("-", "_")
+    return key if key in MODEL_SPECS else text
+
+
+def add_model_argument(parser: Parser, *, aliases: Sequence[str] = (), dest: str = "model", default: str | None = None,
+                       check: bool = True, help: str | None = None) -> None:
+    """Add ``--model NAME``: one of :func:`convnets.list_models` (upstream's spellings accepted).
 
     Args:
         parser: a parser or argument group.
-        flags: the option strings, e.g. ``("--model", "--arch")`` to keep an older spelling too.
+        aliases: other spellings of the same option (``train``: upstream's ``--arch``).
         dest: the attribute of the parsed namespace.
         default: the value when the option is not given.
+        check: argparse checks the name (a usage error); ``False`` leaves it to the registry when
+            the model is built (``train``, whose configuration is also built from Python).
         help: replaces the default help text.
     """
     names = list_models()
-    parser.add_argument(*flags, dest=dest, choices=names, default=default, metavar="NAME",
-                        help=help or f"architecture: {', '.join(names)}")
+    parser.add_argument("--model", *aliases, dest=dest, type=model_name, choices=names if check else None,
+                        default=default, metavar="NAME", help=help or f"architecture: {', '.join(names)}")
 
 
-def add_arch_kwargs_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
-                             help: str | None = None) -> None:
+def add_weights_argument(parser: Parser, *, aliases: Sequence[str] = (), dest: str = "weights",
+                         help: str | None = None) -> None:
+    """Add ``--weights FILE``: a checkpoint in any layout :func:`convnets.load_model` reads.
+
+    Args:
+        parser: a parser or argument group.
+        aliases: other spellings of the same option (``train``: upstream's ``--pretrained-from-file``).
+        dest: the attribute of the parsed namespace.
+        help: replaces the default help text.
+    """
+    parser.add_argument("--weights", *aliases, dest=dest, metavar="FILE", default=None,
+                        help=help or "checkpoint to load: any layout convnets.load_model reads, including `convnets "
+                                     "train` checkpoints with their class names and image size. It defines the "
+                                     "architecture")
+
+
+def add_pretrained_argument(parser: Parser, *, dest: str = "weight_source",
+                            help: str = "NVIDIA's ImageNet weights (downloaded once and verified)") -> None:
+    """Add ``--pretrained``: NVIDIA's ImageNet weights.
+
+    Args:
+        parser: a parser or argument group.
+        dest: ``"weight_source"`` (stores ``"pretrained"``, beside ``--weights`` and ``--random-init``)
+            or a flag of its own (stores ``True``, default ``False``: ``train``).
+        help: replaces the default help text.
+    """
+    if dest == "weight_source":
+        parser.add_argument("--pretrained", dest=dest, action="store_const", const="pretrained", help=help)
+    else:
+        parser.add_argument("--pretrained", dest=dest, action="store_true", help=help)
+
+
+def add_arch_kwargs_argument(parser: Parser, *, help: str | None = None) -> None:
     """Add ``--arch-kwargs JSON`` (parsed by :func:`parse_arch_kwargs`; default ``{}``) as ``arch_kwargs``."""
     parser.add_argument("--arch-kwargs", type=_argparse_type(parse_arch_kwargs, "arch_kwargs"), default={},
                         metavar="JSON",
@@ -153,12 +204,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, default_weights: str
     add_model_argument(group, help=f"architecture: {', '.join(list_models())} ({fallback}; with --weights "
                                    "optional, and it must name the checkpoint's architecture)")
     source = group.add_mutually_exclusive_group()
-    source.add_argument("--weights", metavar="FILE",
-                        help="checkpoint to load: any layout convnets.load_model reads, including `convnets "
-                             "train` checkpoints with their class names and image size. It defines the architecture")
-    source.add_argument("--pretrained", dest="weight_source", action="store_const", const="pretrained",
-                        help="NVIDIA's ImageNet weights (downloaded once and verified)"
-                             + (" [default]" if default_weights == "pretrained" else ""))
+    add_weights_argument(source)
+    add_pretrained_argument(source, help="NVIDIA's ImageNet weights (downloaded once and verified)"
+                                         + (" [default]" if default_weights == "pretrained" else ""))
     source.add_argument("--random-init", dest="weight_source", action="store_const", const="random-init",
                         help="random weights, BatchNorm statistics measured on random inputs: no download, "
                              "meaningless outputs (testing, timing)"
@@ -167,23 +215,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, default_weights: str
     parser.set_defaults(weight_source=default_weights, default_model=default_model)
 
 
-@dataclass(frozen=True)
-class LoadedModel:
-    """A model picked on the command line and where its weights came from.
-
-    Attributes:
-        model: the network, in eval mode.
-        name: the registry name, or ``"resnet_custom"`` for a checkpoint of another architecture.
-        weights: ``"pretrained"``, ``"random-init"`` or the checkpoint path.
-    """
-
-    model: nn.Module
-    name: str
-    weights: str
+#: How the command line spells :func:`convnets.registry.choose_model`'s keywords in its messages.
+MODEL_OPTION_NAMES: dict[str, str] = {"name": "--model", "path": "--weights", "arch_kwargs": "--arch-kwargs",
+                                      "random_init": "--random-init"}
 
 
-def load_from_args(args: argparse.Namespace, *, device: torch.device | str | None = None) -> LoadedModel:
-    """Build the model that the options of :func:`add_model_arguments` describe, in eval mode.
+def load_from_args(args: argparse.Namespace, *, device: torch.device | str | None = None) -> ChosenModel:
+    """The model that the options of :func:`add_model_arguments` describe, in eval mode
+    (:func:`convnets.registry.choose_model`, its messages naming the options).
 
     Args:
         args: the parsed options.
@@ -194,43 +233,20 @@ def load_from_args(args: argparse.Namespace, *, device: torch.device | str | Non
             checkpoint whose architecture is not ``--model``'s, no model at all).
         CheckpointError, WeightsUnavailableError: from loading.
     """
-    from convnets.registry import get_model, load_model  # PyTorch only once a command runs
+    from convnets.registry import choose_model  # PyTorch only once a command runs
 
-    if args.weights:
-        if args.arch_kwargs:
-            raise InvalidArgumentError("--arch-kwargs does not apply to --weights: the checkpoint defines the "
-                                       "architecture")
-        try:
-            model = load_model(args.weights, device=device)
-        except CheckpointError as e:
-            if e.architecture:  # the file records an architecture that its tensors are not
-                e.add_cli_advice(f"Its recorded architecture is wrong, so no --model can load it; save it again "
-                                 f"with the {e.architecture} architecture recorded, or with none.")
-            raise
-        if args.model and model.spec != MODEL_SPECS[args.model]:
-            raise InvalidArgumentError(f"{args.weights} holds a different architecture than --model {args.model} "
-                                       f"({model.spec}); drop --model to use the checkpoint as it is")
-        name = args.model or registered_name(model.spec) or "resnet_custom"
-        return LoadedModel(model.eval(), name, str(args.weights))
-    name = args.model or getattr(args, "default_model", None)
-    if not name:
-        raise InvalidArgumentError("--model is required unless --weights is given")
-    if args.weight_source == "pretrained":
-        if args.arch_kwargs:
-            raise InvalidArgumentError("--arch-kwargs changes the architecture, so it needs --random-init or "
-                                       "--weights")
-        return LoadedModel(get_model(name, pretrained=True, device=device).eval(), name, "pretrained")
-    log.warning("using randomly initialised weights (--random-init): the outputs mean nothing")
     try:
-        model = get_model(name, **args.arch_kwargs)
-    except (TypeError, ValueError) as e:  # an unknown field name, or a value the spec refuses
-        raise InvalidArgumentError(f"--arch-kwargs: {message_for(e, 'cli')}") from e
-    from convnets.deploy.calibrate import calibrate_batchnorm
-
-    calibrate_batchnorm(model, image_size=getattr(args, "image_size", None) or 224)
-    if device is not None:
-        model = model.to(device)
-    return LoadedModel(model.eval(), name, "random-init")
+        # A --weights file defines the architecture: the command's default model is no check of it.
+        name = args.model if args.weights else args.model or getattr(args, "default_model", None)
+        return choose_model(name, path=args.weights,
+                            pretrained=args.weight_source == "pretrained", arch_kwargs=args.arch_kwargs, device=device,
+                            image_size=getattr(args, "image_size", None) or DEFAULT_IMAGE_SIZE,
+                            names=MODEL_OPTION_NAMES)
+    except CheckpointError as e:
+        if e.architecture:  # the file records an architecture that its tensors are not
+            e.add_cli_advice(f"Its recorded architecture is wrong, so no --model can load it; save it again "
+                             f"with the {e.architecture} architecture recorded, or with none.")
+        raise
 
 
 # --- run settings --------------------------------------------------------------------------------
@@ -243,8 +259,7 @@ def _device_name(text: str) -> str:
     return text
 
 
-def add_device_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str | None = "auto",
-                        help: str | None = None) -> None:
+def add_device_argument(parser: Parser, *, default: str | None = "auto", help: str | None = None) -> None:
     """Add ``--device``: ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda``, ``cuda:N``.
 
     Args:
@@ -256,43 +271,50 @@ def add_device_argument(parser: argparse.ArgumentParser | argparse._ArgumentGrou
                         help=help or "auto (default): cuda when available, else cpu; or cpu, cuda, cuda:N")
 
 
-def add_engine_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
-                        extra_choices: Sequence[str] = (), help: str | None = None) -> None:
-    """Add ``--engine``: an inference engine of :mod:`convnets.deploy.engines` or ``auto`` (default ``torch``).
+def add_engine_argument(parser: Parser, *, extra_choices: Mapping[str, str] | None = None,
+                        help: str | None = None) -> None:
+    """Add ``--engine``: a registered inference engine or ``auto`` (default ``torch``); the choices and
+    each engine's line of help come from the registry (:func:`convnets.deploy.engines.engines`).
 
     Args:
         parser: a parser or argument group.
-        extra_choices: values this command adds (``benchmark``: ``all``).
-        help: replaces the default help text.
+        extra_choices: values this command adds and what each means (``benchmark``: ``all``).
+        help: what the engine runs (default: "what runs the model"); the engines' lines follow it.
     """
-    from convnets.deploy.engines import AUTO, engine_names  # imports no engine and no torch
+    from convnets.deploy.engines import AUTO, engine_names, engines  # the engine modules import no torch
 
-    parser.add_argument("--engine", choices=(*engine_names(), AUTO, *extra_choices), default="torch",
-                        help=help or "what runs the model: torch (default; any device), onnxruntime (CPU fp32; "
-                                     "the export extra), openvino (CPU fp32/bf16; the openvino extra), or auto: "
-                                     "the fastest installed one for the device and precision, checked against "
-                                     "the model (falls back to torch)")
+    extra = dict(extra_choices or {})
+    lines = [e.help_line() for e in engines()]
+    lines.append(f"{AUTO} (the fastest installed engine for the device and precision, checked against the model; "
+                 "falls back to torch)")
+    lines += [f"{name} ({meaning})" for name, meaning in extra.items()]
+    parser.add_argument("--engine", choices=(*engine_names(), AUTO, *extra), default="torch",
+                        help=f"{help or 'what runs the model'} (default: torch): " + "; ".join(lines))
 
 
-def add_precision_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
-                           choices: Sequence[str] = PRECISIONS, default: str = "fp32", help: str | None = None) -> None:
+def add_precision_argument(parser: Parser, *, choices: Sequence[str] = PRECISIONS, default: str | None = "fp32",
+                           aliases: Sequence[str] = (), dest: str = "precision",
+                           action: type[argparse.Action] | None = None, help: str | None = None) -> None:
     """Add ``--precision``: names from :data:`convnets.runtime.PRECISIONS` (a command may offer fewer).
 
     Args:
         parser: a parser or argument group.
         choices: the precisions this command offers, a subset of ``PRECISIONS``.
-        default: the value when the option is not given.
+        default: the value when the option is not given (``None``: the command decides).
+        aliases: other spellings of the same option.
+        dest: the attribute of the parsed namespace.
+        action: an argparse action that stores the value (``train``: into its AMP settings).
         help: replaces the default help text.
     """
     unknown = sorted(set(choices) - set(PRECISIONS))
     if unknown:
         raise InvalidArgumentError(f"choices {unknown} are not precisions; use some of {', '.join(PRECISIONS)}")
-    parser.add_argument("--precision", choices=tuple(choices), default=default,
-                        help=help or "fp32 (default); bf16 (GPUs, CPUs with AVX512-BF16 or AMX); fp16 (GPUs)")
+    extra: dict[str, Any] = {} if action is None else {"action": action}
+    parser.add_argument("--precision", *aliases, dest=dest, choices=tuple(choices), default=default, **extra,
+                        help=help or f"{default} (default); bf16 (GPUs, CPUs with AVX512-BF16 or AMX); fp16 (GPUs)")
 
 
-def add_memory_format_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
-                               default: str | None = "contiguous", help: str | None = None) -> None:
+def add_memory_format_argument(parser: Parser, *, default: str | None = "contiguous", help: str | None = None) -> None:
     """Add ``--memory-format``: ``contiguous`` or ``channels_last``; ``nchw`` / ``nhwc`` are accepted
     and stored as those (:func:`convnets.runtime.memory_format_name`).
 
@@ -307,6 +329,62 @@ def add_memory_format_argument(parser: argparse.ArgumentParser | argparse._Argum
                                             "memory_format"),
                         help=help or f"layout of the model and its input batches (default: {default}; "
                                      f"aliases {aliases})")
+
+
+def add_compile_argument(parser: Parser, *, default: bool, help: str) -> None:
+    """Add ``--compile`` / ``--no-compile``: ``torch.compile`` the torch engine's model.
+
+    Args:
+        parser: a parser or argument group.
+        default: on or off (``predict`` / ``embed``: off, the first batch would wait; ``benchmark``: on).
+        help: what compiling costs and buys in this command; the default is added.
+    """
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=default,
+                        help=f"torch.compile the model: {help} (default: {'on' if default else 'off'})")
+
+
+def add_image_size_argument(parser: Parser, *, default: int | None, help: str) -> None:
+    """Add ``--image-size PX``: a positive number of pixels (:func:`positive_int`).
+
+    Args:
+        parser: a parser or argument group.
+        default: the value when the option is not given (``None``: the weights' own size).
+        help: what the size is in this command, with its default.
+    """
+    parser.add_argument("--image-size", type=positive_int, default=default, metavar="PX", help=help)
+
+
+def add_output_argument(parser: Parser, *, metavar: str, help: str, required: bool = False) -> None:
+    """Add ``--output``: what the command writes, named by ``metavar`` (``FILE``, ``DIR``, ``PNG``).
+
+    ``predict`` and ``embed`` add it through :func:`convnets.commands.batch_options.add_output_arguments`
+    (with ``--resume``).
+
+    Args:
+        parser: a parser or argument group.
+        metavar: what kind of path it is.
+        help: what is written there.
+        required: the command writes nothing without it.
+    """
+    parser.add_argument("--output", metavar=metavar, default=None, required=required, help=help)
+
+
+def add_json_argument(parser: Parser, *, help: str, file_option: str | None = None) -> None:
+    """Add ``--json``: print the command's result as JSON on stdout (instead of its text).
+
+    Args:
+        parser: a parser or argument group.
+        help: what the JSON holds.
+        file_option: the option that writes the same JSON to a file, when ``--json FILE`` once did
+            (``benchmark``): ``--json FILE`` is still accepted as its older spelling (the value is
+            then the file name, else ``True`` / ``False``).
+    """
+    text = f"print {help} as JSON on stdout instead of text"
+    if file_option is None:
+        parser.add_argument("--json", action="store_true", help=text)
+    else:
+        parser.add_argument("--json", nargs="?", const=True, default=False, metavar="FILE",
+                            help=f"{text} (--json FILE: the older spelling of {file_option} FILE)")
 
 
 def device_from_args(args: argparse.Namespace) -> torch.device:

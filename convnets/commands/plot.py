@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     parser.add_argument("run_dir", type=Path, metavar="OUT", help="the --output directory of a convnets train run")
     parser.add_argument("--output", "-o", type=Path, default=None, metavar="PNG",
-                        help="where to write the figure (default: OUT/curves.png)")
+                        help="the PNG file the figure is written to (default: OUT/curves.png)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, job_settings)
-from convnets.commands.options import (add_device_argument, add_engine_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args)
+from convnets.commands.options import (add_compile_argument, add_device_argument, add_engine_argument,
+                                       add_json_argument, add_model_arguments, add_precision_argument,
+                                       device_from_args, load_from_args)
 from convnets.constants import DEFAULT_MODEL
 from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob, run_job
@@ -60,9 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "The model runs through convnets.optimize_for_inference: BatchNorm "
                                         "folded, channels_last")
     add_engine_argument(parser)
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                        help="torch.compile the model too: faster per image, but the first batch waits for "
-                             "the compilation, so it pays off for many images (default: off)")
+    add_compile_argument(parser, default=False, help="faster per image, but the first batch waits for the "
+                                                     "compilation, so it pays off for many images")
     add_batch_arguments(parser, default_batch_size=16)
     where = add_output_arguments(
         parser, output_help="write records to FILE as batches finish, in input order; its suffix picks the "
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(needs pyarrow). An existing FILE is refused unless --resume",
         resume_help="continue an existing --output FILE (.jsonl or .csv) that a stopped or killed run "
                     "left: its torn last record is cut away and the inputs it records are skipped")
-    where.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
+    add_json_argument(where, help="one array (an object per image) instead of a table")
     where.add_argument("--jsonl", action="store_true",
                        help="print one JSON object per line instead of a table, as batches finish")
     # Not one of the exclusive destinations: the sheets go with any of them.

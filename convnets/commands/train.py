@@ -1,7 +1,10 @@
 """``convnets train`` (also ``python -m convnets.train``): fine-tune with NVIDIA's recipe.
 
 Every option is generated from a field of :class:`convnets.train.TrainConfig` (its type, default
-and ``metadata``; see :mod:`convnets.train.config`); the defaults are the recipe's. Under ``torchrun`` each process runs this command; rank 0 prints the summary line.
+and ``metadata``; see :mod:`convnets.train.config`); the defaults are the recipe's. The options
+that other commands have too (``--model``, ``--weights``, ``--precision``, ``--device``, ...) come
+from their shared definitions (:mod:`convnets.commands.options`) with upstream's spellings as
+aliases: ``--arch``, ``--pretrained-from-file``, ``--amp`` / ``--no-amp``. Under ``torchrun`` each process runs this command; rank 0 prints the summary line.
 """
 
 from __future__ import annotations
@@ -11,23 +14,25 @@ import dataclasses
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from convnets.commands import options
 from convnets.errors import CheckpointError, ConvnetsError, message_for
-from convnets.train.config import OPTION_GROUPS, TrainConfig, flag_name
+from convnets.train.config import DEVICES, OPTION_GROUPS, TrainConfig, flag_name
 
 _EPILOG = """\
 examples:
-  convnets train --data DIR --output runs/a --arch se_resnext101_32x4d --pretrained --epochs 10
-  convnets train --data DIR --output runs/tiny --arch resnet50 \\
+  convnets train --data DIR --output runs/a --model se_resnext101_32x4d --pretrained --epochs 10
+  convnets train --data DIR --output runs/tiny --model resnet50 \\
       --arch-kwargs '{"layers": [1, 1, 1, 1], "widths": [16, 32, 64, 128]}' --image-size 64
   convnets train --data DIR --output runs/a --resume runs/a/checkpoint.pth.tar
-  torchrun --nproc_per_node 8 -m convnets.train --data DIR --output runs/a --pretrained
-DIR holds train/<class>/* and val/<class>/*. OUT gets checkpoint.pth.tar (every epoch),
+  torchrun --nproc_per_node 8 -m convnets.train --data DIR --output runs/a --pretrained --amp
+--data DIR holds train/<class>/* and val/<class>/*. --output DIR gets checkpoint.pth.tar (every epoch),
 model_best.pth.tar, model_best.safetensors and metrics.jsonl; convnets.load_model of either rebuilds the model.
-Also tensorboard/ (event files; tensorboard --logdir OUT) and, at the end, curves.png (convnets plot OUT
+Also tensorboard/ (event files; tensorboard --logdir DIR) and, at the end, curves.png (convnets plot DIR
 redraws it), when the tensorboard / matplotlib packages are installed.
+Upstream's spellings (NVIDIA's training scripts) are aliases: --arch = --model, --pretrained-from-file =
+--weights, --amp = mixed precision (fp16 on CUDA, bf16 on CPUs; --no-amp = --precision fp32).
 """
 
 
@@ -38,27 +43,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Also accepted after the subcommand, so that `python -m convnets.train -v ...` works.
     parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                         help="more log output (-vv: debug)")
-    groups = {name: parser.add_argument_group(name) for name in OPTION_GROUPS}
+    groups: dict[str, Group] = {name: parser.add_argument_group(name) for name in OPTION_GROUPS}
+    # --precision and its upstream spellings --amp / --no-amp set the same two fields: one of them.
+    precision = groups[DEVICES].add_mutually_exclusive_group()
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         shared = f.metadata.get("shared")
         if shared is not None:
-            # The hook for options shared between commands (convnets.commands.options): the
-            # adder gets the group and the field and must store the value under f.name.
-            _SHARED_OPTIONS[shared](groups[f.metadata["group"]], f)
+            # An option shared between commands (convnets.commands.options): the adder gets the
+            # group and the field and stores the value under f.name, with the field's default and help.
+            group = precision if shared in ("precision", "amp") else groups[f.metadata["group"]]
+            _SHARED_OPTIONS[shared](group, f)
         else:
             flags, kwargs = _flag(f, hints[f.name])
             groups[f.metadata["group"]].add_argument(*flags, **kwargs)
 
 
+Group = Union[argparse._ArgumentGroup, argparse._MutuallyExclusiveGroup]
+
+
+class _Precision(argparse.Action):
+    """``--precision`` of a training run: ``fp32`` turns autocast off (``amp=False``); ``bf16`` / ``fp16``
+    turn it on in that dtype (``amp=True``, ``amp_dtype``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        namespace.amp = values != "fp32"
+        namespace.amp_dtype = None if values == "fp32" else values
+
+
+def _add_amp(group: Group, f: dataclasses.Field[Any]) -> None:
+    """Upstream's ``--amp`` (and ``--no-amp``), spellings of ``--precision`` (which shares its group)."""
+    group.add_argument("--amp", dest=f.name, action=argparse.BooleanOptionalAction, default=_default(f),
+                       help=f.metadata["help"])
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 #: Shared options a field may name in its ``shared`` metadata: ``name -> adder(group, field)``. The
 #: adders come from convnets.commands.options, so these flags are spelled and parsed as in every
-#: other command. (``--arch`` is upstream's training-script option: checked when the model is
-#: built, it also takes upstream's spelling ``se-resnext101-32x4d``.)
-_SHARED_OPTIONS: dict[str, Callable[[argparse._ArgumentGroup, dataclasses.Field[Any]], None]] = {
+#: other command; train adds upstream's spellings as aliases (``--arch``, ``--pretrained-from-file``,
+#: ``--amp``). ``--arch`` is checked when the model is built, and takes upstream's spelling
+#: ``se-resnext101-32x4d`` too.
+_SHARED_OPTIONS: dict[str, Callable[[Group, dataclasses.Field[Any]], None]] = {
+    "model": lambda g, f: options.add_model_argument(g, aliases=("--arch",), dest=f.name, default=_default(f),
+                                                     check=False, help=f.metadata["help"]),
+    "weights": lambda g, f: options.add_weights_argument(g, aliases=("--pretrained-from-file",), dest=f.name,
+                                                         help=f.metadata["help"]),
+    "pretrained": lambda g, f: options.add_pretrained_argument(g, dest=f.name, help=f.metadata["help"]),
     "arch_kwargs": lambda g, f: options.add_arch_kwargs_argument(g, help=f.metadata["help"]),
-    "memory_format": lambda g, f: options.add_memory_format_argument(g, default=f.default, help=f.metadata["help"]),
-    "device": lambda g, f: options.add_device_argument(g, default=f.default, help=f.metadata["help"]),
+    "precision": lambda g, f: options.add_precision_argument(g, aliases=("--amp-dtype",), dest=f.name,
+                                                             default=_default(f), action=_Precision,
+                                                             help=f.metadata["help"]),
+    "amp": lambda g, f: _add_amp(g, f),
+    "memory_format": lambda g, f: options.add_memory_format_argument(g, default=_default(f), help=f.metadata["help"]),
+    "device": lambda g, f: options.add_device_argument(g, default=_default(f), help=f.metadata["help"]),
+    "image_size": lambda g, f: options.add_image_size_argument(g, default=_default(f), help=f.metadata["help"]),
+    "output": lambda g, f: options.add_output_argument(g, metavar="DIR", help=f.metadata["help"]),
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from convnets.commands.options import add_json_argument
 from convnets.constants import MIRROR_ENV
 from convnets.errors import InvalidArgumentError
 
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "convert IN OUT.safetensors: rewrite a checkpoint as safetensors")
     parser.add_argument("models", nargs="*", metavar="MODEL",
                         help="fetch: models to fetch (default: all); convert: the input and output files")
-    parser.add_argument("--json", action="store_true", help="print the list as JSON")
+    add_json_argument(parser, help="the list")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="fetch: download progress bar on stderr (default: when stderr is a terminal)")
     parser.add_argument("--use-ema", action="store_true",

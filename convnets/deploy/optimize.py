@@ -1,9 +1,10 @@
 """``optimize_for_inference``: a trained model as a fast inference callable, run by the engine asked for.
 
-The engines live in :mod:`convnets.deploy.engines` (``torch``: :mod:`convnets.deploy.engines.torch`,
-BatchNorm folding, channels_last, the compute dtype, ``torch.compile``; ``onnxruntime``;
-``openvino``; and ``auto``'s rule). This module is the one entry point, and keeps the names that
-callers import from it (:class:`OptimizedModel`, :func:`fold_batchnorm`, ...).
+The engines live in :mod:`convnets.deploy.engines`, one module each (their names and what each runs:
+:func:`convnets.deploy.engines.engines`, or ``convnets predict --help``), with ``auto``'s rule; the
+torch engine's PyTorch code is :mod:`convnets.deploy.torch_path`. This module is the one entry
+point, and keeps the names that callers import from it (:class:`OptimizedModel`,
+:func:`fold_batchnorm`, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import nn
 
 from convnets.deploy.calibrate import CalibrationData, calibration_batches
 from convnets.deploy.engines import AUTO, build_auto, check_int8, engine_names, get_engine
-from convnets.deploy.engines.torch import OptimizedModel, compile_unavailable_reason, optimize_with_torch
+from convnets.deploy.torch_path import OptimizedModel, compile_unavailable_reason, optimize_with_torch
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 from convnets.runtime import PrecisionName, check_precision, check_precision_name
@@ -53,10 +54,10 @@ def optimize_for_inference(
             "openvino"`` or ``"auto"``, needs ``calibration_data``; NNCF post-training
             quantization). The logits are float32 in all cases.
         device: where to run; default: where ``model``'s parameters are.
-        engine: what runs it (:mod:`convnets.deploy.engines`): ``"torch"`` (default: folded
-            BatchNorm, channels_last, ``torch.compile``; every device), ``"onnxruntime"`` (CPU,
-            fp32; the ``export`` extra), ``"openvino"`` (CPU, fp32, bf16 or int8; the ``openvino``
-            extra), or ``"auto"``: the fastest installed engine for the device and precision by
+        engine: what runs it: a registered engine (:func:`convnets.deploy.engines.engine_names`;
+            each one's devices, precisions and extra: its ``help_line()``), ``"torch"`` by default
+            (folded BatchNorm, channels_last, ``torch.compile``; every device), or ``"auto"``: the
+            fastest installed engine for the device and precision by
             the measured rule :data:`~convnets.deploy.engines.AUTO_ORDER`, checked against
             ``model`` on a small batch and skipped if it disagrees; ``torch`` when none qualifies
             (int8: checked on the calibration images, top-1 agreement >= 99%, and an error when
@@ -118,9 +119,10 @@ def _optimize_int8(model: nn.Module, target: torch.device, engine: str, calibrat
     batches = calibration_batches(calibration_data)
     if engine == AUTO:
         return build_auto(model, INT8, target, compile=compile, calibration_data=batches)
-    built = chosen.build(model, INT8, target, compile=compile, calibration_data=batches)
+    # Engines that run int8 take calibration_data (Engine.build's docstring).
+    built = chosen.build(model, INT8, target, compile=compile, calibration_data=batches)  # type: ignore[call-arg]
     check = check_int8(built, model, batches)
-    built.calibration_check = check
+    setattr(built, "calibration_check", check)  # a plain attribute (Module's typed setattr: tensors)
     log.log(logging.INFO if check.passed else logging.WARNING,
             "int8 (%s): top-1 agreement with the float model %.1f%% on %s (required %s), min cosine %.4f%s",
             engine, 100 * check.top1_agreement, check.inputs, check.tolerance, check.min_cosine,

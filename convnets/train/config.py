@@ -7,7 +7,9 @@ here plus the code that uses it. The metadata keys (see :func:`option`):
 ``help`` (argparse help, ``%(default)s`` allowed), ``group`` (help section), ``metavar``,
 ``choices``, ``parse`` (a ``str -> value`` function for a type that the annotation alone does not
 say, e.g. JSON; its ``ValueError`` becomes a usage error) and ``shared`` (the name of a shared
-command-line option to use instead of a generated one). The flag is ``--field-name``; a ``bool``
+command-line option to use instead of a generated one: ``--model``, ``--weights``, ``--precision``,
+``--device``, ... as every command spells and parses them, with this field's default and help; see
+``convnets.commands.train``). The flag is ``--field-name``; a ``bool``
 field that defaults to ``True`` gets ``--no-field-name``, a ``bool | None`` field both spellings.
 """
 
@@ -21,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from convnets.constants import BACKENDS
+from convnets.constants import BACKENDS, DEFAULT_IMAGE_SIZE
 from convnets.errors import InvalidArgumentError
 from convnets.models.specs import list_models
 
@@ -58,9 +60,11 @@ def option(help: str, group: str, *, metavar: str | None = None, choices: Sequen
     if group not in OPTION_GROUPS:
         raise ValueError(f"unknown option group {group!r}; choose one of {OPTION_GROUPS}")
     meta: dict[str, Any] = {"help": help, "group": group}
-    for key, value in (("metavar", metavar), ("choices", choices), ("parse", parse), ("shared", shared)):
+    for key, value in (("metavar", metavar), ("parse", parse), ("shared", shared)):
         if value is not None:
-            meta[key] = tuple(value) if key == "choices" else value
+            meta[key] = value
+    if choices is not None:
+        meta["choices"] = tuple(choices)
     return meta
 
 
@@ -128,16 +132,19 @@ class TrainConfig:
     data: Path | None = field(default=None, metadata=option(
         "directory with train/<class>/* and val/<class>/*", DATA, metavar="DIR"))
     output: Path | None = field(default=None, metadata=option(
-        "directory for checkpoints and metrics.jsonl", DATA, metavar="OUT"))
+        "directory (created) that gets checkpoint.pth.tar, model_best.pth.tar, model_best.safetensors, "
+        "metrics.jsonl, tensorboard/ and curves.png", DATA, shared="output"))
     arch: str = field(default="resnet50", metadata=option(
-        f"one of {', '.join(list_models())}, or upstream's spelling such as se-resnext101-32x4d (default: "
-        "%(default)s)", MODEL, metavar="NAME"))
+        f"architecture: {', '.join(list_models())}, or upstream's spelling such as se-resnext101-32x4d "
+        "(default: %(default)s; --arch: upstream's name of this option)", MODEL, shared="model"))
     arch_kwargs: dict[str, Any] = field(default_factory=dict, metadata=option(
         'architecture overrides, e.g. \'{"layers": [1,1,1,1], "widths": [32,64,128,256]}\'', MODEL,
         metavar="JSON", shared="arch_kwargs"))
-    pretrained: bool = field(default=False, metadata=option("start from NVIDIA's ImageNet weights", MODEL))
+    pretrained: bool = field(default=False, metadata=option(
+        "start from NVIDIA's ImageNet weights, the head replaced for the data's classes", MODEL, shared="pretrained"))
     pretrained_from_file: Path | None = field(default=None, metadata=option(
-        "start from the weights in this checkpoint", MODEL, metavar="PATH"))
+        "start from the weights in this checkpoint, of --model's architecture (--pretrained-from-file: "
+        "upstream's name of this option)", MODEL, shared="weights"))
     epochs: int = field(default=90, metadata=option("default: %(default)s", RECIPE))
     batch_size: int = field(default=128, metadata=option("per process (default: %(default)s)", RECIPE))
     grad_accum: int = field(default=1, metadata=option(
@@ -153,11 +160,15 @@ class TrainConfig:
     mixup: float = field(default=0.0, metadata=option("MixUp alpha, 0 = off (default)", RECIPE, metavar="ALPHA"))
     ema: float | None = field(default=None, metadata=option(
         "keep and evaluate an EMA of the weights, e.g. 0.9999", RECIPE, metavar="DECAY"))
-    image_size: int = field(default=224, metadata=option("crop size (default: %(default)s)", DATA))
+    image_size: int = field(default=DEFAULT_IMAGE_SIZE, metadata=option(
+        "training and validation crop size (default: %(default)s)", DATA, shared="image_size"))
     amp: bool | None = field(default=None, metadata=option(
-        "autocast (default: on for CUDA and for CPUs with native bf16; --no-amp: fp32)", DEVICES))
+        "upstream's --amp: mixed precision in the device's half type, fp16 autocast with a GradScaler on CUDA, "
+        "bf16 autocast on CPUs (default: on where it helps: CUDA, CPUs with native bf16); --no-amp is "
+        "--precision fp32", DEVICES, shared="amp"))
     amp_dtype: str | None = field(default=None, metadata=option(
-        "default: fp16 on CUDA (GradScaler), bf16 on CPU", DEVICES, choices=("fp16", "bf16")))
+        "fp32, or bf16 / fp16 autocast (fp16 on CUDA, with a GradScaler); default: fp16 on CUDA, bf16 on CPUs "
+        "with native bf16, else fp32 (--amp-dtype: the older name of this option)", DEVICES, shared="precision"))
     memory_format: str | None = field(default=None, metadata=option(
         "layout of the model and its batches (default: channels_last under AMP, else contiguous; nhwc / nchw "
         "are accepted for them)", DEVICES, shared="memory_format"))
@@ -175,10 +186,10 @@ class TrainConfig:
         "only validate the weights of --resume or --pretrained / --pretrained-from-file", RUN))
     progress: bool = field(default=True, metadata=option("no progress bar", RUN))
     tensorboard: bool = field(default=True, metadata=option(
-        "write no TensorBoard events (default: OUT/tensorboard/ when the tensorboard package is installed)", RUN))
+        "write no TensorBoard events (default: DIR/tensorboard/ of --output when the tensorboard package is installed)", RUN))
     print_freq: int = field(default=10, metadata=option(
         "every N optimizer steps, write the training loss, lr and img/s of those steps to TensorBoard "
-        "(OUT/tensorboard/steps/, at the global step) and, with --no-progress -v, to the log (default: "
+        "(DIR/tensorboard/steps/ of --output, at the global step) and, with --no-progress -v, to the log (default: "
         "%(default)s)", RUN, metavar="N"))
     max_nonfinite_steps: int = field(default=10, metadata=option(
         "stop after this many optimizer steps in a row skipped for a non-finite loss or gradient "

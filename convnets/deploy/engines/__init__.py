@@ -2,15 +2,12 @@
 
 Each engine is one module here with an :class:`~convnets.deploy.engines.base.Engine` subclass and
 a module-level ``ENGINE`` instance, registered like the export formats
-(:mod:`convnets.deploy.formats`) but imported on first use, since the torch engine imports PyTorch:
-
-* ``torch``: today's path (BatchNorm folded, channels_last, the network in the compute dtype,
-  ``torch.compile``); every device and precision PyTorch runs;
-* ``onnxruntime``: the ONNX export's graph (:mod:`convnets.deploy.formats.onnx`) run by ONNX
-  Runtime's CPU provider, fp32;
-* ``openvino``: the OpenVINO IR conversion (:mod:`convnets.deploy.formats.openvino`), compiled in
-  memory for OpenVINO's CPU plugin, fp32 (``INFERENCE_PRECISION_HINT=f32``) or bf16; int8 through
-  NNCF post-training quantization calibrated on the caller's ``calibration_data``.
+(:mod:`convnets.deploy.formats`): adding a built-in engine is that module plus its name in
+:data:`_BUILTIN`; other code can add one with :func:`register_engine`. The engine's class
+attributes (description, devices, precisions, extra) are its documentation: ``--engine``'s choices
+and help (``convnets predict --help``, ``convnets benchmark --help``) come from :func:`engines`.
+Engine modules import nothing heavy until they build (see :mod:`convnets.deploy.engines.base`), so
+listing them costs no PyTorch import.
 
 ``engine="auto"`` (:func:`build_auto`) tries the engines of :data:`AUTO_ORDER` for the device and
 precision, in order, and takes the first one that is installed, builds, and passes the
@@ -19,7 +16,8 @@ cosine >= 0.99); ``torch`` ends every order and is taken without a check (it is 
 int8 is checked on the calibration images instead (top-1 agreement >= 99%, :func:`check_int8`),
 and since the torch engine runs no int8, ``auto`` raises when no int8 engine passes.
 
-Importing this package loads no PyTorch and no engine module.
+Importing this package loads no PyTorch and no engine module; :func:`engines` loads the engine
+modules, still without PyTorch.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ if TYPE_CHECKING:
     from convnets.deploy.export import Verification
 
 __all__ = ["AUTO", "AUTO_ORDER", "INT8_CHECK_IMAGES", "Engine", "auto_order", "available_engines", "build_auto",
-           "check_int8", "engine_names", "get_engine", "register_engine"]
+           "check_int8", "engine_names", "engines", "get_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +90,12 @@ def register_engine(engine: Engine) -> Engine:
 def engine_names() -> tuple[str, ...]:
     """Every registered engine's name, built-in ones first (imports none of them)."""
     return tuple(dict.fromkeys((*_BUILTIN, *_REGISTRY)))
+
+
+def engines() -> tuple[Engine, ...]:
+    """Every registered engine, in :func:`engine_names`' order (engine modules are light: no PyTorch)."""
+    registry = _loaded()
+    return tuple(registry[name] for name in engine_names())
 
 
 def get_engine(name: str, *, option: str = "engine") -> Engine:
@@ -167,7 +171,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
             continue
         if check.passed:
             if int8:
-                built.calibration_check = check
+                setattr(built, "calibration_check", check)  # a plain attribute (Module's typed setattr: tensors)
             break
         log.warning("engine='auto': %s disagrees with the model (max relative error %.3g, min cosine %.5f, "
                     "top-1 agreement %.1f%%; required %s); trying the next engine", name, check.max_rel_error,
@@ -200,8 +204,7 @@ def check_int8(built: nn.Module, model: nn.Module, batches: list[torch.Tensor]) 
 
 
 def _loaded() -> dict[str, Engine]:
-    """The registry, with the built-in engines imported on first use (``torch`` imports PyTorch,
-    which the command line's ``--help`` must not)."""
+    """The registry, with the built-in engines first, imported on first use."""
     for name in _BUILTIN:
         if name not in _REGISTRY:
             register_engine(importlib.import_module(f"{__name__}.{name}").ENGINE)

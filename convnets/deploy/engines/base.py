@@ -1,4 +1,9 @@
-"""The inference-engine plug-in interface (:mod:`convnets.deploy.engines`). No PyTorch is imported here."""
+"""The inference-engine plug-in interface (:mod:`convnets.deploy.engines`). No PyTorch is imported here.
+
+An engine module imports nothing heavy at import time either (PyTorch, ONNX Runtime, OpenVINO
+only inside :meth:`Engine.build` / :meth:`Engine.check`): ``--help`` imports every engine module to
+list their names and :meth:`Engine.help_line` without loading them.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ class Engine(abc.ABC):
 
     Attributes:
         name: what ``engine=`` / ``--engine`` calls it.
-        description: one line for help texts.
+        description: one line for help texts: what runs the model (the devices, precisions and
+            extra are added from the attributes below by :meth:`help_line`).
         devices: device types it runs on.
         precisions: precisions it computes in (on those devices).
         requires: modules that must import (optional packages).
@@ -74,6 +80,13 @@ class Engine(abc.ABC):
         except (UnsupportedPrecisionError, InvalidArgumentError, ImportError):  # Invalid: a precision it does not know
             return False
         return True
+
+    def help_line(self) -> str:
+        """What ``--help`` says about this engine: its description, devices, precisions and the pip
+        extra that installs it, e.g. ``onnxruntime (ONNX Runtime's CPU provider running the onnx
+        export's graph; cpu; fp32; extra: export)``."""
+        needs = f"; extra: {self.extra}" if self.requires else ""
+        return f"{self.name} ({self.description}; {', '.join(self.devices)}; {', '.join(self.precisions)}{needs})"
 
     def __repr__(self) -> str:
         return f"<inference engine {self.name!r}>"

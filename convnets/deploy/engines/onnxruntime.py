@@ -26,7 +26,7 @@ class OnnxRuntimeEngine(Engine):
     """ONNX Runtime on the CPU, fp32 (its CPU provider has no fast bf16/fp16 convolutions)."""
 
     name = "onnxruntime"
-    description = "ONNX Runtime (CPU, fp32), graph from the onnx export"
+    description = "ONNX Runtime's CPU provider running the onnx export's graph"
     devices = ("cpu",)
     precisions = ("fp32",)
     requires = ("onnx", "onnxruntime")
@@ -43,8 +43,10 @@ class OnnxRuntimeEngine(Engine):
         from convnets.deploy.formats import get_format
         from convnets.deploy.formats.onnx import OnnxFormat
 
+        from convnets.deploy.formats.onnx import OnnxFormat
+
         fmt = get_format("onnx")
-        assert isinstance(fmt, OnnxFormat)  # for its load_runner(path, settings)
+        assert isinstance(fmt, OnnxFormat)  # its load_runner takes ONNX Runtime settings
         module = folded_copy(model)
 
         def make_runner(shape: tuple[int, ...]) -> Runner:

@@ -44,7 +44,7 @@ class OpenVinoEngine(Engine):
     """OpenVINO Runtime on the CPU, fp32, bf16 or int8 (NNCF post-training quantization)."""
 
     name = "openvino"
-    description = "OpenVINO Runtime (CPU, fp32, bf16 or int8 via NNCF), converted in memory"
+    description = "OpenVINO Runtime, the model converted in memory (int8: NNCF quantization)"
     devices = ("cpu",)
     precisions = tuple(PRECISION_HINTS)
     requires = ("openvino",)

@@ -131,6 +131,15 @@ class ExportFormat(abc.ABC):
     options: ClassVar[tuple[FormatOption, ...]] = ()
     deprecated: ClassVar[str | None] = None
 
+    def help_line(self) -> str:
+        """What ``convnets export --help`` says about this format: its description, its precisions
+        when they are not all of :data:`EXPORT_PRECISIONS`, the pip extra it needs and why it is
+        deprecated, e.g. ``onnx (ONNX Runtime, TensorRT, Triton onnxruntime_onnx; extra: export)``."""
+        details = "" if set(self.precisions) == set(EXPORT_PRECISIONS) else f"; {', '.join(self.precisions)} only"
+        details += f"; extra: {self.extra}" if self.requires else ""
+        line = f"{self.name} ({self.description}{details})"
+        return line + (f" [deprecated: {self.deprecated}]" if self.deprecated else "")
+
     # --- what a format must do --------------------------------------------------------------------
 
     @abc.abstractmethod
