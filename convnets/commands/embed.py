@@ -17,7 +17,7 @@ import argparse
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, job_settings)
@@ -108,7 +108,7 @@ class EmbedJob(BatchJob):
         from convnets.inference.embed import features_model
 
         args = self.args
-        model = cast("ResNet", load_from_args(args, device=device).model)
+        model = load_from_args(args, device=device).model
         self.net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile)
         return model
 

@@ -22,7 +22,7 @@ import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, job_settings)
@@ -131,7 +131,7 @@ class PredictJob(BatchJob):
         from convnets.inference.predict import class_labels
 
         args = self.args
-        model = cast("ResNet", load_from_args(args, device=device).model)
+        model = load_from_args(args, device=device).model
         self.labels = class_labels(model)
         if args.topk > len(self.labels):
             raise InvalidArgumentError(f"--topk {args.topk} is more than the {len(self.labels)} classes of the "

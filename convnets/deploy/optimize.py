@@ -109,18 +109,16 @@ def _optimize_int8(model: nn.Module, target: torch.device, engine: str, calibrat
                    *, compile: bool) -> nn.Module:
     """``precision="int8"``: calibration checked, the engine built, its agreement with ``model`` measured."""
     runs_int8 = [name for name in engine_names() if INT8 in get_engine(name).precisions]
-    if engine != AUTO:
-        chosen = get_engine(engine)
-        if INT8 not in chosen.precisions:
-            raise UnsupportedPrecisionError(
-                f"the {engine} engine runs no precision='int8'; int8 runs on engine="
-                f"{' or '.join(repr(n) for n in (*runs_int8, AUTO))} (CPU)")
-        chosen.check(INT8, target)
-    batches = calibration_batches(calibration_data)
     if engine == AUTO:
-        return build_auto(model, INT8, target, compile=compile, calibration_data=batches)
-    # Engines that run int8 take calibration_data (Engine.build's docstring).
-    built = chosen.build(model, INT8, target, compile=compile, calibration_data=batches)  # type: ignore[call-arg]
+        return build_auto(model, INT8, target, compile=compile, calibration_data=calibration_batches(calibration_data))
+    chosen = get_engine(engine)
+    if INT8 not in chosen.precisions:
+        raise UnsupportedPrecisionError(
+            f"the {engine} engine runs no precision='int8'; int8 runs on engine="
+            f"{' or '.join(repr(n) for n in (*runs_int8, AUTO))} (CPU)")
+    chosen.check(INT8, target)
+    batches = calibration_batches(calibration_data)
+    built = chosen.build(model, INT8, target, compile=compile, calibration_data=batches)
     check = check_int8(built, model, batches)
     setattr(built, "calibration_check", check)  # a plain attribute (Module's typed setattr: tensors)
     log.log(logging.INFO if check.passed else logging.WARNING,

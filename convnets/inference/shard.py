@@ -123,8 +123,8 @@ class PartFiles:
     embed`` passes its embedding files (parts are spools, see :func:`convnets.inference.spool.read_embedding_records`).
     """
 
-    read: Callable[[Path], Iterable[dict]]
-    write: Callable[[Path, Iterable[list[dict]]], int]
+    read: Callable[[Path], Iterable[dict[str, Any]]]
+    write: Callable[[Path, Iterable[list[dict[str, Any]]]], int]
     exists: Callable[[Path], bool] = Path.exists
     remove: Callable[[Path], None] = Path.unlink
 

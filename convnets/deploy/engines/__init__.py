@@ -142,12 +142,8 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     from convnets.deploy.folding import error_summary
 
     int8 = precision == "int8"
-    if int8:
-        extra: dict[str, object] = {"calibration_data": calibration_data}
-    else:
-        # The photos that verify exports (shipped in the package), at the model's input size.
-        batch, inputs = sample_batch(image_size=int(getattr(model, "input_size", 224)))
-        extra = {}
+    # fp32 / bf16 / fp16: the photos that verify exports (shipped in the package), at the model's input size.
+    batch, inputs = (None, "") if int8 else sample_batch(image_size=int(getattr(model, "input_size", 224)))
     reasons = []
     for name in auto_order(precision, device):
         engine = get_engine(name)
@@ -162,8 +158,9 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
             reasons.append(f"{name} does not run {precision} here")
             continue
         try:
-            built = engine.build(model, precision, device, compile=compile, **extra)
-            check = (check_int8(built, model, calibration_data or []) if int8
+            built = engine.build(model, precision, device, compile=compile,
+                                 calibration_data=calibration_data if int8 else None)
+            check = (check_int8(built, model, calibration_data or []) if batch is None
                      else verify_runner(built, model, batch, precision, inputs))
         except Exception as e:  # noqa: BLE001 - any engine failure: try the next engine
             log.warning("engine='auto': %s failed (%s); trying the next engine", name, error_summary(e))
