@@ -13,8 +13,9 @@ PyTorch is imported on first use of a name that needs it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from convnets.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from convnets.evaluation.loop import evaluate_model
@@ -22,10 +23,4 @@ if TYPE_CHECKING:
 
 __all__ = ["EvaluationReport", "evaluate_model"]
 
-_LAZY = {"EvaluationReport": "report", "evaluate_model": "loop"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"convnets.evaluation.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, {"EvaluationReport": "report", "evaluate_model": "loop"})

@@ -16,8 +16,9 @@ PyTorch is imported on first use of a name that needs it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from convnets.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from convnets.inference.embed import embed
@@ -25,10 +26,4 @@ if TYPE_CHECKING:
 
 __all__ = ["embed", "predict"]
 
-_LAZY = {"embed": "embed", "predict": "predict"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"convnets.inference.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, {"embed": "embed", "predict": "predict"})

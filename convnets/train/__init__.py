@@ -15,9 +15,9 @@ included; measuring a model on a labelled image set is :mod:`convnets.evaluation
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from convnets.lazy import lazy_getattr
 from convnets.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -29,14 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TrainConfig", "TrainSummary", "Trainer", "benchmark_training", "evaluate", "fit", "write_curves"]
 
-# Where each lazily imported name lives: the step, the loop, the metrics, the benchmark, the curves.
-_LAZY = {"Trainer": "step", "fit": "loop", "evaluate": "loop", "TrainSummary": "metrics",
-         "benchmark_training": "benchmark", "write_curves": "curves"}
-
-
-def __getattr__(name: str) -> Any:
-    # The loop pulls in torchvision, DDP and tqdm; import it on first use so that building the
-    # `convnets` command line (which reads TrainConfig's defaults) stays fast.
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"convnets.train.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The loop pulls in torchvision, DDP and tqdm: each name's module is imported on first use, so that
+# building the `convnets` command line (which reads TrainConfig's defaults) stays fast.
+__getattr__ = lazy_getattr(__name__, {"Trainer": "step", "fit": "loop", "evaluate": "loop", "TrainSummary": "metrics",
+                                      "benchmark_training": "benchmark", "write_curves": "curves"})
