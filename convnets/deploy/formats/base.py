@@ -14,7 +14,6 @@ before anything heavy is loaded; formats import their exporters inside :meth:`Ex
 from __future__ import annotations
 
 import abc
-import importlib
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from convnets.deploy.telemetry import import_without_telemetry
 from convnets.errors import InvalidArgumentError, MissingDependencyError, UnknownArgumentError
 
 if TYPE_CHECKING:
@@ -44,13 +44,17 @@ Signature = tuple[str, tuple[int, ...], str, tuple[int, ...]]
 def require(module: str, *, extra: str = "export", purpose: str = "this export") -> ModuleType:
     """Import an optional dependency, or raise :class:`MissingDependencyError` naming the pip extra.
 
+    Every import of OpenVINO, NNCF, ONNX and ONNX Runtime in this package goes through here, and so
+    through :func:`~convnets.deploy.telemetry.import_without_telemetry`: their third-party
+    telemetry stays off unless the user opted in to it.
+
     Args:
         module: the module to import, e.g. ``"onnxruntime"``.
         extra: the extra of the ``convnets-hub`` distribution that installs it.
         purpose: what needs it, for the message.
     """
     try:
-        return importlib.import_module(module)
+        return import_without_telemetry(module)
     except ImportError as e:
         raise MissingDependencyError(f"{module} is needed for {purpose} but cannot be imported ({e}); "
                                      f"install the '{extra}' extra: pip install 'convnets-hub[{extra}]'") from e
