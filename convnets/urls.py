@@ -87,13 +87,17 @@ def check_public(url: str) -> None:
     except ValueError:
         port = 80  # an invalid port: let the request report it
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = _addresses(host, port)
     except (socket.gaierror, UnicodeError) as e:
         raise requests.ConnectionError(f"cannot resolve the host {host!r} ({e})") from e
-    for info in infos:
-        address = str(info[4][0])
+    for address in addresses:
         if _refused(address):
             raise BlockedAddressError(url, address)
+
+
+def _addresses(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to (IPv4 and IPv6), as strings."""
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
 
 
 class _NoRedirectSession(requests.Session):
