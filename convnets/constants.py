@@ -7,7 +7,8 @@ anything.
 
 from __future__ import annotations
 
-__all__ = ["BACKENDS", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES", "LAYERS", "MIRROR_ENV"]
+__all__ = ["BACKENDS", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES", "LAYERS", "MAX_REDIRECTS", "MIRROR_ENV",
+           "PRIVATE_URLS_OPTION"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
@@ -17,6 +18,13 @@ DEFAULT_IMAGE_SIZE = 224
 
 #: Seconds allowed for each image download (connecting included) unless ``timeout=`` / ``--timeout``.
 DEFAULT_TIMEOUT = 30.0
+
+#: Redirects followed at most by a download (images and weights); one more is an error.
+MAX_REDIRECTS = 5
+
+#: The option of the commands that read URLs (predict, embed, export --images) that lets them fetch
+#: from loopback, private and link-local addresses (``allow_private=True`` in Python).
+PRIVATE_URLS_OPTION = "--allow-private-urls"
 
 #: File endings that a directory input is searched for (case-insensitive).
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})

@@ -102,7 +102,7 @@ def test_urls_keep_their_timeout_and_order_in_workers(images: Path, http_server)
     torch.manual_seed(0)
     model = convnets.get_model("resnet50", **TINY_ARCH).eval()
     results = list(predict_items(model, ((name, None) for name in inputs), batch_size=2, preset=PRESET, timeout=1,
-                                 workers=2))
+                                 workers=2, allow_private=True))
     assert [r.input for r in results] == inputs
     assert [r.ok for r in results] == [True, False, True, True]
     assert isinstance(results[1].error, ImageDownloadError) and "1" in str(results[1].error)

@@ -240,6 +240,9 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
     ("convnets/commands/train.py", "TypeError"): (
         1, "a TrainConfig field type without a 'parse' function: a developer's mistake"),
     ("convnets/fileio.py", "TimeoutError"): (2, "another process holds a lock too long: not an input"),
+    ("convnets/urls.py", "TimeoutError"): (
+        2, "a download's deadline passed: both callers (preprocessing.io, weights.download) catch it and "
+           "raise ImageDownloadError / WeightsUnavailableError naming the URL and the limit"),
     ("hubconf.py", "RuntimeError"): (1, "two registered models claim one hub name: a developer's mistake"),
 }
 

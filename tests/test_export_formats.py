@@ -205,7 +205,8 @@ def test_verification_photos_can_be_urls(http_server: LoopbackServer) -> None:
     """``--images http://...`` is downloaded (as predict downloads), not taken for a local path."""
     http_server.routes["/photos/rocket.jpg"] = Route((EXAMPLES_DIR / "rocket.jpg").read_bytes(), content_type="image/jpeg")
     url = f"{http_server.base_url}/photos/rocket.jpg"
-    batch, description = sample_batch([url, EXAMPLES_DIR / "coffee.png"], image_size=SIZE, timeout=10)
+    batch, description = sample_batch([url, EXAMPLES_DIR / "coffee.png"], image_size=SIZE, timeout=10,
+                                      allow_private=True)
     assert description == f"2 photos: {url}, coffee.png"
     expected = prepare_input_from_uri([EXAMPLES_DIR / "rocket.jpg", EXAMPLES_DIR / "coffee.png"], image_size=64,
                                       resize_size=73)

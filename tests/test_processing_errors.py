@@ -1,6 +1,7 @@
 """Bad input raises one documented exception that names the input and the reason, and fast.
 
-Network cases run against a real HTTP server on 127.0.0.1 (``processing_support.http_server``).
+Network cases run against a real HTTP server on 127.0.0.1 (``processing_support.http_server``), so they
+pass ``allow_private=True`` (loopback is refused by default).
 """
 
 from __future__ import annotations
@@ -153,17 +154,17 @@ def test_long_inputs_are_abbreviated_in_messages() -> None:
 
 def test_http_404(http_server: str) -> None:
     url = f"{http_server}/missing.jpg"
-    _raises(url, ImageDownloadError, url, "HTTP 404")
+    _raises(url, ImageDownloadError, url, "HTTP 404", allow_private=True)
 
 
 def test_http_500(http_server: str) -> None:
     url = f"{http_server}/broken.jpg"
-    _raises(url, ImageDownloadError, url, "HTTP 500")
+    _raises(url, ImageDownloadError, url, "HTTP 500", allow_private=True)
 
 
 def test_html_page_with_status_200(http_server: str) -> None:
     url = f"{http_server}/page.html"
-    _raises(url, ImageDownloadError, url, "text/html", "not an image")
+    _raises(url, ImageDownloadError, url, "text/html", "not an image", allow_private=True)
 
 
 @pytest.mark.parametrize(("route", "options", "reason", "within"), [
@@ -181,18 +182,18 @@ def test_misbehaving_server_is_cut_off(http_server: str, route: str, options: di
                                        reason: str, within: float) -> None:
     url = f"{http_server}/{route}"
     start = time.monotonic()
-    _raises(url, ImageDownloadError, url, reason, **options)
+    _raises(url, ImageDownloadError, url, reason, allow_private=True, **options)
     assert time.monotonic() - start < within
 
 
 def test_announced_size_over_cap_fails_before_reading(http_server: str) -> None:
     url = f"{http_server}/huge.png"
-    _raises(url, ImageDownloadError, url, "1000000000000 bytes", "max_bytes")
+    _raises(url, ImageDownloadError, url, "1000000000000 bytes", "max_bytes", allow_private=True)
 
 
 def test_connection_closed_early(http_server: str) -> None:
     url = f"{http_server}/truncated.png"
-    _raises(url, ImageDownloadError, url, "closed")
+    _raises(url, ImageDownloadError, url, "closed", allow_private=True)
 
 
 def test_connection_refused() -> None:
@@ -200,4 +201,4 @@ def test_connection_refused() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/cat.jpg"
-    _raises(url, ImageDownloadError, url, "download failed")
+    _raises(url, ImageDownloadError, url, "download failed", allow_private=True)

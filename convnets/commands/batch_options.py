@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 from convnets.commands.options import (add_image_size_argument, add_output_argument, non_negative_int, positive_int,
                                        positive_seconds)
-from convnets.constants import DEFAULT_TIMEOUT
+from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
     from convnets.inference.job import JobSettings
 
-__all__ = ["add_batch_arguments", "add_input_arguments", "add_output_arguments", "add_progress_argument",
-           "job_settings"]
+__all__ = ["add_batch_arguments", "add_input_arguments", "add_output_arguments", "add_private_urls_argument",
+           "add_progress_argument", "job_settings"]
 
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +47,8 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: int = 16) -> None:
-    """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``."""
+    """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``,
+    ``--allow-private-urls``."""
     from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
 
     group = parser.add_argument_group("batches")
@@ -62,7 +63,17 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
                             help="center-crop size; the shorter side is resized to PX*256/224 first (default: "
                                  "what the weights were trained for, 224 for the NGC weights)")
     group.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                       help=f"time allowed for each URL download, connecting included (default {DEFAULT_TIMEOUT:g})")
+                       help=f"time allowed for each URL download, connecting and redirects included (default "
+                            f"{DEFAULT_TIMEOUT:g})")
+    add_private_urls_argument(group)
+
+
+def add_private_urls_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add ``--allow-private-urls`` (``allow_private=True`` of the library's downloads)."""
+    parser.add_argument(PRIVATE_URLS_OPTION, dest="allow_private", action="store_true",
+                        help="also download URLs whose host is a loopback, private or link-local address "
+                             "(localhost, 10.x, 192.168.x, 169.254.x, ::1, ...), also as a redirect's target; "
+                             "refused by default")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, resume_help: str,
@@ -106,6 +117,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     from convnets.inference.job import JobSettings
     from convnets.inference.loader import Decoding
 
-    return JobSettings(inputs=args.inputs, decoding=Decoding(timeout=args.timeout, workers=args.workers),
+    decoding = Decoding(timeout=args.timeout, workers=args.workers, allow_private=args.allow_private)
+    return JobSettings(inputs=args.inputs, decoding=decoding,
                        recursive=args.recursive, from_file=args.from_file, output=args.output, resume=args.resume,
                        batch_size=args.batch_size, image_size=args.image_size, progress=args.progress)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from convnets.commands.batch_options import add_private_urls_argument
 from convnets.commands.options import (add_image_size_argument, add_json_argument, add_model_arguments,
                                        add_output_argument, add_precision_argument, load_from_args)
 from convnets.constants import DEFAULT_IMAGE_SIZE
@@ -52,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", type=int, metavar="N",
                         help=f"Triton max_batch_size (default: {DEFAULT_MAX_BATCH_SIZE})")
     parser.add_argument("--images", nargs="+", metavar="IMAGE",
-                        help="photos to verify with (default: the example photos shipped with convnets)")
+                        help="photos (files or http(s) URLs) to verify with (default: the example photos shipped "
+                             "with convnets)")
+    add_private_urls_argument(parser)
     add_image_size_argument(parser, default=None, help="input size (default: the size the --weights checkpoint was "
                                                        f"trained at, else {DEFAULT_IMAGE_SIZE})")
     add_json_argument(parser, help="the result (files, tensors, verification)")
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     name = check_model_name(args.name or loaded.name)
     output = Path(args.output)
     path = (model_version_dir(output, name) if args.triton else output) / fmt.file_names[0]
-    batch, description = sample_batch(args.images, image_size=image_size)
+    batch, description = sample_batch(args.images, image_size=image_size, allow_private=args.allow_private)
     path.parent.mkdir(parents=True, exist_ok=True)
     result = export_model(loaded.model, path, format=fmt.name, precision=args.precision, batch=batch,
                           batch_description=description, image_size=image_size, **options)

@@ -147,7 +147,9 @@ class PredictJob(BatchJob):
         if args.show is not None:  # closed (the last sheet written) when the stack unwinds without an error
             from convnets.inference.sheet import ContactSheetWriter
 
-            self.sheets = stack.enter_context(ContactSheetWriter(args.show, timeout=args.timeout, interface="cli"))
+            self.sheets = stack.enter_context(ContactSheetWriter(args.show, timeout=args.timeout,
+                                                                      allow_private=args.allow_private,
+                                                                      interface="cli"))
         if part is not None:
             return open_writer(part, resume=args.resume, topk=args.topk, stack=stack)
         return (RecordWriter(sys.stdout, "jsonl") if args.jsonl else None), None

@@ -140,7 +140,8 @@ def _exportable(model: nn.Module, precision: str) -> _Exportable:
 
 
 def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
-                 image_size: int = 224, *, timeout: float = DEFAULT_TIMEOUT) -> tuple[Tensor, str]:
+                 image_size: int = 224, *, timeout: float = DEFAULT_TIMEOUT,
+                 allow_private: bool = False) -> tuple[Tensor, str]:
     """A preprocessed batch of real photos for verification, and a description of it.
 
     Args:
@@ -150,6 +151,8 @@ def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
         image_size: crop size; the rest of the preprocessing is
             :meth:`EvalPreset.for_image_size` (NVIDIA's evaluation pipeline).
         timeout: total seconds allowed for each URL download.
+        allow_private: also download URLs whose host is a loopback, private or link-local address
+            (refused by default; ``--allow-private-urls`` on the command line).
 
     Returns:
         ``([N, 3, image_size, image_size] float tensor, description)``.
@@ -164,7 +167,8 @@ def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
         raise ExportError("the example photos that verify exports are missing from the installed convnets "
                           "package (convnets/assets/examples); reinstall it, or pass images to verify with "
                           "(--images on the command line)")
-    batch = prepare_input_from_uri(paths, preset=EvalPreset.for_image_size(image_size), timeout=timeout)
+    batch = prepare_input_from_uri(paths, preset=EvalPreset.for_image_size(image_size), timeout=timeout,
+                                   allow_private=allow_private)
     return batch, f"{len(paths)} photos: " + ", ".join(p if isinstance(p, str) else p.name for p in paths)
 
 

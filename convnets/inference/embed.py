@@ -121,7 +121,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
                 preset: EvalPreset | None = None, normalize: bool = False, batch_size: int = 32,
                 device: torch.device | str = "cpu", timeout: float = DEFAULT_TIMEOUT, workers: int | None = 0,
                 start: int = 0, on_batch: Callable[[int], None] | None = None,
-                decoding: Decoding | None = None) -> Iterator[Embedding]:
+                decoding: Decoding | None = None, allow_private: bool = False) -> Iterator[Embedding]:
     """Embed expanded inputs (:func:`convnets.inference.inputs.iter_inputs`), one :class:`Embedding` each, in order.
 
     Args:
@@ -129,7 +129,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
         items: ``(input, error)`` pairs in order; those with an error are reported, not read.
         preset: the preprocessing (required unless ``decoding`` holds it).
         normalize: divide each vector by its L2 norm.
-        batch_size, device, timeout, workers, start, on_batch, decoding: as for
+        batch_size, device, timeout, workers, start, on_batch, decoding, allow_private: as for
             :func:`convnets.inference.predict.predict_items`.
 
     Yields:
@@ -138,7 +138,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
     def vectors(batch: Tensor) -> np.ndarray:
         out = features(batch).float()
         return (nn.functional.normalize(out, dim=1) if normalize else out).cpu().numpy()
-    chosen = decoding or Decoding(preset, timeout, workers)
+    chosen = decoding or Decoding(preset, timeout, workers, allow_private)
     for name, vector, error in map_batches(vectors, items, batch_size=batch_size, decoding=chosen, device=device,
                                            start=start, on_batch=on_batch):
         yield Embedding(name, vector, error)
@@ -161,6 +161,7 @@ def embed(
     preset: EvalPreset | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_error: Literal["skip", "raise"] = "skip",
+    allow_private: bool = False,
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Embed images: yields ``(input, vector)`` per readable input, in input order.
 
@@ -176,6 +177,8 @@ def embed(
         recursive: search directories' subfolders too.
         image_size, resize_size, preset: preprocessing, as for :func:`convnets.inference.predict.predict`.
         timeout: total seconds allowed for each URL download.
+        allow_private: also download URLs whose host is a loopback, private or link-local address
+            (refused by default).
         on_error: an input that cannot be read is logged and skipped (``"skip"``) or raises its
             :class:`~convnets.errors.ImageLoadError` (``"raise"``).
 
@@ -190,7 +193,7 @@ def embed(
         raise InvalidArgumentError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     net: Any = features_model(model, layer, precision=precision, device=device, compile=compile)
     chosen = resolve_decoding(model, None, preset=preset, image_size=image_size, resize_size=resize_size,
-                              timeout=timeout, workers=workers)
+                              timeout=timeout, workers=workers, allow_private=allow_private)
     for result in embed_items(net, iter_inputs(inputs, recursive=recursive), normalize=normalize,
                               batch_size=batch_size, device=net.device, decoding=chosen):
         if result.error is not None:

@@ -75,7 +75,7 @@ def resolve_preset(model: object, preset: EvalPreset | None, image_size: int | N
 
 def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
                      image_size: int | None = None, resize_size: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-                     workers: int | None = 0) -> Decoding:
+                     workers: int | None = 0, allow_private: bool = False) -> Decoding:
     """The decoding a library call uses: ``decoding``, or one made of the separate options.
 
     Args:
@@ -83,12 +83,12 @@ def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPr
         decoding: the whole setting; its ``preset``, when ``None``, is filled in from ``model``.
         preset, image_size, resize_size: as for :func:`resolve_preset` (used without ``decoding``,
             or to fill its missing preset).
-        timeout, workers: the fields of a new :class:`~convnets.inference.loader.Decoding`.
+        timeout, workers, allow_private: the fields of a new :class:`~convnets.inference.loader.Decoding`.
 
     Returns:
         A decoding with a preset.
     """
-    decoding = decoding or Decoding(preset, timeout, workers)
+    decoding = decoding or Decoding(preset, timeout, workers, allow_private)
     if decoding.preset is not None and image_size is None and resize_size is None:
         return decoding
     return decoding.with_preset(resolve_preset(model, decoding.preset, image_size, resize_size))
@@ -113,8 +113,8 @@ def predict(
             iterable, e.g. a generator reading a list file.
         recursive: search directories' subfolders too.
         **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``,
-            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``on_batch``, ``workers``,
-            ``decoding``).
+            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``allow_private``, ``on_batch``,
+            ``workers``, ``decoding``).
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
@@ -138,6 +138,7 @@ def predict_items(
     start: int = 0,
     workers: int | None = 0,
     decoding: Decoding | None = None,
+    allow_private: bool = False,
 ) -> Iterator[Prediction]:
     """:func:`predict` for inputs already expanded by :func:`iter_inputs` (e.g. after skipping
     the ones an earlier run recorded).
@@ -162,8 +163,11 @@ def predict_items(
             ``DataLoader``; the same tensors, bit for bit, and the same order); 0 (default): decode
             in this process, on threads, between model calls; ``None``: the default for ``device``.
             See :mod:`convnets.inference.loader`.
-        decoding: preset, timeout and workers in one :class:`~convnets.inference.loader.Decoding`
-            (what ``convnets predict`` passes); replaces those three options.
+        decoding: preset, timeout, workers and allow_private in one
+            :class:`~convnets.inference.loader.Decoding` (what ``convnets predict`` passes); replaces
+            those four options.
+        allow_private: also download URLs whose host is a loopback, private or link-local address;
+            by default they fail with an error that names this keyword.
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.
@@ -187,7 +191,7 @@ def predict_items(
         values, indices = probabilities.topk(topk, dim=1)
         return [[TopClass(int(c), names[int(c)], float(p)) for p, c in zip(v, i)] for v, i in zip(values, indices)]
     chosen = resolve_decoding(model, decoding, preset=preset, image_size=image_size, resize_size=resize_size,
-                              timeout=timeout, workers=workers)
+                              timeout=timeout, workers=workers, allow_private=allow_private)
     for name, top, error in map_batches(top_classes, items, batch_size=batch_size, decoding=chosen, device=device,
                                         start=start, on_batch=on_batch):
         yield Prediction(name, top or [], error)

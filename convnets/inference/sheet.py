@@ -166,12 +166,12 @@ def _wrap(text: str, font: Any, width: float, max_lines: int) -> list[str]:
     return lines
 
 
-def _thumbnail(source: str, size: int, timeout: float) -> tuple[Image.Image | None, str | None]:
+def _thumbnail(source: str, size: int, timeout: float, allow_private: bool) -> tuple[Image.Image | None, str | None]:
     """``source`` read again and scaled to fit a ``size`` square, or ``(None, why it could not be)``."""
     from convnets.preprocessing.pipeline import load_image  # PIL + requests (+ torch): only when drawing
 
     try:
-        image = load_image(source, timeout=timeout)
+        image = load_image(source, timeout=timeout, allow_private=allow_private)
     except ImageLoadError as e:
         log.warning("no thumbnail for %s: %s", source, e)
         return None, message_for(e, "cli")
@@ -218,12 +218,12 @@ def _text_block(draw: ImageDraw.ImageDraw, text: str, style: _Style, fill: tuple
 
 
 def _draw_sheet(results: list[Prediction], path: Path, style: _Style, columns: int, timeout: float,
-                interface: Interface) -> None:
+                allow_private: bool, interface: Interface) -> None:
     """Draw the tiles of ``results`` in rows of ``columns`` and write the PNG atomically."""
     classes = min(style.max_classes, max(len(r.top) for r in results))
     tiles = []
     for result in results:
-        picture, why = _thumbnail(result.input, style.thumbnail, timeout) if result.ok else (None, None)
+        picture, why = _thumbnail(result.input, style.thumbnail, timeout, allow_private) if result.ok else (None, None)
         tiles.append(_tile(result, picture, why, style, classes, interface))
     columns = min(columns, len(tiles))
     rows = math.ceil(len(tiles) / columns)
@@ -255,6 +255,8 @@ class ContactSheetWriter:
         font_size: text height in pixels.
         gap: white space between and around the tiles, in pixels.
         timeout: total seconds allowed for each URL's second download.
+        allow_private: also download URLs whose host is a loopback, private or link-local address
+            (refused by default; pass what the predictions were made with).
         interface: the words of the errors written on failed inputs' tiles: ``"python"`` or ``"cli"``.
 
     Raises:
@@ -263,7 +265,8 @@ class ContactSheetWriter:
 
     def __init__(self, path: str | os.PathLike[str], *, per_sheet: int = SHEET_SIZE, columns: int = 8,
                  thumbnail_size: int = 256, max_classes: int = 10, font_size: int = 14, gap: int = 8,
-                 timeout: float = DEFAULT_TIMEOUT, interface: Interface = "python") -> None:
+                 timeout: float = DEFAULT_TIMEOUT, allow_private: bool = False,
+                 interface: Interface = "python") -> None:
         for name, value, least in (("per_sheet", per_sheet, 1), ("columns", columns, 1),
                                    ("thumbnail_size", thumbnail_size, 32), ("max_classes", max_classes, 0),
                                    ("font_size", font_size, 6), ("gap", gap, 0)):
@@ -271,6 +274,7 @@ class ContactSheetWriter:
                 raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {value!r}")
         self.path = check_sheet_destination(path)
         self.per_sheet, self.columns, self.timeout, self.interface = per_sheet, columns, timeout, interface
+        self.allow_private = allow_private
         font = _font(font_size)
         left, top, right, bottom = font.getbbox("Ag|%")
         self._style = _Style(thumbnail_size, gap, max_classes, font, line=bottom - min(top, 0) + 5)
@@ -299,7 +303,7 @@ class ContactSheetWriter:
         path = sheet_path(self.path, len(self.paths) + 1)
         results, self._collected = self._collected, []
         self._drawing = self._pool.submit(_draw_sheet, results, path, self._style, self.columns, self.timeout,
-                                          self.interface)
+                                          self.allow_private, self.interface)
         self.paths.append(path)
 
     def _wait(self) -> None:
@@ -348,7 +352,7 @@ class ContactSheetWriter:
 
 
 _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_classes", "font_size", "gap", "timeout",
-                             "interface"})
+                             "allow_private", "interface"})
 
 
 def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
@@ -358,7 +362,7 @@ def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[
         results: predictions in order; any iterable, consumed once.
         path: the first sheet's file (``.png``); more sheets are ``FILE-2.png``, ... (:func:`sheet_path`).
         **options: as for :class:`ContactSheetWriter` (``per_sheet``, ``columns``, ``thumbnail_size``,
-            ``max_classes``, ``font_size``, ``gap``, ``timeout``, ``interface``).
+            ``max_classes``, ``font_size``, ``gap``, ``timeout``, ``allow_private``, ``interface``).
 
     Returns:
         The sheets written, in order.

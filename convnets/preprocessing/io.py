@@ -4,6 +4,10 @@ Every failure a user can cause (missing file, HTTP error, slow or endless server
 truncated or non-image data, decompression bomb) raises one :class:`ImageLoadError` subclass whose
 message names the input and the reason. Decoding never changes Pillow's global settings
 (``LOAD_TRUNCATED_IMAGES``, ``MAX_IMAGE_PIXELS``, warning filters), so it is safe from many threads.
+
+URLs are fetched through :func:`convnets.urls.open_url`: one deadline and one size cap for the
+whole redirect chain, at most five redirects, and no loopback, private or link-local address
+unless ``allow_private=True`` (``--allow-private-urls`` on the command line).
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ import io
 import logging
 import os
 import re
-import socket
 import struct
 import time
 from pathlib import Path
@@ -23,7 +26,7 @@ import urllib3
 import validators
 from PIL import Image, UnidentifiedImageError
 
-from convnets.constants import DEFAULT_TIMEOUT
+from convnets.constants import DEFAULT_TIMEOUT, MAX_REDIRECTS, PRIVATE_URLS_OPTION
 from convnets.errors import (
     ImageDecodeError,
     ImageDownloadError,
@@ -31,6 +34,7 @@ from convnets.errors import (
     ImageNotFoundError,
     InvalidArgumentTypeError,
 )
+from convnets.urls import BlockedAddressError, RedirectError, open_url, read_chunks
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -103,23 +107,6 @@ def is_url(source: object) -> TypeGuard[str]:
     return isinstance(source, str) and _scheme(source) is not None
 
 
-def _set_read_timeout(response: requests.Response, seconds: float) -> None:
-    """Bound the next socket read so that one stalled read cannot overrun the total deadline.
-
-    ``requests`` only has a per-read timeout, set once on the socket; shortening it before each
-    read makes the deadline exact. Best effort: urllib3 2 exposes the socket on the connection,
-    except for close-delimited bodies, where only http.client's response still holds it. Where
-    neither is found the deadline is checked between reads, so a stalled read may overrun it
-    by up to ``timeout``.
-    """
-    sock = getattr(getattr(response.raw, "connection", None), "sock", None)
-    if sock is None:
-        buffered = getattr(getattr(response.raw, "_fp", None), "fp", None)
-        sock = getattr(getattr(buffered, "raw", None), "_sock", None)
-    if isinstance(sock, socket.socket):
-        sock.settimeout(max(seconds, 0.001))
-
-
 def _timed_out(label: str, timeout: float) -> ImageDownloadError:
     # cli: the command that offers the timeout adds its option (see convnets.errors).
     return ImageDownloadError(
@@ -130,8 +117,7 @@ def _timed_out(label: str, timeout: float) -> ImageDownloadError:
             f"for connecting and receiving the whole image).", keyword="timeout")
 
 
-def _read_body(response: requests.Response, label: str, deadline: float, timeout: float,
-               max_bytes: int) -> bytes:
+def _read_body(response: requests.Response, label: str, deadline: float, max_bytes: int) -> bytes:
     declared = response.headers.get("Content-Length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ImageDownloadError(
@@ -139,19 +125,9 @@ def _read_body(response: requests.Response, label: str, deadline: float, timeout
             f"max_bytes={max_bytes}. Pass a larger max_bytes if the image is really that big.",
             cli=f"Cannot load image {label}: the server announces {int(declared)} bytes, more than "
                 f"the limit of {max_bytes}.", keyword="max_bytes")
-    # read1 returns after a single network read, so a server that drips bytes slowly is still
-    # stopped at the deadline; read() would block until a whole chunk had arrived.
-    read = getattr(response.raw, "read1", response.raw.read)
     chunks: list[bytes] = []
     received = 0
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise _timed_out(label, timeout)
-        _set_read_timeout(response, remaining)
-        chunk = read(_CHUNK_BYTES, decode_content=True)
-        if not chunk:
-            break
+    for chunk in read_chunks(response, deadline=deadline, chunk_bytes=_CHUNK_BYTES):
         received += len(chunk)
         if received > max_bytes:
             raise ImageDownloadError(
@@ -168,21 +144,40 @@ def _read_body(response: requests.Response, label: str, deadline: float, timeout
     return b"".join(chunks)
 
 
-def download(url: str, *, timeout: float = DEFAULT_TIMEOUT,
-             max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+def _blocked(label: str, error: BlockedAddressError) -> ImageDownloadError:
+    first = "" if describe_input(error.url) == label else f" (redirected to {describe_input(error.url)})"
+    problem = (f"Cannot load image {label}{first}: its host resolves to {error.address}, a loopback, private or "
+               f"link-local address, which is refused by default.")
+    return ImageDownloadError(f"{problem} Pass allow_private=True if you trust the URL.",
+                              cli=f"{problem} Pass {PRIVATE_URLS_OPTION} if you trust the URL.",
+                              keyword="allow_private")
+
+
+def download(url: str, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
+             allow_private: bool = False) -> bytes:
     """Download an image's bytes over http(s) with a total deadline and a size cap.
+
+    Redirects are followed by hand (:func:`convnets.urls.open_url`): at most
+    :data:`~convnets.constants.MAX_REDIRECTS`, to http(s) URLs only, without reading their bodies,
+    all within the one ``timeout``.
 
     Args:
         url: an ``http://`` or ``https://`` URL.
-        timeout: seconds for the whole download (connect, headers and body).
-        max_bytes: largest accepted body, in bytes (after content decoding).
+        timeout: seconds for the whole download (connecting, every redirect, headers and body).
+        max_bytes: largest accepted body, in bytes (after content decoding); redirect bodies are
+            never read.
+        allow_private: also fetch from hosts that resolve to loopback, private or link-local
+            addresses (``localhost``, ``10.x``, ``192.168.x``, ``169.254.x``, ``::1``, ...); by
+            default such a URL, or a redirect to one, is refused. The addresses are checked before
+            connecting (:func:`convnets.urls.check_public`, which says what that does not catch).
 
     Returns:
         The response body.
 
     Raises:
-        ImageDownloadError: unsupported scheme, invalid URL, connection error, HTTP 4xx/5xx,
-            non-image content type, timeout, body over ``max_bytes`` or cut short.
+        ImageDownloadError: unsupported scheme, invalid URL, a private address without
+            ``allow_private``, too many redirects or one to another scheme, connection error,
+            HTTP 4xx/5xx, non-image content type, timeout, body over ``max_bytes`` or cut short.
     """
     label = describe_input(url)
     scheme = _scheme(url)
@@ -199,21 +194,23 @@ def download(url: str, *, timeout: float = DEFAULT_TIMEOUT,
     start = time.monotonic()
     deadline = start + timeout
     try:
-        # A urllib3 Timeout with `total` bounds connect + response headers together; the body
-        # is bounded by the deadline in _read_body.
-        # requests hands a urllib3 Timeout to urllib3 as it is (HTTPAdapter.send); its annotation
-        # of `timeout` lists only floats and tuples.
-        with requests.get(url, stream=True, timeout=urllib3.Timeout(total=timeout),  # type: ignore[arg-type]
-                          headers={"User-Agent": USER_AGENT, "Accept": "image/*,*/*;q=0.8"}) as resp:
+        # Each hop gets the time left until the deadline (connect + response headers); the body
+        # is bounded by the same deadline in _read_body.
+        with open_url(url, deadline=deadline, allow_private=allow_private, max_redirects=MAX_REDIRECTS,
+                      headers={"User-Agent": USER_AGENT, "Accept": "image/*,*/*;q=0.8"}) as resp:
             resp.raise_for_status()
             content_type = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if content_type.startswith(_NON_IMAGE_TYPES):
                 raise ImageDownloadError(
                     f"Cannot load image {label}: the server sent {content_type!r} content, not an "
                     f"image (an error or web page?). Use the direct address of the image file.")
-            body = _read_body(resp, label, deadline, timeout, max_bytes)
+            body = _read_body(resp, label, deadline, max_bytes)
     except ImageLoadError:
         raise
+    except BlockedAddressError as exc:
+        raise _blocked(label, exc) from exc
+    except RedirectError as exc:
+        raise ImageDownloadError(f"Cannot load image {label}: {exc}.") from exc
     except requests.HTTPError as exc:
         response = exc.response
         status = f"{response.status_code} {response.reason}" if response is not None else str(exc)
@@ -283,8 +280,8 @@ def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None)
         raise ImageLoadError(f"Cannot load image {label}: cannot read the file ({exc}).") from exc
 
 
-def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
-               max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int | None = None) -> Image.Image:
+def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
+               max_pixels: int | None = None, allow_private: bool = False) -> Image.Image:
     """Open and fully decode one image, in its original mode and orientation.
 
     Args:
@@ -294,6 +291,8 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
         max_bytes: largest accepted download, in bytes.
         max_pixels: largest accepted width x height of encoded inputs; ``None`` uses
             ``PIL.Image.MAX_IMAGE_PIXELS``.
+        allow_private: also download from loopback, private and link-local addresses (refused
+            by default; see :func:`download`).
 
     Returns:
         The decoded (first frame of the) image.
@@ -318,7 +317,7 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
             raise ImageDecodeError(f"Cannot load image {label}: the data is empty.")
         return _decode(io.BytesIO(source), label, max_pixels)
     if isinstance(source, str) and is_url(source):
-        data = download(source, timeout=timeout, max_bytes=max_bytes)
+        data = download(source, timeout=timeout, max_bytes=max_bytes, allow_private=allow_private)
         if not data:
             raise ImageDownloadError(f"Cannot load image {label}: the server sent an empty body.")
         return _decode(io.BytesIO(data), label, max_pixels)

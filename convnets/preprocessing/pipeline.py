@@ -35,8 +35,8 @@ _INPUT_TYPES = (str, os.PathLike, bytes, bytearray, Image.Image)
 _MIN_WORKERS_WITH_URLS = 8
 
 
-def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
-               max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int | None = None) -> Image.Image:
+def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
+               max_pixels: int | None = None, allow_private: bool = False) -> Image.Image:
     """Open one image and make it upright 8-bit RGB (see :func:`~convnets.preprocessing.io.open_image`).
 
     Args:
@@ -44,6 +44,8 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
         timeout: total seconds allowed for a download.
         max_bytes: largest accepted download, in bytes.
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
+        allow_private: also download from loopback, private and link-local addresses (refused by
+            default; see :func:`~convnets.preprocessing.io.download`).
 
     Returns:
         An RGB image with the EXIF orientation applied (a PIL input is not modified).
@@ -52,7 +54,8 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
         ImageLoadError: or a subclass, for any input that cannot be used; see ``open_image``.
         InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
     """
-    image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels)
+    image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels,
+                       allow_private=allow_private)
     try:
         return to_rgb(image)
     except (ValueError, OSError) as exc:
@@ -68,10 +71,11 @@ class _Options:
     max_bytes: int
     max_pixels: int | None
     workers: int | None
+    allow_private: bool
 
     def prepare(self, source: ImageInput) -> torch.Tensor:
         image = load_image(source, timeout=self.timeout, max_bytes=self.max_bytes,
-                           max_pixels=self.max_pixels)
+                           max_pixels=self.max_pixels, allow_private=self.allow_private)
         return preprocess_image(image, preset=self.preset)
 
 
@@ -104,14 +108,16 @@ def _preset(image_size: int, resize_size: int, preset: EvalPreset | None) -> Eva
 
 
 def _options(preset: EvalPreset, timeout: float, max_bytes: int, max_pixels: int | None,
-             workers: int | None) -> _Options:
+             workers: int | None, allow_private: bool) -> _Options:
     if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
             or not math.isfinite(timeout) or timeout <= 0):
         raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}.")
     _positive_int("max_bytes", max_bytes)
     _positive_int("max_pixels", max_pixels, optional=True)
     _positive_int("workers", workers, optional=True)
-    return _Options(preset, float(timeout), max_bytes, max_pixels, workers)
+    if not isinstance(allow_private, bool):
+        raise InvalidArgumentTypeError(f"allow_private must be True or False, got {allow_private!r}.")
+    return _Options(preset, float(timeout), max_bytes, max_pixels, workers, allow_private)
 
 
 def _target(cuda: bool, device: str | torch.device | None, dtype: torch.dtype,
@@ -202,6 +208,7 @@ def prepare_batch(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int | None = None,
     workers: int | None = None,
+    allow_private: bool = False,
 ) -> PreparedBatch:
     """Load and preprocess many images concurrently into one batch, reporting failures per input.
 
@@ -224,6 +231,9 @@ def prepare_batch(
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
         workers: threads to use; default: the usable CPU cores (at least 8 when there are URLs),
             at most one per input. ``1`` runs in the calling thread.
+        allow_private: also download from loopback, private and link-local addresses; by default
+            a URL whose host resolves to one (``localhost``, ``192.168.x``, ...) fails with an
+            ``ImageDownloadError`` that names this keyword.
 
     Returns:
         A :class:`PreparedBatch` ``(tensor, indices, errors)``.
@@ -236,7 +246,8 @@ def prepare_batch(
     """
     if on_error not in ("raise", "collect"):
         raise InvalidArgumentError(f"on_error must be 'raise' or 'collect', got {on_error!r}.")
-    options = _options(_preset(image_size, resize_size, preset), timeout, max_bytes, max_pixels, workers)
+    options = _options(_preset(image_size, resize_size, preset), timeout, max_bytes, max_pixels, workers,
+                       allow_private)
     target = _target(False, device, dtype, memory_format)
     sources = _check_inputs(inputs)
 
@@ -278,6 +289,7 @@ def prepare_input_from_uri(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int | None = None,
     workers: int | None = None,
+    allow_private: bool = False,
 ) -> torch.Tensor:
     """Load and preprocess images exactly as upstream ``prepare_input_from_uri`` does, safely.
 
@@ -299,6 +311,8 @@ def prepare_input_from_uri(
         max_bytes: largest accepted download, in bytes (default 64 MiB).
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
         workers: threads for a list; see :func:`prepare_batch`.
+        allow_private: also download from loopback, private and link-local addresses (refused by
+            default); see :func:`prepare_batch`.
 
     Returns:
         ``[1, 3, image_size, image_size]`` for one input, ``[N, 3, image_size, image_size]`` for a
@@ -316,5 +330,6 @@ def prepare_input_from_uri(
     batch = prepare_batch(
         uri if isinstance(uri, (list, tuple)) else [uri], device=target, dtype=dtype,
         memory_format=memory_format, image_size=image_size, resize_size=resize_size, preset=preset,
-        timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels, workers=workers)
+        timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels, workers=workers,
+        allow_private=allow_private)
     return batch.tensor

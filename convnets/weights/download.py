@@ -18,6 +18,14 @@ file or a pipe, unless asked for with ``progress="always"`` (``--progress`` on t
 ``CONVNETS_WEIGHTS_MIRROR`` replaces the NGC host for air-gapped use: a base URL
 (``http(s)://`` or ``file://``) or a local directory holding the same file names.
 
+Every download has an overall deadline (:data:`DOWNLOAD_TIMEOUT_S`, or ``timeout=``) and a size
+cap (:func:`size_cap`: the manifest's ``size_bytes`` when known, else a generous multiple of the
+parameters' float32 size); exceeding either stops it with a :class:`WeightsUnavailableError` that
+names the URL and the limit, and leaves nothing in the cache. Redirects are followed by hand
+(:func:`convnets.urls.open_url`: at most five, http(s) only, bodies unread, within the deadline).
+Private and loopback addresses are *not* refused here: the host is NGC's or the user's own
+``CONVNETS_WEIGHTS_MIRROR``, which may well be a server on the LAN or this machine.
+
 We stream with ``requests`` rather than ``torch.hub.download_url_to_file`` because the latter has
 no timeout (a dead server hangs forever) and does not check that the whole body arrived.
 """
@@ -30,6 +38,7 @@ import hashlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -37,14 +46,17 @@ from urllib.parse import quote, unquote, urlsplit
 
 import requests
 import torch
+import urllib3
 from tqdm.auto import tqdm
 
 from convnets.errors import ConvnetsError, InvalidArgumentError, WeightsUnavailableError
 from convnets.fileio import atomic_output, atomic_write, exclusive_lock
 from convnets.constants import MIRROR_ENV
+from convnets.urls import RedirectError, open_url, read_chunks
 from convnets.weights.manifest import WeightsEntry
 
-__all__ = ["MIRROR_ENV", "Progress", "cache_dir", "fetch_weights", "resolve_source", "sha256_file", "show_progress"]
+__all__ = ["DOWNLOAD_TIMEOUT_S", "MIRROR_ENV", "Progress", "cache_dir", "fetch_weights", "resolve_source", "sha256_file", "show_progress",
+           "size_cap"]
 
 #: ``True``: a bar where someone can see it (a terminal or a notebook); ``"always"``: also into a
 #: pipe or a log file; ``False``: never.
@@ -55,6 +67,15 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # longest silence tolerated mid-download
 LOCK_TIMEOUT_S = 3600.0  # how long a process waits for another one's download
+#: Seconds one weights download may take in all (connecting, redirects, the whole file). An hour:
+#: the largest NGC checkpoint (~200 MB) needs 7 minutes at 0.5 MB/s; a finite bound keeps a server
+#: that drips bytes from holding a process (and the cache lock that others wait on) forever.
+DOWNLOAD_TIMEOUT_S = 3600.0
+#: Without a recorded ``size_bytes``, a checkpoint may be this many times its float32 parameters
+#: (NGC files may hold an EMA copy and optimizer state besides the weights) ...
+SIZE_CAP_FACTOR = 8
+#: ... plus this much for metadata and container overhead.
+SIZE_CAP_SLACK = 64 * 2**20
 # flock errors of file systems that cannot lock (some NFS / FUSE mounts). The lock only saves a
 # second download: writes are atomic with unique temporary names, so going on without it is safe.
 _NO_LOCKING = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)
@@ -101,31 +122,49 @@ def _write_record(path: Path, digest: str) -> None:
     atomic_write(_record_path(path), lambda f: f.write(line.encode("ascii")))
 
 
+def size_cap(entry: WeightsEntry) -> int:
+    """The most bytes a download of ``entry`` may be: its ``size_bytes`` when the manifest records
+    it, else ``SIZE_CAP_FACTOR`` x its parameters in float32 + ``SIZE_CAP_SLACK``."""
+    if entry.size_bytes is not None:
+        return entry.size_bytes
+    return SIZE_CAP_FACTOR * 4 * entry.num_params + SIZE_CAP_SLACK
+
+
 class _FetchError(ConvnetsError):
     """A reason a source could not be fetched; becomes a WeightsUnavailableError with advice."""
 
 
 @contextlib.contextmanager
-def _open_source(source: str) -> Iterator[tuple[Iterator[bytes], int | None]]:
-    """Yield ``(chunks, total size or None)`` for an http(s) URL, a file:// URL or a path."""
+def _open_source(source: str, deadline: float, timeout: float) -> Iterator[tuple[Iterator[bytes], int | None]]:
+    """Yield ``(chunks, total size or None)`` for an http(s) URL, a file:// URL or a path.
+
+    An http(s) source's chunks are read within ``deadline`` (``time.monotonic()``; ``timeout``
+    is its length, for the message); a file's are checked against it by :func:`_download`.
+    """
     scheme = urlsplit(source).scheme
     if scheme in ("http", "https"):
         try:
-            with requests.get(source, stream=True, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
-                              headers={"User-Agent": "convnets"}) as r:
+            # The mirror may be a LAN or loopback server: private addresses are allowed here.
+            with open_url(source, deadline=deadline, headers={"User-Agent": "convnets"}, allow_private=True,
+                          connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S) as r:
                 if r.status_code != 200:
                     raise _FetchError(f"the server answered HTTP {r.status_code} {r.reason}")
                 length = r.headers.get("Content-Length")
                 # A compressed transfer is decoded, so its byte count differs from Content-Length.
                 total = int(length) if length and length.isdigit() and "Content-Encoding" not in r.headers else None
-                yield r.iter_content(_CHUNK), total
-        except requests.Timeout as e:
+                yield read_chunks(r, deadline=deadline, chunk_bytes=_CHUNK, max_silence=READ_TIMEOUT_S), total
+        except (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError) as e:
+            if time.monotonic() >= deadline:
+                raise _FetchError(f"the download did not finish within {timeout:g} s (the limit for one weights "
+                                  "download)") from e
             raise _FetchError(f"timed out ({e.__class__.__name__})") from e
+        except RedirectError as e:
+            raise _FetchError(str(e)) from e
         except requests.ConnectionError as e:
             # requests nests urllib3's errors; the innermost reason is the readable part.
             reason = getattr(e.args[0], "reason", e) if e.args else e
             raise _FetchError(f"cannot reach {urlsplit(source).netloc} ({reason})") from e
-        except requests.RequestException as e:
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
             raise _FetchError(f"network error: {e}") from e
         return
     if scheme == "file":
@@ -168,18 +207,28 @@ def _in_notebook() -> bool:
 
 
 def _download(source: str, dst: Path, entry: WeightsEntry, progress: bool,
-              validate: Callable[[Path], None] | None) -> None:
+              validate: Callable[[Path], None] | None, timeout: float, max_bytes: int) -> None:
     digest = hashlib.sha256()
     received = 0
+    deadline = time.monotonic() + timeout
     # The temporary file replaces dst only when the block completes: any error below removes it.
     with atomic_output(dst) as f:
-        with _open_source(source) as (chunks, total):
+        with _open_source(source, deadline, timeout) as (chunks, total):
+            if total is not None and total > max_bytes:
+                raise _FetchError(f"the server announces {total} bytes, more than the limit of {max_bytes} for "
+                                  f"this checkpoint")
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=entry.file_name,
                       disable=not progress) as bar:
                 for chunk in chunks:
+                    received += len(chunk)
+                    if received > max_bytes:
+                        raise _FetchError(f"it is larger than the limit of {max_bytes} bytes for this checkpoint; "
+                                          "stopped reading")
+                    if time.monotonic() > deadline:
+                        raise _FetchError(f"the download did not finish within {timeout:g} s (the limit for one "
+                                          "weights download)")
                     f.write(chunk)
                     digest.update(chunk)
-                    received += len(chunk)
                     bar.update(len(chunk))
         f.flush()
         expected_size = total if total is not None else entry.size_bytes
@@ -227,7 +276,8 @@ def _check_cached_copy(dst: Path, entry: WeightsEntry, validate: Callable[[Path]
 
 
 def fetch_weights(entry: WeightsEntry, *, progress: Progress = True,
-                  validate: Callable[[Path], None] | None = None) -> Path:
+                  validate: Callable[[Path], None] | None = None, timeout: float | None = None,
+                  max_bytes: int | None = None) -> Path:
     """Return the path of a verified local copy of ``entry``'s checkpoint, downloading it if needed.
 
     Args:
@@ -236,6 +286,8 @@ def fetch_weights(entry: WeightsEntry, *, progress: Progress = True,
             (or in a notebook); ``"always"``: whatever stderr is; ``False``: none.
         validate: called with a candidate file before it is accepted into the cache; raises a
             :class:`~convnets.errors.ConvnetsError` if the file is not the expected model.
+        timeout: seconds the whole download may take; ``None``: :data:`DOWNLOAD_TIMEOUT_S` (an hour).
+        max_bytes: the largest file accepted; ``None``: :func:`size_cap` of ``entry``.
 
     Returns:
         The cached file.
@@ -265,7 +317,8 @@ def fetch_weights(entry: WeightsEntry, *, progress: Progress = True,
                     return dst
                 cached = problem
             log.info("downloading %s from %s", entry.file_name, source)
-            _download(source, dst, entry, bar, validate)
+            _download(source, dst, entry, bar, validate, DOWNLOAD_TIMEOUT_S if timeout is None else timeout,
+                      size_cap(entry) if max_bytes is None else max_bytes)
             return dst
     except _FetchError as e:
         via = f" (from {MIRROR_ENV})" if os.environ.get(MIRROR_ENV, "").strip() else ""
