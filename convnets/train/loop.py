@@ -16,7 +16,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +67,37 @@ def fit(config: TrainConfig) -> TrainSummary:
         precision = resolve_precision(ctx.device, config.amp, config.amp_dtype, config.memory_format)
         if config.evaluate:
             return _evaluate_only(config, ctx, precision)
-        return _train(config, ctx, precision)
+        with _output_lock(config.output, ctx):
+            return _train(config, ctx, precision)
     finally:
         dist.teardown()
+
+
+#: The lock file of a run's output directory (deleted when the run ends).
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def _output_lock(out: Path | None, ctx: DistContext) -> Iterator[None]:
+    """On rank 0, hold ``OUT/.lock`` for the whole run (created first, so a second run fails at once,
+    naming the first: :func:`convnets.fileio.exclusive_lock` writes the holder's PID and host)."""
+    if out is None or not ctx.is_main:
+        yield
+        return
+    from convnets.fileio import LockHeldError, exclusive_lock
+
+    lock = out / LOCK
+    with contextlib.ExitStack() as stack:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(exclusive_lock(lock, timeout=0))
+        except LockHeldError as e:
+            raise InvalidArgumentError(f"--output {out} is being written by another run "
+                                       f"({e.holder or 'another process'}; lock file {lock}): wait for it to "
+                                       "finish, or choose another --output") from e
+        except OSError as e:
+            raise InvalidArgumentError(f"--output {out}: cannot lock it ({e.strerror or e})") from e
+        yield
 
 
 def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *, init_only: bool) -> ResNet:
