@@ -3,7 +3,8 @@
 Reads top to bottom: :func:`fit` (entry point) -> :func:`_train` (set-up, resume, epochs,
 checkpoints) -> :func:`_train_epoch` (one pass over this rank's shard, calling
 :meth:`~convnets.train.step.Trainer.step`) -> :func:`evaluate`. Runs on one CPU or GPU, or under
-``torchrun`` on several processes and machines (DDP; rank 0 logs and writes files). Checkpoints
+``torchrun`` on several processes and machines (DDP; rank 0 logs and writes files, holding
+``OUT/.lock`` for the whole run, so that a second run on the same ``--output`` fails at once). Checkpoints
 (:class:`~convnets.train.checkpoint.TrainingCheckpoint`) are written atomically after every
 epoch, and a run resumed from one ends with the same weights as an uninterrupted run (see
 :mod:`convnets.data.folders` for how data order and augmentation are seeded).
