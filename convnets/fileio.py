@@ -17,18 +17,20 @@ such leftovers of dead processes of the same host (POSIX only; a live writer's f
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import re
 import secrets
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_output", "atomic_write", "exclusive_lock"]
+__all__ = ["LockHeldError", "atomic_output", "atomic_write", "exclusive_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,78 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         write(f)
 
 
+class LockHeldError(TimeoutError):
+    """Another process holds the lock (a :class:`TimeoutError`, as a wait that ran out raises).
+
+    Attributes:
+        path: the lock file.
+        holder: who holds it, as its holder wrote it into the file (``"PID 123 on host h"``), or
+            ``""`` when that cannot be read.
+    """
+
+    def __init__(self, message: str, *, path: Path, holder: str) -> None:
+        super().__init__(message)
+        self.path, self.holder = path, holder
+
+
+_OPEN_FLAGS = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _open_lock_file(path: Path) -> tuple[int, bool]:
+    """Open (creating it if needed) the lock file ``path`` without following a symbolic link.
+
+    Returns:
+        The descriptor and whether this call created the file.
+
+    Raises:
+        OSError: ``path`` is a symbolic link or not a regular file (``ELOOP``, ``EINVAL``), or
+            cannot be created.
+    """
+    while True:
+        try:  # O_EXCL: never through a symbolic link, not even a dangling one
+            return os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o666), True
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except FileNotFoundError:
+            continue  # its holder deleted it in between: create it
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, f"{path} is a symbolic link, not a lock file; remove it") from e
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"{path} is not a regular file, so not a lock file; remove it")
+        return fd, False
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock file ``path``, as its holder wrote it (``""``: unknown)."""
+    for _ in range(10):  # a holder that has just locked the file writes its name a moment later
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            return ""
+        try:
+            text = os.read(fd, 512).decode("utf-8", "replace") if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+        finally:
+            os.close(fd)
+        pid, _, host = text.strip().partition(" ")
+        if pid.isdigit():
+            return f"PID {pid} on host {host or '?'}"
+        time.sleep(0.02)
+    return ""
+
+
+def _busy(path: Path, waited: float) -> LockHeldError:
+    holder = _holder(path)
+    who = holder or "another process"
+    if waited > 0:
+        return LockHeldError(f"waited {waited:.0f} s for {who} holding the lock {path}", path=path, holder=holder)
+    return LockHeldError(f"{who} holds the lock {path}", path=path, holder=holder)
+
+
 @contextlib.contextmanager
 def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float = 0.05) -> Iterator[None]:
     """Hold an inter-process lock on ``path`` (created if needed) and delete that file on release.
@@ -132,14 +206,20 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float =
     path names, and nothing stays on disk once no one holds it (except after a kill: the next holder
     deletes it). Where ``fcntl`` does not exist (Windows) ``filelock`` is used; it removes its file.
 
+    The file is opened without following a symbolic link (``O_NOFOLLOW``; created with ``O_EXCL``):
+    a link or any other non-regular file at ``path`` is refused, never written through. The holder
+    writes ``"PID HOST"`` into it, which :class:`LockHeldError` reports to the others, and deletes
+    it on release only while ``path`` still names the file it locked.
+
     Args:
         path: the lock file.
-        timeout: seconds to wait for another holder.
+        timeout: seconds to wait for another holder; ``0``: try once (fail at once if held).
         poll_s: interval between attempts while another process holds the lock.
 
     Raises:
-        TimeoutError: another process held the lock for ``timeout`` seconds.
-        OSError: the file system cannot lock files (its ``errno`` says why); no file is left.
+        LockHeldError: another process held the lock for ``timeout`` seconds (a ``TimeoutError``).
+        OSError: the file system cannot lock files (its ``errno`` says why; no file is left), or
+            ``path`` is a symbolic link or not a regular file, or cannot be created.
     """
     try:
         import fcntl
@@ -150,29 +230,30 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float =
             with filelock.FileLock(str(path), timeout=timeout):
                 yield
         except filelock.Timeout as e:
-            raise TimeoutError(f"waited {timeout:.0f} s for the lock {path}") from e
+            raise _busy(Path(path), timeout) from e
         return
     path = Path(path)
     deadline = time.monotonic() + timeout
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd, created = _open_lock_file(path)
         try:
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"waited {timeout:.0f} s for another process holding the lock {path}")
+                    if time.monotonic() >= deadline:
+                        raise _busy(path, timeout) from None
                     time.sleep(poll_s)
                 except OSError:
                     # This file system cannot lock (ENOLCK, ENOSYS...): no one can hold this file,
-                    # so removing it takes nothing from anyone.
-                    path.unlink(missing_ok=True)
+                    # so removing the one this call created takes nothing from anyone.
+                    if created:
+                        path.unlink(missing_ok=True)
                     raise
             locked = os.fstat(fd)
             try:
-                current = os.stat(path)
+                current = os.stat(path, follow_symlinks=False)
             except FileNotFoundError:
                 current = None
         except BaseException:
@@ -182,10 +263,17 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float =
             break
         os.close(fd)  # its previous holder deleted it after we opened it: lock the file there now
     try:
+        with contextlib.suppress(OSError):  # who holds it, for the others' messages
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
-        # Unlink while still holding the lock (see above), then unlock by closing.
+        # Unlink while still holding the lock (see above), then unlock by closing; only the file
+        # this process locked (a file someone put in its place is theirs).
         try:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                current = os.stat(path, follow_symlinks=False)
+                if (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino):
+                    path.unlink()
         finally:
             os.close(fd)

@@ -91,8 +91,11 @@ def test_70_inputs_make_a_sheet_of_64_and_one_of_6_in_input_order(tmp_path: Path
     results[65] = Prediction(str(images[65]), [], ImageNotFoundError(f"Cannot load image {images[65]}: gone"))
     stale = tmp_path / "sheet-3.png"  # a third sheet an earlier, longer run left: not one of this run's
     stale.write_bytes(b"old")
-    paths = write_contact_sheets(iter(results), tmp_path / "sheet.png")
-    assert paths == [tmp_path / "sheet.png", tmp_path / "sheet-2.png"] and not stale.exists()
+    with pytest.raises(InvalidArgumentError, match="sheet-3.png exists"):  # refused unless overwrite=True
+        write_contact_sheets(iter(results), tmp_path / "sheet.png")
+    paths = write_contact_sheets(iter(results), tmp_path / "sheet.png", overwrite=True)
+    # Never deleted: only the sheets this run writes are replaced.
+    assert paths == [tmp_path / "sheet.png", tmp_path / "sheet-2.png"] and stale.read_bytes() == b"old"
     for number, (path, first, count) in enumerate([(paths[0], 0, 64), (paths[1], 64, 6)], 1):
         assert sheet_path(tmp_path / "sheet.png", number) == path
         with Image.open(path) as image:

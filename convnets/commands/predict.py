@@ -76,9 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Not one of the exclusive destinations: the sheets go with any of them.
     parser.add_argument("--show", metavar="FILE.png", default=None,
                         help="also draw contact sheets: each image as a thumbnail with its top classes (10 at most; "
-                             "failed inputs: the reason), 64 per sheet, in FILE.png, FILE-2.png, ...; images are "
-                             "read again for their thumbnails (URLs downloaded again). With --resume: this run's "
-                             "inputs")
+                             "failed inputs: the reason), 64 per sheet, in FILE.png, FILE-2.png, ... (refused if any of "
+                             "them exists); images are read again for their thumbnails (URLs downloaded again). "
+                             "With --resume: this run's inputs")
     add_progress_argument(parser)
 
 
@@ -174,6 +174,8 @@ class PredictJob(BatchJob):
                 "top": [{"index": t.index, "label": t.label, "probability": t.probability} for t in result.top]}
 
     def show(self, result: Prediction, record: Record) -> None:
+        from convnets.inference.names import display_name
+
         if self.sheets is not None:
             self.sheets.add(result)
         if not result.ok:
@@ -181,7 +183,7 @@ class PredictJob(BatchJob):
         if self.args.json:
             self.printed.append(record)
         elif self.args.output is None and not self.args.jsonl:
-            print(result.input)
+            print(display_name(result.input))  # a name that is not UTF-8: its bytes as \udcXX
             for rank, top in enumerate(result.top, 1):
                 print(f"  {rank}. {100 * top.probability:6.2f}%  {top.label}  [{top.index}]")
 

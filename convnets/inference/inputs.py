@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -76,14 +77,18 @@ def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bo
 
     Yields:
         ``(input, None)`` for each file or URL in order; a directory without images gives
-        ``(directory, error)``, so that it is reported like any other unreadable input.
+        ``(directory, error)``, and so does a FIFO, socket or device (never opened: reading a FIFO
+        would wait forever), so that they are reported like any other unreadable input.
     """
     # One path alone, not an iterable of its characters.
     paths: Iterable[str | os.PathLike[str]] = [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs
     for path in paths:
         item = os.fspath(path)
-        if is_url(item) or not os.path.isdir(item):
+        if is_url(item):
             yield item, None
+            continue
+        if not os.path.isdir(item):
+            yield item, _not_a_file(item)
             continue
         found = False
         for image in _walk(item, recursive):
@@ -95,14 +100,53 @@ def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bo
                                        f"ending in {', '.join(sorted(IMAGE_SUFFIXES))}.")
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _not_a_file(item: str) -> ImageLoadError | None:
+    """Why the path ``item`` (not a directory) is refused before anyone opens it, or ``None``.
+
+    A FIFO, socket or device is never opened (reading a FIFO would wait for a writer forever); a
+    path that does not exist is left to the decoder, which says so.
+    """
+    if "\0" in item:
+        return ImageLoadError(f"Cannot load image {item!r}: a path cannot contain a NUL byte.")
+    try:
+        mode = os.stat(item).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return ImageLoadError(f"Cannot load image {item!r}: it is {kind}, not a regular file; give image files.")
+
+
 def expand_inputs(inputs: Iterable[str], *, recursive: bool = False) -> list[InputItem]:
     """:func:`iter_inputs` as a list (for few inputs; streams should use :func:`iter_inputs`)."""
     return list(iter_inputs(inputs, recursive=recursive))
 
 
-def read_list(stream: TextIO) -> Iterator[str]:
-    """Inputs listed one per line; blank lines and ``#`` comments skipped."""
-    for line in stream:
+def read_list(stream: TextIO, name: str = "-") -> Iterator[str]:
+    """Inputs listed one per line; blank lines and ``#`` comments skipped.
+
+    ``stream`` should decode with ``surrogateescape`` (as :func:`read_sources` opens it), so that a
+    name that is not UTF-8 is the name ``os.fsdecode`` gives, not an error.
+
+    Raises:
+        InvalidArgumentError: the list cannot be read; the message names ``name`` and the line.
+    """
+    number = 0
+    lines = iter(stream)
+    while True:
+        try:
+            line = next(lines, None)
+        except (OSError, UnicodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise InvalidArgumentError(f"--from-file {name}, line {number + 1}: cannot read it ({why})") from e
+        if line is None:
+            return
+        number += 1
         line = line.strip()
         if line and not line.startswith("#"):
             yield line
@@ -116,17 +160,28 @@ def read_sources(inputs: Sequence[str], from_file: str | None, stack: ExitStack)
         from_file: a list of more of them, one per line; ``None``: none.
         stack: closes the list file.
 
+    Lines are decoded as UTF-8 with ``surrogateescape``: a name that is not UTF-8 stays the file's
+    name (see :mod:`convnets.inference.names`).
+
     Raises:
-        InvalidArgumentError: the list file cannot be read (on the first ``next`` past ``inputs``).
+        InvalidArgumentError: the list file cannot be read (on the first ``next`` past ``inputs``), or
+            a line of it (the message names the file and the line).
     """
     import sys
 
     yield from inputs
     if from_file == "-":
-        yield from read_list(sys.stdin)
+        reconfigure = getattr(sys.stdin, "reconfigure", None)
+        if reconfigure is not None:  # names as os.fsdecode gives them (before anything is read)
+            try:
+                reconfigure(encoding="utf-8", errors="surrogateescape")
+            except (ValueError, OSError):
+                pass
+        yield from read_list(sys.stdin, "-")
     elif from_file is not None:
         try:
-            stream = stack.enter_context(open(from_file, encoding="utf-8"))
+            # surrogateescape: a line that is not UTF-8 is the name os.fsdecode gives (bytes-safe).
+            stream = stack.enter_context(open(from_file, encoding="utf-8", errors="surrogateescape"))
         except OSError as e:
             raise InvalidArgumentError(f"--from-file {from_file}: cannot read it ({e.strerror})") from e
-        yield from read_list(stream)
+        yield from read_list(stream, from_file)

@@ -1,8 +1,9 @@
 """The batch-job driver: what ``convnets predict`` and ``convnets embed`` do around their model, written once.
 
 A batch job reads inputs (INPUTs, then a ``--from-file`` list; :mod:`convnets.inference.inputs`),
-keeps its shard of them under ``torchrun`` (:mod:`convnets.inference.shard`), checks its
-destination before PyTorch loads, continues a resumed file (skipping exactly the inputs it
+keeps its shard of them under ``torchrun`` (:mod:`convnets.inference.shard`), locks and checks its
+destination before PyTorch loads (``FILE.lock``, held to the end, so that a second run on the same
+output fails at once, naming the first: :func:`lock_output`), continues a resumed file (skipping exactly the inputs it
 records), decodes in worker processes (:class:`~convnets.inference.loader.Decoding`), shows a
 progress bar, writes records as batches finish, reports each unreadable input on stderr, and ends
 with one summary line and the exit status (1 if any input, now or in the resumed run, could not
@@ -18,6 +19,7 @@ the command line is parsed); PyTorch, tqdm and the job's model load inside :func
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from abc import ABC, abstractmethod
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from convnets.inference.records import Record, ScanResult, Writer
     from convnets.models.resnet import ResNet
 
-__all__ = ["BatchJob", "JobSettings", "input_error_message", "progress", "run_job", "skip_recorded"]
+__all__ = ["BatchJob", "JobSettings", "input_error_message", "lock_output", "progress", "run_job", "skip_recorded"]
 
 
 @dataclass(frozen=True)
@@ -159,9 +161,52 @@ def run_job(job: BatchJob, settings: JobSettings) -> int:
     run = ShardedRun.from_env(output=settings.output, batch_size=settings.batch_size,
                               reads_stdin=settings.from_file == "-")
     part = None if settings.output is None else run.part(settings.output)
-    if not job.check(run, part):
-        return 0
+    with ExitStack() as locks:
+        # Held to the end (the merge included): a second run on the same output fails at once.
+        if settings.output is not None and part is not None:
+            if run.is_main:
+                lock_output(Path(settings.output), locks)
+            if part != Path(settings.output):
+                lock_output(part, locks)
+        if not job.check(run, part):
+            return 0
+        return _run_locked(job, settings, run, part)
 
+
+def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None:
+    """Hold the lock of the output ``path`` until ``stack`` unwinds: ``FILE.lock`` beside it.
+
+    The lock file (:func:`convnets.fileio.exclusive_lock`: never through a symbolic link, deleted on
+    release by its holder) holds its holder's PID and host, which the message to a second run names.
+    Creating it is also the first write in ``path``'s directory, so a missing or read-only one fails
+    here, before PyTorch and the model load.
+
+    Raises:
+        InvalidArgumentError: another run holds the lock, or the lock file cannot be created.
+    """
+    from convnets.fileio import LockHeldError, exclusive_lock
+
+    lock = path.with_name(path.name + ".lock")
+    folder = path.parent
+    where = f"--{option} {path}"
+    try:
+        stack.enter_context(exclusive_lock(lock, timeout=0))
+    except LockHeldError as e:
+        holder = e.holder or "another process"
+        raise InvalidArgumentError(f"{where} is being written by another run ({holder}; lock file {lock}): wait for "
+                                   f"it to finish, or choose another --{option}") from e
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) and not folder.is_dir():
+            problem = f"the directory {str(folder)!r} does not exist; create it or choose another one"
+        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            problem = f"cannot write in {str(folder)!r} ({e.strerror}); choose a writable directory"
+        else:
+            problem = f"cannot lock it ({e.strerror or e})"
+        raise InvalidArgumentError(f"{where}: {problem}") from e
+
+
+def _run_locked(job: BatchJob, settings: JobSettings, run: ShardedRun, part: Path | None) -> int:
+    """:func:`run_job` once the output is checked and locked."""
     from tqdm.auto import tqdm
 
     from convnets.inference.inputs import iter_inputs, read_sources

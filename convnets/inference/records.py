@@ -14,6 +14,11 @@ Formats (picked by the file's suffix, :data:`FORMATS`):
   for a failed input) and ``error`` (string, null for a classified one); one row group per batch.
   Needs pyarrow (``pip install 'convnets-hub[parquet]'``).
 
+Input names are bytes-safe (a name that is not UTF-8, or holds a line break, is one record like
+any other): JSONL writes undecodable bytes as ``\\udcXX`` escapes, CSV and Parquet write such names
+as JSON string literals; :mod:`convnets.inference.names` describes the scheme, which the readers
+here (and ``--resume``) reverse.
+
 Writers append records and :meth:`RecordWriter.flush` them to the operating system after each batch,
 so a killed process loses at most the batch in flight. Resuming (JSONL and CSV only) reads the file
 back with :func:`scan`: complete records are kept, a torn tail (the partial last line of a killed
@@ -47,6 +52,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from convnets.errors import InvalidArgumentError, MissingDependencyError
+from convnets.inference.names import decode_name, encode_name, escape_json, safe_text
 
 __all__ = ["CSV_COLUMNS", "FORMATS", "RESUMABLE_FORMATS", "Record", "RecordWriter", "ScanResult", "Writer",
            "check_destination", "cut_tail", "format_of", "import_pyarrow", "open_writer", "read_records",
@@ -99,9 +105,10 @@ def format_of(path: str | os.PathLike[str], *, option: str = "output") -> str:
 
 
 def _csv_rows(record: Record) -> list[list[object]]:
+    name = encode_name(record["input"])
     if "error" in record:
-        return [[record["input"], "", "", "", "", record["error"]]]
-    return [[record["input"], rank, t["index"], t["label"], repr(t["probability"]), ""]
+        return [[name, "", "", "", "", safe_text(record["error"])]]
+    return [[name, rank, t["index"], t["label"], repr(t["probability"]), ""]
             for rank, t in enumerate(record["top"], 1)]
 
 
@@ -138,7 +145,7 @@ class RecordWriter:
         # One write per batch: a killed process leaves whole batches plus at most one torn tail.
         buffer = io.StringIO()
         if self.format == "jsonl":
-            buffer.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+            buffer.writelines(escape_json(json.dumps(r, ensure_ascii=False)) + "\n" for r in records)
         else:
             csv.writer(buffer, lineterminator="\n").writerows(row for r in records for row in _csv_rows(r))
         self.stream.write(buffer.getvalue())
@@ -148,7 +155,8 @@ class RecordWriter:
         pa, pq = import_pyarrow()
         if self._parquet is None:
             self._parquet = pq.ParquetWriter(self.stream, _parquet_schema(pa))
-        table = pa.Table.from_pylist([{"input": r["input"], "top": r.get("top"), "error": r.get("error")}
+        table = pa.Table.from_pylist([{"input": encode_name(r["input"]), "top": r.get("top"),
+                                       "error": None if r.get("error") is None else safe_text(r["error"])}
                                       for r in records], schema=self._parquet.schema)
         self._parquet.write_table(table)
 
@@ -197,15 +205,18 @@ def _binary_lines(f: IO[bytes]) -> Iterator[tuple[bytes, int]]:
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[Record | None, int]]:
-    """``(record, end offset)`` per line; ``None`` for a torn or unreadable line."""
+    """``(record, end offset)`` per line; ``None`` for a torn or unreadable line.
+
+    A last line without its newline is a record when it is a whole JSON object (one that lost only
+    its newline, e.g. written by another tool or copied with an editor); a torn line, cut inside
+    the object, cannot parse as one.
+    """
     with open(path, "rb") as f:
         for line, end in _binary_lines(f):
-            record = None
-            if line.endswith(b"\n"):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    record = None
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
             yield (record if isinstance(record, dict) and "input" in record else None), end
 
 
@@ -243,11 +254,12 @@ def _csv_records(path: Path, topk: int) -> Iterator[tuple[Record | None, int]]:
 
     def finish() -> tuple[Record | None, int]:
         first = group[0]
+        name = decode_name(first[0])
         if first[5]:
-            return ({"input": first[0], "error": first[5]} if len(group) == 1 else None), group_end
+            return ({"input": name, "error": first[5]} if len(group) == 1 else None), group_end
         # Ranks 1..m of one input (m is checked against topk by scan: only the last record may be short).
         ok = [r[1] for r in group] == [str(i) for i in range(1, len(group) + 1)] and all(r[0] == first[0] for r in group)
-        return ({"input": first[0], "top": [{"index": int(r[2]), "label": r[3], "probability": float(r[4])}
+        return ({"input": name, "top": [{"index": int(r[2]), "label": r[3], "probability": float(r[4])}
                                             for r in group]} if ok else None), group_end
     for row, end in rows:
         if row is None or len(row) != len(CSV_COLUMNS):
@@ -333,7 +345,22 @@ def scan(path: str | os.PathLike[str], *, topk: int, repair: bool = True) -> Sca
                                    "more than a stopped run leaves; the file is damaged: write to a new file")
     if repair:
         cut_tail(path, end, records)
-    return ScanResult(records=records, errors=errors, end=end, torn=size - end)
+        if fmt == "jsonl" and end > 0:
+            end += _end_line(path, end)
+    return ScanResult(records=records, errors=errors, end=end, torn=max(size - end, 0))
+
+
+def _end_line(path: Path, end: int) -> int:
+    """Add the newline a complete last record lacks (so that appended records start a line); returns 0 or 1."""
+    with open(path, "r+b") as f:
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return 0
+        log.warning("%s: adding the newline its last record lacks", path)
+        f.write(b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+        return 1
 
 
 def cut_tail(path: Path, end: int, records: int) -> None:
@@ -443,7 +470,9 @@ def read_records(path: str | os.PathLike[str], fmt: str | None = None) -> Iterat
         _, pq = import_pyarrow()
         for batch in pq.ParquetFile(path).iter_batches():
             for row in batch.to_pylist():  # columns input, top, error: the unused one of the last two is null
-                yield {key: value for key, value in row.items() if value is not None}
+                found = {key: value for key, value in row.items() if value is not None}
+                found["input"] = decode_name(found["input"])
+                yield found
         return
     for position, (record, _) in enumerate(_records(path, fmt, 0), 1):
         if record is None:

@@ -23,6 +23,7 @@ import concurrent.futures
 import logging
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,13 +35,15 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, Interface, InvalidArgumentError, UnknownArgumentError, message_for
 from convnets.fileio import atomic_write
+from convnets.inference.names import display_name
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from convnets.inference.predict import Prediction
 
-__all__ = ["SHEET_SIZE", "ContactSheetWriter", "check_sheet_destination", "sheet_path", "write_contact_sheets"]
+__all__ = ["SHEET_SIZE", "ContactSheetWriter", "check_sheet_destination", "existing_sheets", "sheet_path",
+           "write_contact_sheets"]
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +68,34 @@ def sheet_path(path: str | os.PathLike[str], number: int) -> Path:
     return path if number == 1 else path.with_name(f"{path.stem}-{number}{path.suffix}")
 
 
-def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path") -> Path:
+def existing_sheets(path: str | os.PathLike[str]) -> list[Path]:
+    """The files named as sheets of ``path`` that exist: ``FILE.png`` and any ``FILE-N.png``, in order."""
+    path = Path(path)
+    pattern = re.compile(rf"^{re.escape(path.stem)}-([0-9]+){re.escape(path.suffix)}$")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        names = []
+    numbered = sorted((int(m.group(1)), path.parent / name) for name in names if (m := pattern.match(name)))
+    return ([path] if os.path.lexists(path) else []) + [p for number, p in numbered if number >= 2]
+
+
+def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path", overwrite: bool = False) -> Path:
     """Check, before any work, that sheets can be written at ``path``.
 
     Args:
         path: the first sheet's file; must end in ``.png``, in an existing, writable directory.
         option: the name of ``path`` in messages: a keyword (``path``), or on the command line the
             option without dashes (``show`` gives ``--show``).
+        overwrite: allow sheets that exist (``FILE.png``, ``FILE-N.png``) to be replaced by this
+            run's; default: refuse them, as ``--output`` refuses an existing file.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        InvalidArgumentError: the suffix is not ``.png``, ``path`` is a directory, or its directory
-            does not exist or cannot be written.
+        InvalidArgumentError: the suffix is not ``.png``, ``path`` is a directory, its directory
+            does not exist or cannot be written, or (without ``overwrite``) sheets of ``path`` exist.
     """
     path = Path(path)
     python, cli = f"{option}={str(path)!r}", f"--{option} {path}"
@@ -99,6 +116,14 @@ def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path
             pass
     except OSError as e:
         raise refuse(f"cannot write in {str(folder)!r} ({e.strerror})", "choose a writable directory") from e
+    existing = [] if overwrite else existing_sheets(path)
+    if existing:
+        names = ", ".join(display_name(str(p)) for p in existing[:5]) + (", ..." if len(existing) > 5 else "")
+        verb = "exists" if len(existing) == 1 else "exist"
+        problem = f"{names} {verb}"
+        raise InvalidArgumentError(f"{python}: {problem}; remove them, choose another name or pass overwrite=True",
+                                   cli=f"{cli}: {problem}; remove {'it' if len(existing) == 1 else 'them'} or "
+                                       "choose another name", keyword=option)
     return path
 
 
@@ -195,7 +220,7 @@ def _tile(result: Prediction, picture: Image.Image | None, why: str | None, styl
     else:
         draw.rectangle((0, 0, side - 1, side - 1), fill=_FRAME)
         tile.paste(picture, ((side - picture.width) // 2, (side - picture.height) // 2))
-    draw.text((2, side + 1), _fit(result.input, font, side - 4, keep_end=True), font=font, fill=_INK)
+    draw.text((2, side + 1), _fit(display_name(result.input), font, side - 4, keep_end=True), font=font, fill=_INK)
     for rank, top in enumerate(result.top[:classes]):
         y = side + line * (rank + 1)
         width = round((side - 1) * min(max(top.probability, 0.0), 1.0))
@@ -212,7 +237,7 @@ def _tile(result: Prediction, picture: Image.Image | None, why: str | None, styl
 def _text_block(draw: ImageDraw.ImageDraw, text: str, style: _Style, fill: tuple[int, int, int]) -> None:
     """``text`` wrapped inside the picture's square."""
     pad = 6
-    lines = _wrap(text, style.font, style.thumbnail - 2 * pad, (style.thumbnail - 2 * pad) // style.line)
+    lines = _wrap(display_name(text), style.font, style.thumbnail - 2 * pad, (style.thumbnail - 2 * pad) // style.line)
     for i, part in enumerate(lines):
         draw.text((pad, pad + i * style.line), part, font=style.font, fill=fill)
 
@@ -241,9 +266,9 @@ class ContactSheetWriter:
     """Collects predictions and writes a sheet each ``per_sheet`` of them (see the module docstring).
 
     Use it as a context manager (leaving the block without an error writes the last sheet) or call
-    :meth:`close`. Sheets are ``path``, then ``sheet_path(path, 2)``, ...; sheets that an earlier run
-    left after the last one written here (``FILE-3.png`` when this run writes two) are removed, so
-    the files on disk are always one run's set.
+    :meth:`close`. Sheets are ``path``, then ``sheet_path(path, 2)``, ...; existing sheets of ``path``
+    are refused unless ``overwrite``, and no file is ever deleted (with ``overwrite``, an earlier
+    run's ``FILE-3.png`` stays when this run writes two).
 
     Args:
         path: the first sheet's file (``.png``, in a writable directory; checked at once).
@@ -258,6 +283,7 @@ class ContactSheetWriter:
         allow_private: also download URLs whose host is a loopback, private or link-local address
             (refused by default; pass what the predictions were made with).
         interface: the words of the errors written on failed inputs' tiles: ``"python"`` or ``"cli"``.
+        overwrite: replace existing sheets of ``path`` (default: refuse them).
 
     Raises:
         InvalidArgumentError: a bad ``path`` (see :func:`check_sheet_destination`) or size.
@@ -266,13 +292,13 @@ class ContactSheetWriter:
     def __init__(self, path: str | os.PathLike[str], *, per_sheet: int = SHEET_SIZE, columns: int = 8,
                  thumbnail_size: int = 256, max_classes: int = 10, font_size: int = 14, gap: int = 8,
                  timeout: float = DEFAULT_TIMEOUT, allow_private: bool = False,
-                 interface: Interface = "python") -> None:
+                 interface: Interface = "python", overwrite: bool = False) -> None:
         for name, value, least in (("per_sheet", per_sheet, 1), ("columns", columns, 1),
                                    ("thumbnail_size", thumbnail_size, 32), ("max_classes", max_classes, 0),
                                    ("font_size", font_size, 6), ("gap", gap, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {value!r}")
-        self.path = check_sheet_destination(path)
+        self.path = check_sheet_destination(path, overwrite=overwrite)
         self.per_sheet, self.columns, self.timeout, self.interface = per_sheet, columns, timeout, interface
         self.allow_private = allow_private
         font = _font(font_size)
@@ -312,7 +338,7 @@ class ContactSheetWriter:
             drawing.result()
 
     def close(self) -> list[Path]:
-        """Write the last sheet, wait for the drawing to finish and remove sheets an earlier run left.
+        """Write the last sheet and wait for the drawing to finish.
 
         Returns:
             The sheets written, in order (none when no prediction was added).
@@ -326,12 +352,6 @@ class ContactSheetWriter:
             self._wait()
         finally:
             self._pool.shutdown(wait=True)
-        if self.paths:
-            number = len(self.paths) + 1
-            while (stale := sheet_path(self.path, number)).is_file():
-                stale.unlink()
-                log.info("removed %s, a sheet of an earlier run", stale)
-                number += 1
         return self.paths
 
     def abort(self) -> None:
@@ -352,7 +372,7 @@ class ContactSheetWriter:
 
 
 _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_classes", "font_size", "gap", "timeout",
-                             "allow_private", "interface"})
+                             "allow_private", "interface", "overwrite"})
 
 
 def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
@@ -362,7 +382,8 @@ def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[
         results: predictions in order; any iterable, consumed once.
         path: the first sheet's file (``.png``); more sheets are ``FILE-2.png``, ... (:func:`sheet_path`).
         **options: as for :class:`ContactSheetWriter` (``per_sheet``, ``columns``, ``thumbnail_size``,
-            ``max_classes``, ``font_size``, ``gap``, ``timeout``, ``allow_private``, ``interface``).
+            ``max_classes``, ``font_size``, ``gap``, ``timeout``, ``allow_private``, ``interface``,
+            ``overwrite``).
 
     Returns:
         The sheets written, in order.

@@ -1,7 +1,9 @@
 """Embedding files (``convnets embed``): a crash-safe, resumable spool, assembled into ``.npy`` or ``.parquet``.
 
 ``convnets embed`` writes one vector per readable input into ``.npy`` (float32 [N, D], the inputs in
-``FILE.inputs.txt``) or ``.parquet`` (``input``, ``embedding``). Neither can be appended to after a
+``FILE.npy.inputs.txt``, one per line: a name with a line break or an undecodable byte, or starting
+with ``"``, is a JSON string literal there; :func:`read_inputs_list` reads it back, see
+:mod:`convnets.inference.names`) or ``.parquet`` (``input``, ``embedding``). Neither can be appended to after a
 kill (the .npy header holds N, a Parquet footer is written last), so records stream into a spool
 beside FILE (``FILE.spool``), which is crash-safe and resumable like a JSONL file, and FILE is
 assembled from the spool at the end (atomically, see convnets/fileio.py), after which the spool is
@@ -10,8 +12,9 @@ then skips exactly the inputs already handled (a prefix of its inputs, as for pr
 batch boundaries, knows the earlier run's failures, and a sharded run's parts merge batch by batch.
 
 Spool layout: the 8 bytes SPOOL_MAGIC, then one frame per record, little-endian:
-  u32 len(input) | u32 len(error) | u32 D | input (UTF-8) | error (UTF-8) | D x float32 | u32 crc32
-with D = 0 and a non-empty error for an unreadable input. The CRC covers the frame before it. A
+  u32 len(input) | u32 len(error) | u32 D | input | error | D x float32 | u32 crc32
+with input and error in UTF-8 (a name's undecodable bytes stored as they are: surrogateescape), and
+D = 0 and a non-empty error for an unreadable input. The CRC covers the frame before it. A
 killed writer leaves whole frames plus at most one partial one, which resuming cuts away.
 
 Resume, the atomic writes and the torn-tail rule are those of the prediction records
@@ -34,12 +37,13 @@ from pathlib import Path
 from typing import IO
 
 from convnets.errors import InvalidArgumentError
+from convnets.inference.names import decode_name, encode_name
 from convnets.inference.records import (Record, ScanResult, cut_tail, import_pyarrow, suffix_format,
                                         write_batches)
 
 __all__ = ["EMBEDDING_FORMATS", "SPOOL_MAGIC", "EmbeddingWriter", "SpoolScan", "assemble_embeddings",
            "check_embedding_destination", "embedding_format_of", "embedding_output_complete", "inputs_path",
-           "open_embedding_writer", "read_embedding_records", "scan_spool", "spool_path", "write_embedding_records"]
+           "open_embedding_writer", "read_embedding_records", "read_inputs_list", "scan_spool", "spool_path", "write_embedding_records"]
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +75,18 @@ def inputs_path(path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + ".inputs.txt")
 
 
+def read_inputs_list(path: str | os.PathLike[str]) -> Iterator[str]:
+    """The inputs of the ``.npy`` embedding file ``path``, in the order of its rows, from its
+    ``FILE.npy.inputs.txt`` (names decoded: :func:`~convnets.inference.names.decode_name`)."""
+    with open(inputs_path(path), encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield decode_name(line[:-1] if line.endswith("\n") else line)
+
+
 def _frame(record: Record) -> bytes:
-    name = record["input"].encode("utf-8")
+    name = record["input"].encode("utf-8", "surrogateescape")  # the file name's bytes (see convnets.inference.names)
     if "error" in record:
-        error, vector = (record["error"] or "unreadable").encode("utf-8"), b""
+        error, vector = (record["error"] or "unreadable").encode("utf-8", "surrogateescape"), b""
         dim = 0
     else:
         import numpy as np
@@ -111,10 +123,10 @@ def _spool_frames(path: Path) -> Iterator[tuple[Record | None, int]]:
             if _CRC.unpack(rest[-_CRC.size:])[0] != zlib.crc32(body):
                 raise InvalidArgumentError(f"{path}: record at byte {offset} is damaged (checksum mismatch); "
                                            "write to a new --output")
-            name = rest[:name_len].decode("utf-8")
+            name = rest[:name_len].decode("utf-8", "surrogateescape")
             offset += len(header) + len(rest)
             if dim == 0:
-                yield {"input": name, "error": rest[name_len:name_len + error_len].decode("utf-8")}, offset
+                yield {"input": name, "error": rest[name_len:name_len + error_len].decode("utf-8", "surrogateescape")}, offset
             else:
                 start = name_len + error_len
                 yield {"input": name, "embedding": np.frombuffer(rest[start:start + 4 * dim], dtype="<f4")}, offset
@@ -299,7 +311,7 @@ def write_embedding_records(path: str | os.PathLike[str], batches: Iterable[Iter
 def assemble_embeddings(path: str | os.PathLike[str], *, dim: int) -> int:
     """Write the embedding file ``path`` from its spool (each atomically), then delete the spool.
 
-    ``.npy``: ``FILE.inputs.txt`` (one input per line) first, then ``FILE`` (float32 ``[N, dim]``);
+    ``.npy``: ``FILE.npy.inputs.txt`` (one input per line, :func:`~convnets.inference.names.encode_name`) first, then ``FILE`` (float32 ``[N, dim]``);
     ``.parquet``: ``input`` (string), ``embedding`` (fixed-size list of ``dim`` float32), row groups
     of 1024. Inputs that could not be read are left out. Memory stays bounded (rows are streamed).
 
@@ -318,7 +330,7 @@ def assemble_embeddings(path: str | os.PathLike[str], *, dim: int) -> int:
     count = sum(1 for _ in vectors())
     if fmt == "npy":
         with atomic_output(inputs_path(path)) as f:
-            f.writelines(r["input"].encode("utf-8") + b"\n" for r in vectors())
+            f.writelines(encode_name(r["input"]).encode("utf-8") + b"\n" for r in vectors())
         with atomic_output(path) as f:
             np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (count, dim)})
             f.writelines(r["embedding"].tobytes() for r in vectors())
@@ -329,7 +341,7 @@ def assemble_embeddings(path: str | os.PathLike[str], *, dim: int) -> int:
         with atomic_output(path) as f, pq.ParquetWriter(f, schema) as parquet:
             while rows := list(itertools.islice(stream, _ASSEMBLE_ROWS)):
                 values = pa.array(np.concatenate([r["embedding"] for r in rows]), type=pa.float32())
-                parquet.write_table(pa.table({"input": pa.array([r["input"] for r in rows], type=pa.string()),
+                parquet.write_table(pa.table({"input": pa.array([encode_name(r["input"]) for r in rows], type=pa.string()),
                                               "embedding": pa.FixedSizeListArray.from_arrays(values, dim)},
                                              schema=schema))
     spool_path(path).unlink()

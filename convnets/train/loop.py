@@ -3,7 +3,8 @@
 Reads top to bottom: :func:`fit` (entry point) -> :func:`_train` (set-up, resume, epochs,
 checkpoints) -> :func:`_train_epoch` (one pass over this rank's shard, calling
 :meth:`~convnets.train.step.Trainer.step`) -> :func:`evaluate`. Runs on one CPU or GPU, or under
-``torchrun`` on several processes and machines (DDP; rank 0 logs and writes files). Checkpoints
+``torchrun`` on several processes and machines (DDP; rank 0 logs and writes files, holding
+``OUT/.lock`` for the whole run, so that a second run on the same ``--output`` fails at once). Checkpoints
 (:class:`~convnets.train.checkpoint.TrainingCheckpoint`) are written atomically after every
 epoch, and a run resumed from one ends with the same weights as an uninterrupted run (see
 :mod:`convnets.data.folders` for how data order and augmentation are seeded).
@@ -16,7 +17,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,37 @@ def fit(config: TrainConfig) -> TrainSummary:
         precision = resolve_precision(ctx.device, config.amp, config.amp_dtype, config.memory_format)
         if config.evaluate:
             return _evaluate_only(config, ctx, precision)
-        return _train(config, ctx, precision)
+        with _output_lock(config.output, ctx):
+            return _train(config, ctx, precision)
     finally:
         dist.teardown()
+
+
+#: The lock file of a run's output directory (deleted when the run ends).
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def _output_lock(out: Path | None, ctx: DistContext) -> Iterator[None]:
+    """On rank 0, hold ``OUT/.lock`` for the whole run (created first, so a second run fails at once,
+    naming the first: :func:`convnets.fileio.exclusive_lock` writes the holder's PID and host)."""
+    if out is None or not ctx.is_main:
+        yield
+        return
+    from convnets.fileio import LockHeldError, exclusive_lock
+
+    lock = out / LOCK
+    with contextlib.ExitStack() as stack:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(exclusive_lock(lock, timeout=0))
+        except LockHeldError as e:
+            raise InvalidArgumentError(f"--output {out} is being written by another run "
+                                       f"({e.holder or 'another process'}; lock file {lock}): wait for it to "
+                                       "finish, or choose another --output") from e
+        except OSError as e:
+            raise InvalidArgumentError(f"--output {out}: cannot lock it ({e.strerror or e})") from e
+        yield
 
 
 def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *, init_only: bool) -> ResNet:
