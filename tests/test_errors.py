@@ -239,7 +239,9 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         1, "option() declares TrainConfig fields: a developer's mistake at import time"),
     ("convnets/commands/train.py", "TypeError"): (
         1, "a TrainConfig field type without a 'parse' function: a developer's mistake"),
-    ("convnets/fileio.py", "TimeoutError"): (2, "another process holds a lock too long: not an input"),
+    ("convnets/fileio.py", "OSError"): (
+        2, "a lock path that is a symbolic link or not a regular file: the file system's state, raised with "
+           "its errno as the open() that found it would (a held lock is LockHeldError, a TimeoutError)"),
     ("convnets/urls.py", "TimeoutError"): (
         2, "a download's deadline passed: both callers (preprocessing.io, weights.download) catch it and "
            "raise ImageDownloadError / WeightsUnavailableError naming the URL and the limit"),
