@@ -169,7 +169,7 @@ def model_digest(model: nn.Module) -> str:
         tensor = value.detach().to("cpu").contiguous()
         header.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
         if tensor.numel():
-            views.append(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+            views.append(tensor.reshape(-1).view(torch.uint8).numpy().data)
     digest = hashlib.sha256((header.hexdigest() + _digest(views)).encode()).hexdigest()
     if memo is not None:
         memo[id(model)] = digest
@@ -316,9 +316,9 @@ def cached_runner(source: nn.Module, *, engine: str, precision: str, shape: Sequ
     With the cache off (:func:`use_cache`), ``write`` and ``load`` run in a temporary directory.
     """
     if not _enabled.get():
-        with tempfile.TemporaryDirectory(prefix=f"convnets-{engine}-") as tmp:
-            write(Path(tmp))
-            return CachedRunner(load(Path(tmp)), None)
+        with tempfile.TemporaryDirectory(prefix=f"convnets-{engine}-") as scratch:
+            write(Path(scratch))
+            return CachedRunner(load(Path(scratch)), None)
     fields = key_fields(source, engine=engine, precision=precision, shape=shape, runtimes=runtimes)
     key = _key(fields)
     root = cache_root()
