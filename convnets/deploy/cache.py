@@ -120,9 +120,8 @@ def versions(runtimes: Sequence[str]) -> dict[str, str]:
     import importlib
     import importlib.metadata
 
-    import convnets
-
-    found = {"convnets": str(convnets.__version__)}
+    # The package is loaded (this module is part of it); read from sys.modules, not imported back.
+    found = {"convnets": str(getattr(sys.modules["convnets"], "__version__", "unknown"))}
     for name in ("torch", *runtimes):
         module = sys.modules.get(name)
         version = getattr(module, "__version__", None) if module is not None else None
