@@ -7,8 +7,8 @@ anything.
 
 from __future__ import annotations
 
-__all__ = ["BACKENDS", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES", "LAYERS", "MAX_REDIRECTS", "MIRROR_ENV",
-           "PRIVATE_URLS_OPTION"]
+__all__ = ["BACKENDS", "CACHE_DIR_ENV", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES",
+           "LAYERS", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
@@ -34,6 +34,10 @@ LAYERS: tuple[str, ...] = ("layer1", "layer2", "layer3", "layer4")
 
 #: Environment variable naming a directory or URL that replaces the NGC host for pretrained weights.
 MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
+
+#: Environment variable naming the engine cache's directory (:mod:`convnets.deploy.cache`; default:
+#: ``convnets-engines`` under ``torch.hub.get_dir()``, beside the weights).
+CACHE_DIR_ENV = "CONVNETS_CACHE_DIR"
 
 #: ``convnets train --data-backend`` choices (see :mod:`convnets.data`).
 BACKENDS: tuple[str, ...] = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")

@@ -55,10 +55,11 @@ def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own empty TORCH_HOME and no weights mirror."""
+    """Every test gets its own empty TORCH_HOME (so its own engine cache) and no weights mirror."""
     home = tmp_path_factory.mktemp("torch_home")
     monkeypatch.setenv("TORCH_HOME", str(home))
     monkeypatch.delenv("CONVNETS_WEIGHTS_MIRROR", raising=False)
+    monkeypatch.delenv("CONVNETS_CACHE_DIR", raising=False)
     return home / "hub" / "checkpoints"
 
 

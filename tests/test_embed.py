@@ -149,7 +149,9 @@ def test_npy_and_parquet_read_back(reference: dict, model: convnets.ResNet, imag
     from_parquet = np.stack([np.asarray(v, dtype=np.float32) for v in table.column("embedding").to_pylist()])
     np.testing.assert_array_equal(from_parquet, vectors)  # workers 1 (npy) and 0 (parquet): the same numbers
     library = np.stack([v for _, v in convnets.embed(model, good, image_size=IMAGE_SIZE, batch_size=4)])
-    np.testing.assert_allclose(vectors, library, rtol=1e-5, atol=1e-6)
+    # The command runs --engine auto (its default: OpenVINO here), checked to 1e-4 of the largest value;
+    # the library's default is the torch engine.
+    np.testing.assert_allclose(vectors, library, rtol=0, atol=1e-4 * float(np.abs(library).max()))
     errors = [line for line in reference["stderr"].splitlines() if line.startswith("convnets embed: error:")]
     assert [next(b for b in BAD if b in line) for line in errors] == BAD
     assert "3 of 43 inputs could not be read" in reference["stderr"]

@@ -22,8 +22,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from convnets.commands.options import (add_compile_argument, add_device_argument, add_engine_argument,
-                                       add_image_size_argument, add_json_argument, add_memory_format_argument,
+from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                       add_engine_argument,                                        add_image_size_argument, add_json_argument, add_memory_format_argument,
                                        add_model_arguments, add_output_argument, add_precision_argument,
                                        device_from_args, load_from_args, positive_int)
 from convnets.constants import DEFAULT_IMAGE_SIZE
@@ -60,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "compile); --no-optimize measures the plain eager model (default: optimize)")
     add_engine_argument(parser, extra_choices={ALL: "every installed engine in one table, the one auto picks marked"},
                         help="what runs the optimized model")
+    add_cache_argument(parser)
     add_compile_argument(parser, default=True, help="the torch engine's optimized model, once per batch size")
     add_memory_format_argument(parser, help="layout of the eager model and of the input batch (the optimized "
                                             "model always computes in channels_last); default: contiguous; "
@@ -141,7 +142,7 @@ def _inference(args: argparse.Namespace, device: torch.device) -> tuple[Runs, st
 
     if not args.optimize and not args.compile:
         raise InvalidArgumentError("--no-compile applies to the optimized model; --no-optimize is already eager")
-    if not args.optimize and args.engine != "torch":
+    if not args.optimize and args.engine not in ("torch", AUTO):  # auto, the default: nothing to pick from
         raise InvalidArgumentError(f"--engine {args.engine} runs the optimized model; drop --no-optimize to "
                                    f"measure it, or drop --engine {args.engine} to measure the plain eager model")
     loaded = load_from_args(args)
@@ -161,7 +162,7 @@ def _inference(args: argparse.Namespace, device: torch.device) -> tuple[Runs, st
 
     def optimized(engine: str) -> Any:
         return optimize_for_inference(loaded.model, args.precision, device=device, engine=engine,
-                                      compile=args.compile)
+                                      compile=args.compile, cache=args.cache)
 
     if args.engine == ALL:
         auto = optimized(AUTO)  # built first: its engine's row reuses it

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, job_settings)
-from convnets.commands.options import (add_compile_argument, add_device_argument, add_model_arguments,
+from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                       add_engine_argument, add_model_arguments,
                                        add_precision_argument, device_from_args, load_from_args)
 from convnets.constants import DEFAULT_MODEL, LAYERS
 from convnets.errors import InvalidArgumentError
@@ -53,8 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--normalize", action="store_true", help="L2-normalise each vector")
     add_device_argument(parser)
     add_precision_argument(parser, help="fp32 (default); bf16 (CPUs with AVX512-BF16 or AMX, GPUs); fp16 (GPUs). "
-                                        "The network runs like predict's torch engine: BatchNorm folded, "
-                                        "channels_last; vectors are float32")
+                                        "The network runs through --engine as predict's does (torch: "
+                                        "BatchNorm folded, channels_last); vectors are float32")
+    add_engine_argument(parser, help="what runs the network, cut after --layer (other engines than torch are "
+                                     "checked against it as predict's are)")
+    add_cache_argument(parser)
     add_compile_argument(parser, default=False, help="faster per image, but the first batch waits for the "
                                                      "compilation")
     add_batch_arguments(parser, default_batch_size=16)
@@ -109,7 +113,8 @@ class EmbedJob(BatchJob):
 
         args = self.args
         model = load_from_args(args, device=device).model
-        self.net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile)
+        self.net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile,
+                                  engine=args.engine, cache=args.cache)
         return model
 
     def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:

@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from convnets.constants import DEFAULT_IMAGE_SIZE
+from convnets.constants import CACHE_DIR_ENV, DEFAULT_IMAGE_SIZE
 from convnets.errors import CheckpointError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 
     from convnets.registry import ChosenModel
 
-__all__ = ["MODEL_OPTION_NAMES", "WEIGHT_SOURCES", "add_arch_kwargs_argument", "add_compile_argument",
-           "add_device_argument", "add_engine_argument", "add_image_size_argument", "add_json_argument",
+__all__ = ["MODEL_OPTION_NAMES", "WEIGHT_SOURCES", "add_arch_kwargs_argument", "add_cache_argument",
+           "add_compile_argument", "add_device_argument", "add_engine_argument", "add_image_size_argument", "add_json_argument",
            "add_memory_format_argument", "add_model_argument", "add_model_arguments", "add_output_argument",
            "add_precision_argument", "add_pretrained_argument", "add_weights_argument", "device_from_args",
            "load_from_args", "model_name", "non_negative_int", "parse_arch_kwargs", "positive_int",
@@ -273,7 +273,7 @@ def add_device_argument(parser: Parser, *, default: str | None = "auto", help: s
 
 def add_engine_argument(parser: Parser, *, extra_choices: Mapping[str, str] | None = None,
                         help: str | None = None) -> None:
-    """Add ``--engine``: a registered inference engine or ``auto`` (default ``torch``); the choices and
+    """Add ``--engine``: a registered inference engine or ``auto`` (the default); the choices and
     each engine's line of help come from the registry (:func:`convnets.deploy.engines.engines`).
 
     Args:
@@ -288,8 +288,18 @@ def add_engine_argument(parser: Parser, *, extra_choices: Mapping[str, str] | No
     lines.append(f"{AUTO} (the fastest installed engine for the device and precision, checked against the model; "
                  "falls back to torch)")
     lines += [f"{name} ({meaning})" for name, meaning in extra.items()]
-    parser.add_argument("--engine", choices=(*engine_names(), AUTO, *extra), default="torch",
-                        help=f"{help or 'what runs the model'} (default: torch): " + "; ".join(lines))
+    parser.add_argument("--engine", choices=(*engine_names(), AUTO, *extra), default=AUTO,
+                        help=f"{help or 'what runs the model'} (default: {AUTO}; its choice is logged with -v): "
+                             + "; ".join(lines))
+
+
+def add_cache_argument(parser: Parser) -> None:
+    """Add ``--cache`` / ``--no-cache``: the engine cache (:mod:`convnets.deploy.cache`), on by default."""
+    parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="keep the graphs that engines other than torch convert, and auto's check of them, in "
+                             f"the engine cache (${CACHE_DIR_ENV}, default $TORCH_HOME/hub/convnets-engines) and "
+                             "load them from there next time; --no-cache converts again (default: on; see "
+                             "convnets cache list|clear)")
 
 
 def add_precision_argument(parser: Parser, *, choices: Sequence[str] = PRECISIONS, default: str | None = "fp32",

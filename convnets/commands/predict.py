@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, job_settings)
-from convnets.commands.options import (add_compile_argument, add_device_argument, add_engine_argument,
-                                       add_json_argument, add_model_arguments, add_precision_argument,
+from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                       add_engine_argument,                                        add_json_argument, add_model_arguments, add_precision_argument,
                                        device_from_args, load_from_args)
 from convnets.constants import DEFAULT_MODEL
 from convnets.errors import InvalidArgumentError
@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "The model runs through convnets.optimize_for_inference: BatchNorm "
                                         "folded, channels_last")
     add_engine_argument(parser)
+    add_cache_argument(parser)
     add_compile_argument(parser, default=False, help="faster per image, but the first batch waits for the "
                                                      "compilation, so it pays off for many images")
     add_batch_arguments(parser, default_batch_size=16)
@@ -137,7 +138,7 @@ class PredictJob(BatchJob):
             raise InvalidArgumentError(f"--topk {args.topk} is more than the {len(self.labels)} classes of the "
                                        f"model; use --topk {len(self.labels)} or less")
         self.net = optimize_for_inference(model, args.precision, device=device, engine=args.engine,
-                                          compile=args.compile)
+                                          compile=args.compile, cache=args.cache)
         return model
 
     def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:

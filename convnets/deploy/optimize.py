@@ -14,6 +14,7 @@ import logging
 import torch
 from torch import nn
 
+from convnets.deploy.cache import use_cache
 from convnets.deploy.calibrate import CalibrationData, calibration_batches
 from convnets.deploy.engines import AUTO, build_auto, check_int8, engine_names, get_engine
 from convnets.deploy.torch_path import OptimizedModel, compile_unavailable_reason, optimize_with_torch
@@ -43,6 +44,7 @@ def optimize_for_inference(
     engine: str = "torch",
     calibration_data: CalibrationData | None = None,
     compile: bool = True,
+    cache: bool = True,
 ) -> nn.Module:
     """A faster copy of ``model`` for inference; ``model`` itself is not modified.
 
@@ -54,7 +56,8 @@ def optimize_for_inference(
             "openvino"`` or ``"auto"``, needs ``calibration_data``; NNCF post-training
             quantization). The logits are float32 in all cases.
         device: where to run; default: where ``model``'s parameters are.
-        engine: what runs it: a registered engine (:func:`convnets.deploy.engines.engine_names`;
+        engine: what runs it (the command line's ``--engine`` defaults to ``"auto"``; here the
+            default is ``"torch"``): a registered engine (:func:`convnets.deploy.engines.engine_names`;
             each one's devices, precisions and extra: its ``help_line()``), ``"torch"`` by default
             (folded BatchNorm, channels_last, ``torch.compile``; every device), or ``"auto"``: the
             fastest installed engine for the device and precision by
@@ -71,6 +74,10 @@ def optimize_for_inference(
             is below 99%.
         compile: use ``torch.compile`` (torch engine; falls back to eager, with a warning, when
             unavailable). The other engines always compile their own graph.
+        cache: keep what engines other than ``torch`` convert (and ``auto``'s check of it) in the
+            engine cache, and load it from there next time: same weights, engine, precision, image
+            size and versions (:mod:`convnets.deploy.cache`; ``$CONVNETS_CACHE_DIR``, default under
+            ``$TORCH_HOME``). ``False``: convert in a temporary directory, as if for the first time.
 
     Returns:
         A module: call it on a ``[N, 3, H, W]`` float batch (any device; it is moved) to get
@@ -89,6 +96,12 @@ def optimize_for_inference(
     if model.training:
         raise InvalidArgumentError("optimize_for_inference needs a model in eval mode: call model.eval() first "
                                    "(BatchNorm folding uses the running statistics)")
+    with use_cache(cache):
+        return _optimize(model, precision, device, engine, calibration_data, compile)
+
+
+def _optimize(model: nn.Module, precision: str, device: torch.device | str | None, engine: str,
+              calibration_data: CalibrationData | None, compile: bool) -> nn.Module:
     target = torch.device(device) if device is not None else _model_device(model)
     if precision == INT8:
         return _optimize_int8(model, target, engine, calibration_data, compile=compile)

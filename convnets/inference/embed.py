@@ -8,8 +8,10 @@ earlier, more local features (256, 512, 1024 values for the NGC models)::
     for name, vector in convnets.embed(model, ["photos/"], normalize=True, workers=4):
         index.add(name, vector)
 
-The model runs as ``convnets.optimize_for_inference``'s torch engine runs classifiers (BatchNorm
-folded, channels_last, the precision asked for, optionally compiled), cut after the chosen stage.
+The model, cut after the chosen stage (:class:`PooledFeatures`), runs through
+``convnets.optimize_for_inference`` as classifiers do: the torch engine by default (BatchNorm
+folded, channels_last, the precision asked for, optionally compiled), or ONNX Runtime, OpenVINO or
+``engine="auto"`` (``convnets embed``'s default), which checks its pick against the torch path.
 Inputs are read lazily and decoded as for predictions, in the same loop
 (:func:`convnets.inference.loader.map_batches`); writing vectors to files is
 :mod:`convnets.inference.spool` (``.npy``, ``.parquet``); ``convnets embed`` runs this as a batch job
@@ -78,30 +80,42 @@ class PooledFeatures(nn.Module):
 
 
 def features_model(model: ResNet, layer: str = "layer4", *, precision: PrecisionName = "fp32",
-                   device: torch.device | str | None = None, compile: bool = False) -> nn.Module:
+                   device: torch.device | str | None = None, compile: bool = False, engine: str = "torch",
+                   cache: bool = True) -> nn.Module:
     """The optimized callable from a batch to pooled features ``[N, D]`` (float32).
+
+    :class:`PooledFeatures` goes through :func:`convnets.optimize_for_inference` as a classifier
+    would: every engine runs it, and ``engine="auto"`` checks the engine it picks against it (fp32:
+    1e-4 relative error, so cosine >= 0.9999), with the converted graph kept in the engine cache.
 
     Args:
         model: a convnets ResNet in eval mode (not modified).
         layer: the stage whose output is pooled.
         precision: ``"fp32"``, ``"bf16"``, ``"fp16"`` (see :func:`convnets.optimize_for_inference`).
         device: where to run; default: where ``model``'s parameters are.
-        compile: ``torch.compile`` it (the first batch of each size waits for the compilation).
+        compile: ``torch.compile`` it (torch engine; the first batch of each size waits for the compilation).
+        engine: ``"torch"`` (default), another registered engine (``"onnxruntime"``, ``"openvino"``) or
+            ``"auto"`` (``convnets embed``'s default), as for :func:`convnets.optimize_for_inference`.
+        cache: use the engine cache (:mod:`convnets.deploy.cache`).
 
     Returns:
-        The torch engine's :class:`~convnets.deploy.optimize.OptimizedModel` around :class:`PooledFeatures`
-        (``num_features`` and ``input_size`` copied).
+        The engine's module around :class:`PooledFeatures` (the torch engine's
+        :class:`~convnets.deploy.optimize.OptimizedModel`, another's
+        :class:`~convnets.deploy.engines.runner.RunnerModel`), ``num_features``, ``input_size`` and
+        ``device`` set.
 
     Raises:
-        InvalidArgumentError: not a ResNet, an unknown layer, or a model in training mode.
-        UnsupportedPrecisionError: a precision the device cannot run.
+        InvalidArgumentError: not a ResNet, an unknown layer or engine, or a model in training mode.
+        UnsupportedPrecisionError: a precision the device or engine cannot run.
+        MissingDependencyError: the engine's optional packages are missing.
     """
     from convnets.deploy.optimize import optimize_for_inference
 
     features = PooledFeatures(model, layer)
     if model.training:
         raise InvalidArgumentError("embeddings need a model in eval mode: call model.eval() first")
-    optimized = optimize_for_inference(features.eval(), precision, device=device, engine="torch", compile=compile)
+    optimized = optimize_for_inference(features.eval(), precision, device=device, engine=engine, compile=compile,
+                                       cache=cache)
     # Module.__setattr__ is typed for tensors and modules; these are plain ints that callers read.
     optimized.num_features = features.num_features  # type: ignore[assignment]
     optimized.input_size = features.input_size  # type: ignore[assignment]
@@ -155,6 +169,8 @@ def embed(
     precision: PrecisionName = "fp32",
     device: torch.device | str | None = None,
     compile: bool = False,
+    engine: str = "torch",
+    cache: bool = True,
     recursive: bool = False,
     image_size: int | None = None,
     resize_size: int | None = None,
@@ -173,7 +189,7 @@ def embed(
         normalize: L2-normalise each vector (for cosine similarity by dot product).
         batch_size: images per forward pass.
         workers: processes that decode the next batches while the model runs (0: decode here).
-        precision, device, compile: how the model runs (see :func:`features_model`).
+        precision, device, compile, engine, cache: how the model runs (see :func:`features_model`).
         recursive: search directories' subfolders too.
         image_size, resize_size, preset: preprocessing, as for :func:`convnets.inference.predict.predict`.
         timeout: total seconds allowed for each URL download.
@@ -191,7 +207,8 @@ def embed(
     """
     if on_error not in ("skip", "raise"):
         raise InvalidArgumentError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-    net: Any = features_model(model, layer, precision=precision, device=device, compile=compile)
+    net: Any = features_model(model, layer, precision=precision, device=device, compile=compile, engine=engine,
+                              cache=cache)
     chosen = resolve_decoding(model, None, preset=preset, image_size=image_size, resize_size=resize_size,
                               timeout=timeout, workers=workers, allow_private=allow_private)
     for result in embed_items(net, iter_inputs(inputs, recursive=recursive), normalize=normalize,

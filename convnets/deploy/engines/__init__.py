@@ -12,7 +12,8 @@ listing them costs no PyTorch import.
 ``engine="auto"`` (:func:`build_auto`) tries the engines of :data:`AUTO_ORDER` for the device and
 precision, in order, and takes the first one that is installed, builds, and passes the
 faithfulness check of exports on their example photos (fp32: 1e-4 relative; bf16/fp16: per-sample
-cosine >= 0.99); ``torch`` ends every order and is taken without a check (it is the reference path).
+cosine >= 0.99; the result is kept in the engine cache with the converted graph,
+:mod:`convnets.deploy.cache`, so a later process with the same model skips both); ``torch`` ends every order and is taken without a check (it is the reference path).
 int8 is checked on the calibration images instead (top-1 agreement >= 99%, :func:`check_int8`),
 and since the torch engine runs no int8, ``auto`` raises when no int8 engine passes.
 
@@ -22,10 +23,12 @@ modules, still without PyTorch.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from typing import TYPE_CHECKING
 
+from convnets.deploy.cache import entry_of
 from convnets.deploy.engines.base import Engine
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 from convnets.runtime import setting
@@ -145,6 +148,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     # fp32 / bf16 / fp16: the photos that verify exports (shipped in the package), at the model's input size.
     batch, inputs = (None, "") if int8 else sample_batch(image_size=int(getattr(model, "input_size", 224)))
     reasons = []
+    verdict: dict[str, object] | None = None
     for name in auto_order(precision, device):
         engine = get_engine(name)
         if name == "torch":
@@ -160,8 +164,15 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
         try:
             built = engine.build(model, precision, device, compile=compile,
                                  calibration_data=calibration_data if int8 else None)
-            check = (check_int8(built, model, calibration_data or []) if batch is None
-                     else verify_runner(built, model, batch, precision, inputs))
+            entry = entry_of(built)  # an engine-cache entry that may hold this check's earlier result
+            verdict = entry.verdict() if entry is not None else None
+            if verdict is not None:
+                check = _cached_check(verdict)
+            else:
+                check = (check_int8(built, model, calibration_data or []) if batch is None
+                         else verify_runner(built, model, batch, precision, inputs))
+                if entry is not None:
+                    entry.record_verdict(dataclasses.asdict(check))
         except Exception as e:  # noqa: BLE001 - any engine failure: try the next engine
             log.warning("engine='auto': %s failed (%s); trying the next engine", name, error_summary(e))
             reasons.append(f"{name} failed ({error_summary(e)})")
@@ -178,8 +189,18 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     else:
         raise UnsupportedPrecisionError(f"engine='auto' found no engine that runs precision={precision!r} faithfully: "
                                         f"{'; '.join(reasons)}; use precision='bf16' (or 'fp32')")
-    log.info("engine='auto' picked %s for %s on %s", built.engine, precision, device)
+    log.info("engine='auto' picked %s for %s on %s%s", built.engine, precision, device,
+             " (its check read from the engine cache)" if built.engine != "torch" and verdict is not None else "")
     return built
+
+
+def _cached_check(verdict: dict[str, object]) -> Verification:
+    """The :class:`~convnets.deploy.export.Verification` that an engine-cache entry recorded."""
+    from convnets.deploy.export import Verification
+
+    fields = {f.name for f in dataclasses.fields(Verification)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in verdict.items() if k in fields}
+    return Verification(**values)  # type: ignore[arg-type]
 
 
 def check_int8(built: nn.Module, model: nn.Module, batches: list[torch.Tensor]) -> Verification:

@@ -1,14 +1,15 @@
 """The ``onnxruntime`` engine: the ONNX export's graph (BatchNorm folded, dynamic batch axis) run by
 ONNX Runtime's CPU execution provider, fp32.
 
-The graph is written by the onnx export format (:mod:`convnets.deploy.formats.onnx`) into a
-temporary directory and loaded by the format's own runner; the session keeps it in memory.
+The graph is written by the onnx export format (:mod:`convnets.deploy.formats.onnx`) into an entry
+of the engine cache (:mod:`convnets.deploy.cache`; a temporary directory with the cache off) and
+loaded by the format's own runner; the next process with the same model loads that file instead of
+exporting again.
 Reference: https://onnxruntime.ai/docs/api/python/api_summary.html
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,22 +40,22 @@ class OnnxRuntimeEngine(Engine):
         ONNX Runtime's own; see the onnx format's ``load_runner``)."""
         import torch
 
-        from convnets.deploy.engines.runner import engine_model, folded_copy
+        from convnets.deploy.cache import cached_runner
+        from convnets.deploy.engines.runner import engine_model, lazy_folded_copy
         from convnets.deploy.formats import get_format
-        from convnets.deploy.formats.onnx import OnnxFormat
-
         from convnets.deploy.formats.onnx import OnnxFormat
 
         fmt = get_format("onnx")
         assert isinstance(fmt, OnnxFormat)  # its load_runner takes ONNX Runtime settings
-        module = folded_copy(model)
+        folded = lazy_folded_copy(model)
+        name = fmt.file_names[0]
 
         def make_runner(shape: tuple[int, ...]) -> Runner:
-            with tempfile.TemporaryDirectory(prefix="convnets-onnxruntime-") as tmp:
-                path = Path(tmp) / fmt.file_names[0]
-                fmt.write(module, path, torch.zeros(2, *shape), **fmt.resolve_options({}))
-                return fmt.load_runner(path, settings)  # the session holds the graph: the file can go
+            def write(directory: Path) -> None:
+                fmt.write(folded(), directory / name, torch.zeros(2, *shape), **fmt.resolve_options({}))
+            # The session reads the whole graph when it is made: the file may go afterwards.
+            return cached_runner(model, engine=self.name, precision=precision, shape=shape, runtimes=self.requires,
+                                 files=(name,), write=write, load=lambda d: fmt.load_runner(d / name, settings))
         return engine_model(make_runner, engine=self.name, precision=precision, source=model)
-
 
 ENGINE = OnnxRuntimeEngine()

@@ -1,5 +1,6 @@
 """The ``openvino`` engine: the OpenVINO conversion of the folded model (as the openvino export
-format makes it, :mod:`convnets.deploy.formats.openvino`), compiled in memory for the CPU plugin.
+format makes it, :mod:`convnets.deploy.formats.openvino`), saved as IR in the engine cache
+(:mod:`convnets.deploy.cache`) and compiled from there for the CPU plugin (int8: in memory, uncached).
 
 OpenVINO's CPU plugin computes in bf16 by default on CPUs that have it, so the precision is
 always stated: ``INFERENCE_PRECISION_HINT`` ``f32`` for fp32 (within 1e-4 of the model) or
@@ -74,18 +75,25 @@ class OpenVinoEngine(Engine):
         """
         import torch
 
-        from convnets.deploy.engines.runner import engine_model, folded_copy
+        from convnets.deploy.cache import cached_runner
+        from convnets.deploy.engines.runner import engine_model, folded_copy, lazy_folded_copy
         from convnets.deploy.formats import get_format
         from convnets.deploy.formats.openvino import OpenVinoFormat
 
         fmt = get_format("openvino")
         assert isinstance(fmt, OpenVinoFormat)  # for its convert and compile
-        module = folded_copy(model)
         config = {**self.config(precision), **(settings or {})}
         if precision != "int8":
+            folded = lazy_folded_copy(model)
+
             def make_runner(shape: tuple[int, ...]) -> Runner:
-                return fmt.compile(fmt.convert(module, torch.zeros(2, *shape)), config)
+                # The IR goes to the engine cache (convnets.deploy.cache), compiled from there.
+                return cached_runner(model, engine=self.name, precision=precision, shape=shape,
+                                     runtimes=self.requires, files=fmt.file_names,
+                                     write=lambda d: fmt.write(folded(), d / "model.xml", torch.zeros(2, *shape)),
+                                     load=lambda d: fmt.compile(d / "model.xml", config))
             return engine_model(make_runner, engine=self.name, precision=precision, source=model)
+        module = folded_copy(model)
 
         if not calibration_data:
             raise InvalidArgumentError("the openvino engine's int8 needs calibration_data", keyword="calibration_data")

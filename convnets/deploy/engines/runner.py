@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RunnerModel", "engine_model"]
+__all__ = ["RunnerModel", "engine_model", "folded_copy", "lazy_folded_copy"]
 
 Runner = Callable[[Tensor], Tensor]
 
@@ -71,3 +71,15 @@ def folded_copy(model: nn.Module) -> nn.Module:
     from convnets.deploy.folding import fold_batchnorm
 
     return fold_batchnorm(copy.deepcopy(model).eval().cpu().float()).requires_grad_(False)
+
+
+def lazy_folded_copy(model: nn.Module) -> Callable[[], nn.Module]:
+    """:func:`folded_copy` of ``model``, made at the first call and kept: engines fold only when they
+    convert, not when they load a cached graph (:mod:`convnets.deploy.cache`)."""
+    made: list[nn.Module] = []
+
+    def get() -> nn.Module:
+        if not made:
+            made.append(folded_copy(model))
+        return made[0]
+    return get
