@@ -161,6 +161,7 @@ def embed(
     preset: EvalPreset | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_error: Literal["skip", "raise"] = "skip",
+    fast_decode: bool = False,
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Embed images: yields ``(input, vector)`` per readable input, in input order.
 
@@ -178,6 +179,8 @@ def embed(
         timeout: total seconds allowed for each URL download.
         on_error: an input that cannot be read is logged and skipped (``"skip"``) or raises its
             :class:`~convnets.errors.ImageLoadError` (``"raise"``).
+        fast_decode: decode large JPEGs at a reduced DCT scale first (see
+            :func:`~convnets.preprocessing.pipeline.prepare_batch`); default: exact.
 
     Yields:
         ``(input, vector)``: ``vector`` is a float32 numpy array of D values.
@@ -189,8 +192,8 @@ def embed(
     if on_error not in ("skip", "raise"):
         raise InvalidArgumentError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     net: Any = features_model(model, layer, precision=precision, device=device, compile=compile)
-    chosen = resolve_decoding(model, None, preset=preset, image_size=image_size, resize_size=resize_size,
-                              timeout=timeout, workers=workers)
+    chosen = resolve_decoding(model, Decoding(preset, timeout, workers, fast_decode), image_size=image_size,
+                              resize_size=resize_size)
     for result in embed_items(net, iter_inputs(inputs, recursive=recursive), normalize=normalize,
                               batch_size=batch_size, device=net.device, decoding=chosen):
         if result.error is not None:

@@ -3,7 +3,7 @@
 Used by :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed`: both run
 :func:`map_batches` (decode a batch, compute on its tensor, hand back one value or error per input)
 and their results share :class:`Result`. How inputs are decoded is one setting, :class:`Decoding`
-(preprocessing preset, download timeout, worker processes), carried unchanged from the command
+(preprocessing preset, download timeout, worker processes, fast JPEG decoding), carried unchanged from the command
 line through :mod:`convnets.inference.job` and the library to :func:`decode`.
 
 The main process reads the items (a
@@ -62,11 +62,14 @@ class Decoding:
         timeout: total seconds allowed for each URL download.
         workers: decoding processes (0: decode in this process, on threads, between model calls);
             ``None``: the default for the device (:func:`convnets.runtime.default_workers`).
+        fast_decode: decode large JPEGs at a reduced DCT scale first (``--fast-decode``; see
+            :func:`~convnets.preprocessing.pipeline.prepare_batch`); default: the exact preprocessing.
     """
 
     preset: EvalPreset | None = None
     timeout: float = DEFAULT_TIMEOUT
     workers: int | None = 0
+    fast_decode: bool = False
 
     def with_preset(self, preset: EvalPreset) -> Decoding:
         """This decoding with ``preset`` (the model's, sized as asked)."""
@@ -170,7 +173,7 @@ def decode(chunk: list[Item], decoding: Decoding, *, in_worker: bool = False) ->
     names = [chunk[i][0] for i in readable]
     threads = 1 if in_worker and not any(is_url(name) for name in names) else None
     batch = prepare_batch(names, on_error="collect", preset=decoding.preset, timeout=decoding.timeout,
-                          workers=threads)
+                          workers=threads, fast_decode=decoding.fast_decode)
     errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
     errors.update({readable[pos]: error for pos, error in batch.errors})
     return DecodedBatch(chunk, batch.tensor, [readable[pos] for pos in batch.indices], errors)

@@ -4,6 +4,9 @@ Decoding, resizing and downloading release the GIL, so a thread pool scales over
 lists of inputs. The pool is created per call: starting and joining it cost about 2 ms on the
 (busy) 2-core development machine, against 50 ms or more to decode one camera photo, and a
 per-call pool cannot deadlock when callers themselves run in threads or in forked processes.
+
+``fast_decode=True`` (``--fast-decode`` on the command line) decodes large JPEGs at a reduced DCT
+scale first; see :data:`FAST_DECODE_MARGIN` for what that costs in pixels and gains in time.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, 
 from .presets import DEFAULT_PRESET, EvalPreset
 from .transforms import preprocess_image, to_rgb
 
-__all__ = ["PreparedBatch", "load_image", "prepare_batch", "prepare_input_from_uri"]
+__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_image", "prepare_batch",
+           "prepare_input_from_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +38,25 @@ _INPUT_TYPES = (str, os.PathLike, bytes, bytearray, Image.Image)
 # Downloads wait on the network rather than on a core, so lists with URLs get more threads.
 _MIN_WORKERS_WITH_URLS = 8
 
+#: ``fast_decode``: a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that keeps its shorter
+#: side at least ``FAST_DECODE_MARGIN * resize_size``, then resized and cropped as usual (bilinear,
+#: antialiased). Measured on 12-megapixel photo-like JPEGs (quality 90, 3.4 MB; benchmarks/bench_fast_decode.py),
+#: against the exact path, in normalised units: margin 2 differs by 0.005 on average (0.07 at most,
+#: about 1/3 and 4 uint8 levels) and preprocesses about 2.8x faster on one core; margin 1 is only
+#: about 1.2x faster again but doubles the difference (0.011 mean, 0.19 max). Pillow's
+#: ``reducing_gap`` on top changed nothing measurable (after the draft the resize ratio is below 4),
+#: so it is not used.
+FAST_DECODE_MARGIN = 2
+
+
+def fast_decode_draft(preset: EvalPreset) -> int:
+    """The side that ``fast_decode`` drafts JPEGs to: :data:`FAST_DECODE_MARGIN` times the resize size."""
+    return FAST_DECODE_MARGIN * preset.resize_size
+
 
 def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
-               max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int | None = None) -> Image.Image:
+               max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int | None = None,
+               draft: int | None = None) -> Image.Image:
     """Open one image and make it upright 8-bit RGB (see :func:`~convnets.preprocessing.io.open_image`).
 
     Args:
@@ -44,6 +64,9 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
         timeout: total seconds allowed for a download.
         max_bytes: largest accepted download, in bytes.
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
+        draft: decode large JPEGs at a reduced DCT scale keeping both sides at least ``draft``
+            (see ``open_image``; :func:`fast_decode_draft` gives the ``fast_decode`` size); ``None``:
+            exact.
 
     Returns:
         An RGB image with the EXIF orientation applied (a PIL input is not modified).
@@ -52,7 +75,7 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT,
         ImageLoadError: or a subclass, for any input that cannot be used; see ``open_image``.
         InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
     """
-    image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels)
+    image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels, draft=draft)
     try:
         return to_rgb(image)
     except (ValueError, OSError) as exc:
@@ -68,10 +91,11 @@ class _Options:
     max_bytes: int
     max_pixels: int | None
     workers: int | None
+    fast_decode: bool = False
 
     def prepare(self, source: ImageInput) -> torch.Tensor:
-        image = load_image(source, timeout=self.timeout, max_bytes=self.max_bytes,
-                           max_pixels=self.max_pixels)
+        image = load_image(source, timeout=self.timeout, max_bytes=self.max_bytes, max_pixels=self.max_pixels,
+                           draft=fast_decode_draft(self.preset) if self.fast_decode else None)
         return preprocess_image(image, preset=self.preset)
 
 
@@ -104,14 +128,16 @@ def _preset(image_size: int, resize_size: int, preset: EvalPreset | None) -> Eva
 
 
 def _options(preset: EvalPreset, timeout: float, max_bytes: int, max_pixels: int | None,
-             workers: int | None) -> _Options:
+             workers: int | None, fast_decode: bool = False) -> _Options:
     if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
             or not math.isfinite(timeout) or timeout <= 0):
         raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}.")
     _positive_int("max_bytes", max_bytes)
     _positive_int("max_pixels", max_pixels, optional=True)
     _positive_int("workers", workers, optional=True)
-    return _Options(preset, float(timeout), max_bytes, max_pixels, workers)
+    if not isinstance(fast_decode, bool):
+        raise InvalidArgumentTypeError(f"fast_decode must be True or False, got {fast_decode!r}.")
+    return _Options(preset, float(timeout), max_bytes, max_pixels, workers, fast_decode)
 
 
 def _target(cuda: bool, device: str | torch.device | None, dtype: torch.dtype,
@@ -202,6 +228,7 @@ def prepare_batch(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int | None = None,
     workers: int | None = None,
+    fast_decode: bool = False,
 ) -> PreparedBatch:
     """Load and preprocess many images concurrently into one batch, reporting failures per input.
 
@@ -224,6 +251,11 @@ def prepare_batch(
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
         workers: threads to use; default: the usable CPU cores (at least 8 when there are URLs),
             at most one per input. ``1`` runs in the calling thread.
+        fast_decode: decode JPEGs much larger than the resize target at a reduced DCT scale
+            (``Image.draft``) to at least :data:`FAST_DECODE_MARGIN` times ``resize_size``, then
+            resize and crop as usual: about 2.8x faster on 12-megapixel photos, pixels 0.005 apart
+            on average (0.07 at most) in normalised units. Other images are unaffected. Default
+            ``False``: the exact (upstream) preprocessing.
 
     Returns:
         A :class:`PreparedBatch` ``(tensor, indices, errors)``.
@@ -236,7 +268,8 @@ def prepare_batch(
     """
     if on_error not in ("raise", "collect"):
         raise InvalidArgumentError(f"on_error must be 'raise' or 'collect', got {on_error!r}.")
-    options = _options(_preset(image_size, resize_size, preset), timeout, max_bytes, max_pixels, workers)
+    options = _options(_preset(image_size, resize_size, preset), timeout, max_bytes, max_pixels, workers,
+                       fast_decode)
     target = _target(False, device, dtype, memory_format)
     sources = _check_inputs(inputs)
 
