@@ -12,14 +12,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from convnets.commands.options import (add_image_size_argument, add_output_argument, non_negative_int, positive_int,
-                                       positive_seconds)
+from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, non_negative_int,
+                                       positive_int, positive_seconds)
 from convnets.constants import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from convnets.inference.job import JobSettings
 
-__all__ = ["add_batch_arguments", "add_input_arguments", "add_output_arguments", "add_progress_argument",
+__all__ = ["add_batch_arguments", "add_fast_decode_argument", "add_input_arguments", "add_output_arguments", "add_progress_argument",
            "job_settings"]
 
 
@@ -47,7 +47,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: int = 16) -> None:
-    """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``."""
+    """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``, ``--fast-decode``."""
     from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
 
     group = parser.add_argument_group("batches")
@@ -63,6 +63,17 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
                                  "what the weights were trained for, 224 for the NGC weights)")
     group.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                        help=f"time allowed for each URL download, connecting included (default {DEFAULT_TIMEOUT:g})")
+    add_fast_decode_argument(group)
+
+
+def add_fast_decode_argument(parser: Parser) -> None:
+    """Add ``--fast-decode`` (``predict``, ``embed``, ``evaluate``): :class:`~convnets.inference.loader.Decoding`'s
+    ``fast_decode``, i.e. :func:`~convnets.preprocessing.pipeline.prepare_batch`'s."""
+    parser.add_argument("--fast-decode", action="store_true",
+                        help="decode JPEGs much larger than the resize target at a reduced DCT scale (1/2 to 1/8, keeping at "
+                            "least twice the resize size), then resize as usual: about 2.8x faster preprocessing of "
+                            "12-megapixel photos, pixels 0.005 apart on average (0.07 at most, normalised); other "
+                            "images are unaffected (default: exact, upstream preprocessing)")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, resume_help: str,
@@ -106,6 +117,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     from convnets.inference.job import JobSettings
     from convnets.inference.loader import Decoding
 
-    return JobSettings(inputs=args.inputs, decoding=Decoding(timeout=args.timeout, workers=args.workers),
+    return JobSettings(inputs=args.inputs, decoding=Decoding(timeout=args.timeout, workers=args.workers,
+                                                                  fast_decode=args.fast_decode),
                        recursive=args.recursive, from_file=args.from_file, output=args.output, resume=args.resume,
                        batch_size=args.batch_size, image_size=args.image_size, progress=args.progress)
