@@ -95,8 +95,8 @@ def test_a_bad_triton_name_names_the_option(tmp_path: Path) -> None:
 
 
 def test_topk_below_one_names_topk_alone(five_classes: Path) -> None:
-    line = _error_line(run_cli("predict", "--weights", str(five_classes), "--topk", "0", IMAGE))
-    assert line == "convnets predict: error: --topk must be a positive integer, got 0"
+    line = _error_line(run_cli("predict", "--weights", str(five_classes), "--topk", "0", IMAGE), status=2)
+    assert line == "convnets predict: error: argument --topk: must be a positive integer, got '0'"
 
 
 def test_topk_above_the_number_of_classes_names_the_limit(five_classes: Path) -> None:
