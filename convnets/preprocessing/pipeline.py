@@ -42,10 +42,11 @@ _MIN_WORKERS_WITH_URLS = 8
 #: side at least ``FAST_DECODE_MARGIN * resize_size``, then resized and cropped as usual (bilinear,
 #: antialiased). Measured on 12-megapixel photo-like JPEGs (quality 90, 3.4 MB; benchmarks/bench_fast_decode.py),
 #: against the exact path, in normalised units: margin 2 differs by 0.005 on average (0.07 at most,
-#: about 1/3 and 4 uint8 levels) and preprocesses about 2.8x faster on one core; margin 1 is only
-#: about 1.2x faster again but doubles the difference (0.011 mean, 0.19 max). Pillow's
-#: ``reducing_gap`` on top changed nothing measurable (after the draft the resize ratio is below 4),
-#: so it is not used.
+#: about 1/3 and 4 uint8 levels) and preprocesses with 2.3-2.9x less CPU time (41 against 96-119 ms
+#: per image); margin 1 takes only about 1.2x less again (33 ms) but more than doubles the
+#: difference (0.011 mean, 0.19 max). Pillow's ``reducing_gap`` after the draft either changed
+#: nothing (1.5: the remaining resize ratio is below 4) or gave margin 1's difference without its
+#: speed (1.0), so it is not used.
 FAST_DECODE_MARGIN = 2
 
 
@@ -253,8 +254,8 @@ def prepare_batch(
             at most one per input. ``1`` runs in the calling thread.
         fast_decode: decode JPEGs much larger than the resize target at a reduced DCT scale
             (``Image.draft``) to at least :data:`FAST_DECODE_MARGIN` times ``resize_size``, then
-            resize and crop as usual: about 2.8x faster on 12-megapixel photos, pixels 0.005 apart
-            on average (0.07 at most) in normalised units. Other images are unaffected. Default
+            resize and crop as usual: 2.3-2.9x less CPU time on 12-megapixel photos, pixels 0.005
+            apart on average (0.07 at most) in normalised units. Other images are unaffected. Default
             ``False``: the exact (upstream) preprocessing.
 
     Returns:
