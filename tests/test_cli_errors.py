@@ -95,8 +95,8 @@ def test_a_bad_triton_name_names_the_option(tmp_path: Path) -> None:
 
 
 def test_topk_below_one_names_topk_alone(five_classes: Path) -> None:
-    line = _error_line(run_cli("predict", "--weights", str(five_classes), "--topk", "0", IMAGE))
-    assert line == "convnets predict: error: --topk must be a positive integer, got 0"
+    line = _error_line(run_cli("predict", "--weights", str(five_classes), "--topk", "0", IMAGE), status=2)
+    assert line == "convnets predict: error: argument --topk: must be a positive integer, got '0'"
 
 
 def test_topk_above_the_number_of_classes_names_the_limit(five_classes: Path) -> None:
@@ -156,9 +156,13 @@ def test_unknown_arch_kwargs_field_is_not_a_keyword_argument() -> None:
 def test_train_configuration_errors_name_the_flags(tmp_path: Path) -> None:
     """TrainConfig's checks speak in flags on the command line, in field names in Python."""
     line = _error_line(run_cli("train", "--data", str(tmp_path), "--output", str(tmp_path / "out"),
-                               "--batch-size", "0", "--label-smoothing", "1.5"))
-    assert line == ("convnets train: error: invalid training configuration: --batch-size must be a positive "
-                    "integer, got 0; --label-smoothing is out of range: 1.5")
+                               "--warmup-epochs", "100", "--label-smoothing", "1.5"))
+    assert line == ("convnets train: error: invalid training configuration: --warmup-epochs is out of range: "
+                    "100.0; --label-smoothing is out of range: 1.5")
+    # Counts are checked while parsing, before PyTorch: a usage error naming the flag.
+    line = _error_line(run_cli("train", "--data", str(tmp_path), "--output", str(tmp_path / "out"),
+                               "--batch-size", "0"), status=2)
+    assert line == "convnets train: error: argument --batch-size: must be a positive integer, got '0'"
     with pytest.raises(ValueError, match=r"configuration: batch_size must be a positive integer, got 0$"):
         convnets.train.TrainConfig(data=tmp_path, output=tmp_path, batch_size=0)
 

@@ -53,6 +53,16 @@ def test_help_imports_no_torch(args: list[str]) -> None:
     (["benchmark", "--memory-format", "nwhc"], "choose contiguous or channels_last"),
     (["export", "--device", "cpu", "--output", "out"], "unrecognized arguments: --device"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    # Counts are checked while parsing; only --topk's upper limit (the model's classes) waits for the model.
+    (["predict", "--topk", "0", "x.jpg"], "argument --topk: must be a positive integer, got '0'"),
+    (["predict", "--topk", "-3", "x.jpg"], "argument --topk: must be a positive integer, got '-3'"),
+    (["predict", "--topk", "two", "x.jpg"], "argument --topk: must be a positive integer, got 'two'"),
+    (["embed", "--batch-size", "0", "--output", "v.npy", "x.jpg"], "argument --batch-size: must be a positive"),
+    (["evaluate", "--data", "d", "--workers", "-1"], "argument --workers: must be a non-negative integer"),
+    (["export", "--random-init", "--model", "resnet50", "--triton", "--max-batch-size", "0", "--output", "out"],
+     "argument --max-batch-size: must be a positive integer, got '0'"),
+    (["train", "--epochs", "0"], "argument --epochs: must be a positive integer, got '0'"),
+    (["train", "--workers", "-1"], "argument --workers: must be a non-negative integer, got '-1'"),
 ])
 def test_usage_errors_import_no_torch(args: list[str], message: str) -> None:
     proc, imported = _run_timed_imports(*args)

@@ -12,15 +12,15 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from convnets.commands.options import (add_image_size_argument, add_output_argument, non_negative_int, positive_int,
-                                       positive_seconds)
+from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, non_negative_int,
+                                       positive_int, positive_seconds)
 from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
     from convnets.inference.job import JobSettings
 
-__all__ = ["add_batch_arguments", "add_input_arguments", "add_output_arguments", "add_private_urls_argument",
-           "add_progress_argument", "job_settings"]
+__all__ = ["add_batch_arguments", "add_fast_decode_argument", "add_input_arguments", "add_output_arguments",
+           "add_private_urls_argument", "add_progress_argument", "job_settings"]
 
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: int = 16) -> None:
     """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``,
-    ``--allow-private-urls``."""
+    ``--allow-private-urls``, ``--fast-decode``."""
     from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
 
     group = parser.add_argument_group("batches")
@@ -66,14 +66,25 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
                        help=f"time allowed for each URL download, connecting and redirects included (default "
                             f"{DEFAULT_TIMEOUT:g})")
     add_private_urls_argument(group)
+    add_fast_decode_argument(group)
 
 
-def add_private_urls_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+def add_private_urls_argument(parser: Parser) -> None:
     """Add ``--allow-private-urls`` (``allow_private=True`` of the library's downloads)."""
     parser.add_argument(PRIVATE_URLS_OPTION, dest="allow_private", action="store_true",
                         help="also download URLs whose host is a loopback, private or link-local address "
                              "(localhost, 10.x, 192.168.x, 169.254.x, ::1, ...), also as a redirect's target; "
                              "refused by default")
+
+
+def add_fast_decode_argument(parser: Parser) -> None:
+    """Add ``--fast-decode`` (``predict``, ``embed``, ``evaluate``): :class:`~convnets.inference.loader.Decoding`'s
+    ``fast_decode``, i.e. :func:`~convnets.preprocessing.pipeline.prepare_batch`'s."""
+    parser.add_argument("--fast-decode", action="store_true",
+                        help="decode JPEGs much larger than the resize target at a reduced DCT scale (1/2 to 1/8, keeping at "
+                            "least twice the resize size), then resize as usual: preprocessing 12-megapixel photos takes "
+                            "2.3-2.9x less CPU time, pixels 0.005 apart on average (0.07 at most, normalised); other "
+                            "images are unaffected (default: exact, upstream preprocessing)")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, resume_help: str,
@@ -117,7 +128,8 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     from convnets.inference.job import JobSettings
     from convnets.inference.loader import Decoding
 
-    decoding = Decoding(timeout=args.timeout, workers=args.workers, allow_private=args.allow_private)
+    decoding = Decoding(timeout=args.timeout, workers=args.workers, allow_private=args.allow_private,
+                        fast_decode=args.fast_decode)
     return JobSettings(inputs=args.inputs, decoding=decoding,
                        recursive=args.recursive, from_file=args.from_file, output=args.output, resume=args.resume,
                        batch_size=args.batch_size, image_size=args.image_size, progress=args.progress)

@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from convnets.commands.batch_options import add_fast_decode_argument
 from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
                                        add_output_argument,
                                        add_precision_argument, device_from_args, load_from_args, non_negative_int,
@@ -28,6 +29,8 @@ data layouts (detected):
 examples:
   convnets evaluate --data imagenet/val --model se_resnext101_32x4d --pretrained --output report/
   convnets evaluate --data runs/a/data/val --weights runs/a/model_best.pth.tar --output runs/a/eval
+  convnets evaluate --data photos/val --model se_resnext101_32x4d --pretrained --fast-decode
+                           top-1 with --fast-decode: compare with the same command without it
 """
 
 
@@ -48,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="data-loader processes (default 4; 0: decode in this process)")
     data.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                       help="progress bar on stderr (default: when stderr is a terminal)")
+    add_fast_decode_argument(data)
     add_model_arguments(parser, default_weights="pretrained")
     run = parser.add_argument_group("precision and device")
     add_device_argument(run)
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     report = evaluate_model(loaded.model, args.data, labels=args.labels, output=None, batch_size=args.batch_size,
                             workers=args.workers, device=device, precision=args.precision,
-                            memory_format=args.memory_format, progress=progress)
+                            memory_format=args.memory_format, progress=progress, fast_decode=args.fast_decode)
     report.source.update(model=loaded.name, weights=loaded.weights)
     print(report.table(), flush=True)
     if args.output is not None:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, job_settings)
 from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument,                                        add_json_argument, add_model_arguments, add_precision_argument,
-                                       device_from_args, load_from_args)
+                                       add_engine_argument, add_json_argument, add_model_arguments,
+                                       add_precision_argument, device_from_args, load_from_args, positive_int)
 from convnets.constants import DEFAULT_MODEL
 from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob, run_job
@@ -53,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     add_input_arguments(parser)
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
-    # --topk is checked in run(): its limit is the number of classes of the model loaded.
-    parser.add_argument("--topk", type=int, default=5, metavar="K",
+    # A positive integer while parsing (a usage error, no torch); its upper limit, the number of classes
+    # of the model loaded, in PredictJob.load.
+    parser.add_argument("--topk", type=positive_int, default=5, metavar="K",
                         help="classes per image, at most the model's number of classes (default 5)")
     add_device_argument(parser)
     add_precision_argument(parser, help="fp32 (default); bf16 (CPUs with AVX512-BF16 or AMX, GPUs); fp16 (GPUs). "
@@ -115,8 +116,6 @@ class PredictJob(BatchJob):
                                            "drop --show here and draw sheets from a single-process run")
             from convnets.inference.sheet import check_sheet_destination
             check_sheet_destination(args.show, option="show")
-        if args.topk < 1:
-            raise InvalidArgumentError(f"--topk must be a positive integer, got {args.topk}")
         return True
 
     def device(self) -> torch.device:

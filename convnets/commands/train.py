@@ -18,7 +18,8 @@ from typing import Any, Union
 
 from convnets.commands import options
 from convnets.errors import CheckpointError, ConvnetsError, message_for
-from convnets.train.config import DEVICES, OPTION_GROUPS, TrainConfig, flag_name
+from convnets.train.config import (DEVICES, NON_NEGATIVE_INT_FIELDS, OPTION_GROUPS, POSITIVE_INT_FIELDS, TrainConfig,
+                                   flag_name)
 
 _EPILOG = """\
 examples:
@@ -121,6 +122,10 @@ def _flag(f: dataclasses.Field[Any], annotation: Any) -> tuple[list[str], dict[s
         return [flag], dict(kwargs, action="store_true", default=False)
     if "parse" in meta:
         kwargs["type"] = _usage_errors(meta["parse"])
+    elif types[0] is int and f.name in POSITIVE_INT_FIELDS:  # counts: a usage error naming the option
+        kwargs["type"] = options.positive_int
+    elif types[0] is int and f.name in NON_NEGATIVE_INT_FIELDS:
+        kwargs["type"] = options.non_negative_int
     elif types[0] in (int, float):
         kwargs["type"] = types[0]
     elif types[0] not in (str, Path):

@@ -31,7 +31,7 @@ from torchvision.transforms import v2
 
 from convnets.dist import DistContext
 from convnets.errors import DataError, ImageLoadError, InvalidArgumentError
-from convnets.preprocessing.pipeline import load_image
+from convnets.preprocessing.pipeline import fast_decode_draft, load_image
 from convnets.preprocessing.presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
 from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
 from convnets.data.batches import Batch, DataSource, sample_seed
@@ -116,13 +116,16 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
         transform: PIL image -> uint8 tensor.
         substitute: replace an unreadable image with the next readable one (training) instead of
             returning ``None`` (validation).
+        draft: decode large JPEGs at a reduced DCT scale keeping both sides at least ``draft``
+            (``fast_decode``; see :func:`~convnets.preprocessing.pipeline.load_image`); ``None``: exact.
     """
 
     def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable[[Image.Image], Tensor],
-                 substitute: bool) -> None:
+                 substitute: bool, draft: int | None = None) -> None:
         self.samples = list(samples)
         self.transform = transform
         self.substitute = substitute
+        self.draft = draft
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -132,7 +135,7 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
         try:
             # The decoding that prediction uses (EXIF orientation, every mode to RGB, 16-bit scaled
             # rather than clipped), so a model is trained on the pixels it is later shown.
-            return load_image(path)
+            return load_image(path, draft=self.draft)
         except ImageLoadError as e:
             _warn_unreadable(path, e)
             return None
@@ -265,7 +268,7 @@ def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_sampl
 
 
 def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch_size: int, workers: int,
-                ctx: DistContext) -> DataLoader[Any]:
+                ctx: DistContext, fast_decode: bool = False) -> DataLoader[Any]:
     """Evaluation batches of ``samples`` for this process: uint8, resized and cropped as ``preset`` says.
 
     Every rank takes every ``world_size``-th image, without ``DistributedSampler``'s padding, so
@@ -278,8 +281,11 @@ def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch
         batch_size: images per batch.
         workers: loader processes.
         ctx: this process's place in the job.
+        fast_decode: decode large JPEGs at a reduced DCT scale first, as ``prepare_batch(fast_decode=True)``
+            does (same pixels); default: exact.
     """
-    dataset = ImageFolderDataset(samples, val_transform(preset), substitute=False)
+    dataset = ImageFolderDataset(samples, val_transform(preset), substitute=False,
+                                 draft=fast_decode_draft(preset) if fast_decode else None)
     return DataLoader(dataset, sampler=list(range(ctx.rank, len(dataset), ctx.world_size)), batch_size=batch_size,
                       num_workers=workers, collate_fn=collate, pin_memory=ctx.device.type == "cuda",
                       persistent_workers=workers > 0)

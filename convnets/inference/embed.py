@@ -152,7 +152,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
     def vectors(batch: Tensor) -> np.ndarray:
         out = features(batch).float()
         return (nn.functional.normalize(out, dim=1) if normalize else out).cpu().numpy()
-    chosen = decoding or Decoding(preset, timeout, workers, allow_private)
+    chosen = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private)
     for name, vector, error in map_batches(vectors, items, batch_size=batch_size, decoding=chosen, device=device,
                                            start=start, on_batch=on_batch):
         yield Embedding(name, vector, error)
@@ -178,6 +178,7 @@ def embed(
     timeout: float = DEFAULT_TIMEOUT,
     on_error: Literal["skip", "raise"] = "skip",
     allow_private: bool = False,
+    fast_decode: bool = False,
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Embed images: yields ``(input, vector)`` per readable input, in input order.
 
@@ -197,6 +198,8 @@ def embed(
             (refused by default).
         on_error: an input that cannot be read is logged and skipped (``"skip"``) or raises its
             :class:`~convnets.errors.ImageLoadError` (``"raise"``).
+        fast_decode: decode large JPEGs at a reduced DCT scale first (see
+            :func:`~convnets.preprocessing.pipeline.prepare_batch`); default: exact.
 
     Yields:
         ``(input, vector)``: ``vector`` is a float32 numpy array of D values.
@@ -210,7 +213,7 @@ def embed(
     net: Any = features_model(model, layer, precision=precision, device=device, compile=compile, engine=engine,
                               cache=cache)
     chosen = resolve_decoding(model, None, preset=preset, image_size=image_size, resize_size=resize_size,
-                              timeout=timeout, workers=workers, allow_private=allow_private)
+                              timeout=timeout, workers=workers, allow_private=allow_private, fast_decode=fast_decode)
     for result in embed_items(net, iter_inputs(inputs, recursive=recursive), normalize=normalize,
                               batch_size=batch_size, device=net.device, decoding=chosen):
         if result.error is not None:

@@ -3,7 +3,7 @@
 Used by :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed`: both run
 :func:`map_batches` (decode a batch, compute on its tensor, hand back one value or error per input)
 and their results share :class:`Result`. How inputs are decoded is one setting, :class:`Decoding`
-(preprocessing preset, download timeout, worker processes, private addresses allowed), carried unchanged from the command
+(preprocessing preset, download timeout, worker processes, private addresses allowed, fast JPEG decoding), carried unchanged from the command
 line through :mod:`convnets.inference.job` and the library to :func:`decode`.
 
 The main process reads the items (a
@@ -64,12 +64,15 @@ class Decoding:
             ``None``: the default for the device (:func:`convnets.runtime.default_workers`).
         allow_private: also download URLs whose host is a loopback, private or link-local address
             (refused by default; ``--allow-private-urls`` on the command line).
+        fast_decode: decode large JPEGs at a reduced DCT scale first (``--fast-decode``; see
+            :func:`~convnets.preprocessing.pipeline.prepare_batch`); default: the exact preprocessing.
     """
 
     preset: EvalPreset | None = None
     timeout: float = DEFAULT_TIMEOUT
     workers: int | None = 0
     allow_private: bool = False
+    fast_decode: bool = False
 
     def with_preset(self, preset: EvalPreset) -> Decoding:
         """This decoding with ``preset`` (the model's, sized as asked)."""
@@ -174,7 +177,7 @@ def decode(chunk: list[Item], decoding: Decoding, *, in_worker: bool = False) ->
     names = [chunk[i][0] for i in readable]
     threads = 1 if in_worker and not any(is_url(name) for name in names) else None
     batch = prepare_batch(names, on_error="collect", preset=decoding.preset, timeout=decoding.timeout,
-                          workers=threads, allow_private=decoding.allow_private)
+                          workers=threads, allow_private=decoding.allow_private, fast_decode=decoding.fast_decode)
     errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
     errors.update({readable[pos]: error for pos, error in batch.errors})
     return DecodedBatch(chunk, batch.tensor, [readable[pos] for pos in batch.indices], errors)
@@ -207,7 +210,7 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding |
     if not isinstance(start, int) or start < 0:
         raise InvalidArgumentError(f"start must be a non-negative integer, got {start!r}")
     device = torch.device(device)
-    decoding = (decoding or Decoding(preset, timeout, workers)).for_device(device)
+    decoding = (decoding or Decoding(preset=preset, timeout=timeout, workers=workers)).for_device(device)
     workers = check_workers(decoding.workers)
     if decoding.preset is None:
         raise InvalidArgumentError("decoding needs a preset (the model's: convnets.preset_for_model)")

@@ -75,7 +75,7 @@ def resolve_preset(model: object, preset: EvalPreset | None, image_size: int | N
 
 def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
                      image_size: int | None = None, resize_size: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-                     workers: int | None = 0, allow_private: bool = False) -> Decoding:
+                     workers: int | None = 0, allow_private: bool = False, fast_decode: bool = False) -> Decoding:
     """The decoding a library call uses: ``decoding``, or one made of the separate options.
 
     Args:
@@ -83,12 +83,14 @@ def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPr
         decoding: the whole setting; its ``preset``, when ``None``, is filled in from ``model``.
         preset, image_size, resize_size: as for :func:`resolve_preset` (used without ``decoding``,
             or to fill its missing preset).
-        timeout, workers, allow_private: the fields of a new :class:`~convnets.inference.loader.Decoding`.
+        timeout, workers, allow_private, fast_decode: the fields of a new
+            :class:`~convnets.inference.loader.Decoding`.
 
     Returns:
         A decoding with a preset.
     """
-    decoding = decoding or Decoding(preset, timeout, workers, allow_private)
+    decoding = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private,
+                                    fast_decode=fast_decode)
     if decoding.preset is not None and image_size is None and resize_size is None:
         return decoding
     return decoding.with_preset(resolve_preset(model, decoding.preset, image_size, resize_size))

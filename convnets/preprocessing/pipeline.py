@@ -4,6 +4,9 @@ Decoding, resizing and downloading release the GIL, so a thread pool scales over
 lists of inputs. The pool is created per call: starting and joining it cost about 2 ms on the
 (busy) 2-core development machine, against 50 ms or more to decode one camera photo, and a
 per-call pool cannot deadlock when callers themselves run in threads or in forked processes.
+
+``fast_decode=True`` (``--fast-decode`` on the command line) decodes large JPEGs at a reduced DCT
+scale first; see :data:`FAST_DECODE_MARGIN` for what that costs in pixels and gains in time.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, 
 from .presets import DEFAULT_PRESET, EvalPreset
 from .transforms import preprocess_image, to_rgb
 
-__all__ = ["PreparedBatch", "load_image", "prepare_batch", "prepare_input_from_uri"]
+__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_image", "prepare_batch",
+           "prepare_input_from_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +38,25 @@ _INPUT_TYPES = (str, os.PathLike, bytes, bytearray, Image.Image)
 # Downloads wait on the network rather than on a core, so lists with URLs get more threads.
 _MIN_WORKERS_WITH_URLS = 8
 
+#: ``fast_decode``: a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that keeps its shorter
+#: side at least ``FAST_DECODE_MARGIN * resize_size``, then resized and cropped as usual (bilinear,
+#: antialiased). Measured on 12-megapixel photo-like JPEGs (quality 90, 3.4 MB; benchmarks/bench_fast_decode.py),
+#: against the exact path, in normalised units: margin 2 differs by 0.005 on average (0.07 at most,
+#: about 1/3 and 4 uint8 levels) and preprocesses with 2.3-2.9x less CPU time (41 against 96-119 ms
+#: per image); margin 1 takes only about 1.2x less again (33 ms) but more than doubles the
+#: difference (0.011 mean, 0.19 max). Pillow's ``reducing_gap`` after the draft either changed
+#: nothing (1.5: the remaining resize ratio is below 4) or gave margin 1's difference without its
+#: speed (1.0), so it is not used.
+FAST_DECODE_MARGIN = 2
+
+
+def fast_decode_draft(preset: EvalPreset) -> int:
+    """The side that ``fast_decode`` drafts JPEGs to: :data:`FAST_DECODE_MARGIN` times the resize size."""
+    return FAST_DECODE_MARGIN * preset.resize_size
+
 
 def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-               max_pixels: int | None = None, allow_private: bool = False) -> Image.Image:
+               max_pixels: int | None = None, allow_private: bool = False, draft: int | None = None) -> Image.Image:
     """Open one image and make it upright 8-bit RGB (see :func:`~convnets.preprocessing.io.open_image`).
 
     Args:
@@ -46,6 +66,9 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
         allow_private: also download from loopback, private and link-local addresses (refused by
             default; see :func:`~convnets.preprocessing.io.download`).
+        draft: decode large JPEGs at a reduced DCT scale keeping both sides at least ``draft``
+            (see ``open_image``; :func:`fast_decode_draft` gives the ``fast_decode`` size); ``None``:
+            exact.
 
     Returns:
         An RGB image with the EXIF orientation applied (a PIL input is not modified).
@@ -55,7 +78,7 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
         InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
     """
     image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels,
-                       allow_private=allow_private)
+                       allow_private=allow_private, draft=draft)
     try:
         return to_rgb(image)
     except (ValueError, OSError) as exc:
@@ -72,10 +95,12 @@ class _Options:
     max_pixels: int | None
     workers: int | None
     allow_private: bool
+    fast_decode: bool = False
 
     def prepare(self, source: ImageInput) -> torch.Tensor:
-        image = load_image(source, timeout=self.timeout, max_bytes=self.max_bytes,
-                           max_pixels=self.max_pixels, allow_private=self.allow_private)
+        image = load_image(source, timeout=self.timeout, max_bytes=self.max_bytes, max_pixels=self.max_pixels,
+                           allow_private=self.allow_private,
+                           draft=fast_decode_draft(self.preset) if self.fast_decode else None)
         return preprocess_image(image, preset=self.preset)
 
 
@@ -108,7 +133,7 @@ def _preset(image_size: int, resize_size: int, preset: EvalPreset | None) -> Eva
 
 
 def _options(preset: EvalPreset, timeout: float, max_bytes: int, max_pixels: int | None,
-             workers: int | None, allow_private: bool) -> _Options:
+             workers: int | None, allow_private: bool, fast_decode: bool = False) -> _Options:
     if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
             or not math.isfinite(timeout) or timeout <= 0):
         raise InvalidArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}.")
@@ -117,7 +142,9 @@ def _options(preset: EvalPreset, timeout: float, max_bytes: int, max_pixels: int
     _positive_int("workers", workers, optional=True)
     if not isinstance(allow_private, bool):
         raise InvalidArgumentTypeError(f"allow_private must be True or False, got {allow_private!r}.")
-    return _Options(preset, float(timeout), max_bytes, max_pixels, workers, allow_private)
+    if not isinstance(fast_decode, bool):
+        raise InvalidArgumentTypeError(f"fast_decode must be True or False, got {fast_decode!r}.")
+    return _Options(preset, float(timeout), max_bytes, max_pixels, workers, allow_private, fast_decode)
 
 
 def _target(cuda: bool, device: str | torch.device | None, dtype: torch.dtype,
@@ -209,6 +236,7 @@ def prepare_batch(
     max_pixels: int | None = None,
     workers: int | None = None,
     allow_private: bool = False,
+    fast_decode: bool = False,
 ) -> PreparedBatch:
     """Load and preprocess many images concurrently into one batch, reporting failures per input.
 
@@ -234,6 +262,11 @@ def prepare_batch(
         allow_private: also download from loopback, private and link-local addresses; by default
             a URL whose host resolves to one (``localhost``, ``192.168.x``, ...) fails with an
             ``ImageDownloadError`` that names this keyword.
+        fast_decode: decode JPEGs much larger than the resize target at a reduced DCT scale
+            (``Image.draft``) to at least :data:`FAST_DECODE_MARGIN` times ``resize_size``, then
+            resize and crop as usual: 2.3-2.9x less CPU time on 12-megapixel photos, pixels 0.005
+            apart on average (0.07 at most) in normalised units. Other images are unaffected. Default
+            ``False``: the exact (upstream) preprocessing.
 
     Returns:
         A :class:`PreparedBatch` ``(tensor, indices, errors)``.
@@ -247,7 +280,7 @@ def prepare_batch(
     if on_error not in ("raise", "collect"):
         raise InvalidArgumentError(f"on_error must be 'raise' or 'collect', got {on_error!r}.")
     options = _options(_preset(image_size, resize_size, preset), timeout, max_bytes, max_pixels, workers,
-                       allow_private)
+                       allow_private, fast_decode)
     target = _target(False, device, dtype, memory_format)
     sources = _check_inputs(inputs)
 

@@ -78,6 +78,12 @@ def _flag_words(text: str) -> str:
     return re.sub(r"\b(pretrained_from_file|pretrained|resume)\b", lambda m: flag_name(m.group(1)), text)
 
 
+#: The counts of :class:`TrainConfig`: at least 1, or at least 0. ``convnets train`` checks them while it
+#: parses its command line (a usage error before PyTorch is imported), the config again when built.
+POSITIVE_INT_FIELDS = ("epochs", "batch_size", "grad_accum", "image_size", "print_freq", "max_nonfinite_steps")
+NON_NEGATIVE_INT_FIELDS = ("workers", "seed")
+
+
 @dataclass
 class TrainConfig:
     """Everything a run depends on; defaults are NVIDIA's recipe (see :mod:`convnets.train.recipe`).
@@ -202,10 +208,10 @@ class TrainConfig:
                 setattr(self, name, Path(value))
         self.arch_kwargs = dict(self.arch_kwargs)
         problems: list[tuple[str, str]] = []  # (field, what is wrong): named per interface below
-        for name in ("epochs", "batch_size", "grad_accum", "image_size", "print_freq", "max_nonfinite_steps"):
+        for name in POSITIVE_INT_FIELDS:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 problems.append((name, f"must be a positive integer, got {getattr(self, name)!r}"))
-        for name in ("workers", "seed"):
+        for name in NON_NEGATIVE_INT_FIELDS:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 problems.append((name, f"must be a non-negative integer, got {getattr(self, name)!r}"))
         for name, value, ok in (
