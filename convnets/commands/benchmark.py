@@ -82,7 +82,7 @@ def _batch_sizes(text: str) -> list[int]:
     if not text.strip() or any(not part.strip() for part in parts):
         raise argparse.ArgumentTypeError(f"must be comma-separated batch sizes such as 1,16,64 (no empty entries), "
                                          f"got {text[:60]!r}")
-    return [bounded_int(part, MAX_BATCH_SIZE, "a batch size") for part in parts]
+    return [bounded_int(part, MAX_BATCH_SIZE) for part in parts]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -86,23 +86,24 @@ def positive_int(text: str) -> int:
     return value
 
 
-def bounded_int(text: str, limit: int, what: str = "an integer") -> int:
+def bounded_int(text: str, limit: int) -> int:
     """``text`` as an integer from 1 to ``limit``, else an :class:`argparse.ArgumentTypeError` that
-    states the limit (argparse adds the option's name: ``argument --image-size: must be ...``).
+    states the limit (argparse adds the option's name: ``argument --image-size: must be a positive
+    integer of at most 4096, got '100000'``).
 
     The text is checked before it is converted, so a thousand-digit number costs nothing either.
     """
     digits = text.strip()
     value = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 18 else 0
     if not 1 <= value <= limit:
-        raise argparse.ArgumentTypeError(f"must be {what} from 1 to {limit}, got {text[:40]!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer of at most {limit}, got {text[:40]!r}")
     return value
 
 
 def pixels(text: str) -> int:
     """argparse ``type=`` for ``--image-size``: a number of pixels from 1 to
     :data:`~convnets.constants.MAX_IMAGE_SIZE` (a larger one would exhaust memory)."""
-    return bounded_int(text, MAX_IMAGE_SIZE, "a number of pixels")
+    return bounded_int(text, MAX_IMAGE_SIZE)
 
 
 def positive_seconds(text: str) -> float:
