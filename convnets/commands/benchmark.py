@@ -79,10 +79,16 @@ def _batch_sizes(text: str) -> list[int]:
     """``--batch-sizes``: comma-separated integers from 1 to :data:`~convnets.constants.MAX_BATCH_SIZE`,
     no empty entries (``1,,2`` is refused: a typo, not a list of two)."""
     parts = text.split(",")
+    rule = f"batch sizes must be comma-separated positive integers of at most {MAX_BATCH_SIZE}"
     if not text.strip() or any(not part.strip() for part in parts):
-        raise argparse.ArgumentTypeError(f"must be comma-separated batch sizes such as 1,16,64 (no empty entries), "
-                                         f"got {text[:60]!r}")
-    return [bounded_int(part, MAX_BATCH_SIZE) for part in parts]
+        raise argparse.ArgumentTypeError(f"{rule}, such as 1,16,64 (no empty entries); got {text[:60]!r}")
+    sizes = []
+    for part in parts:
+        try:
+            sizes.append(bounded_int(part, MAX_BATCH_SIZE))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"{rule}; got {part.strip()[:40]!r} in {text[:60]!r}") from None
+    return sizes
 
 
 def run(args: argparse.Namespace) -> int:
