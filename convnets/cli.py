@@ -7,8 +7,10 @@ add its options, and command modules import PyTorch inside ``run()``. So ``convn
 ``convnets predict --help`` and usage errors answer at once.
 
 Errors that a user can fix (:class:`~convnets.errors.ConvnetsError`, bad files, bad values) end in
-one line on stderr and a non-zero exit status, never a traceback; set ``CONVNETS_DEBUG=1`` to see
-the traceback anyway. The line is the error's message in command-line words
+one line on stderr and a non-zero exit status, never a traceback; so do sizes too large for the
+machine (``MemoryError``, an allocator's out-of-memory ``RuntimeError``, ``OverflowError``,
+``SystemError`` and ``RecursionError`` from absurd sizes), with advice. Set ``CONVNETS_DEBUG=1`` to
+see the traceback anyway. The line is the error's message in command-line words
 (:func:`convnets.errors.message_for` ``(error, "cli")``): options, never Python keywords or calls.
 """
 
@@ -110,13 +112,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Point stdout at devnull so that the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
-    except (ConvnetsError, OSError, ValueError) as e:
-        if os.environ.get("CONVNETS_DEBUG"):
+    except Exception as e:
+        message = _error_line(e)
+        if message is None or os.environ.get("CONVNETS_DEBUG"):
             raise
         # One write: print() writes the text and the newline separately, and under torchrun the ranks
         # share stderr, so their lines could interleave.
-        sys.stderr.write(f"convnets {args.command}: error: {message_for(e, 'cli')}\n")
+        sys.stderr.write(f"convnets {args.command}: error: {message}\n")
         return EXIT_ERROR
+
+
+def _error_line(error: Exception) -> str | None:
+    """The message for an error a user can do something about; ``None``: a bug, for the traceback."""
+    if isinstance(error, (ConvnetsError, OSError, ValueError)):
+        return message_for(error, "cli")
+    if isinstance(error, (MemoryError, OverflowError, SystemError, RecursionError)) or (
+            isinstance(error, RuntimeError) and _is_allocation_failure(error)):
+        return _too_large(error)
+    return None
+
+
+#: What the allocators say when a tensor does not fit (PyTorch's CPU allocator, CUDA, MPS).
+_ALLOCATION_FAILURES = ("can't allocate memory", "out of memory", "not enough memory")
+
+
+def _is_allocation_failure(error: RuntimeError) -> bool:
+    # torch.OutOfMemoryError (CUDA) is a RuntimeError; this module does not import torch to name it.
+    text = str(error).lower()
+    return type(error).__name__ == "OutOfMemoryError" or any(s in text for s in _ALLOCATION_FAILURES)
+
+
+def _too_large(error: BaseException) -> str:
+    """A one-line message for a size that exceeds the machine (memory, integer range)."""
+    detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    what = f"{type(error).__name__}{': ' + detail if detail else ''}"
+    if isinstance(error, RecursionError):
+        problem = "a value is nested too deeply"
+    elif isinstance(error, (OverflowError, SystemError)):
+        problem = "a size or number is too large to compute with"
+    else:
+        problem = "out of memory"
+    return (f"{problem} ({what}). Use smaller sizes (--batch-size, --batch-sizes, --image-size, --arch-kwargs) "
+            "or a machine with more memory; if a --weights file records the sizes, check that it is the right "
+            "file. Set CONVNETS_DEBUG=1 for the traceback")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,24 @@ anything.
 from __future__ import annotations
 
 __all__ = ["BACKENDS", "CACHE_DIR_ENV", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES",
-           "LAYERS", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION"]
+           "LAYERS", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
 
 #: The input size of NVIDIA's ImageNet weights, and of models without a recorded one (``--image-size``).
 DEFAULT_IMAGE_SIZE = 224
+
+#: The largest image size (center crop, in pixels) accepted from ``--image-size``, ``image_size=`` or a
+#: checkpoint's record. 18 times the ImageNet 224 and 5 times the largest evaluation crop in common use
+#: (800 px, EfficientNet-L2); above it the input alone, resized to ``size * 256 / 224``, passes 250 MB per
+#: image and the stem's activations a gigabyte, so a larger value is a typo or a hostile file, refused
+#: before anything is allocated.
+MAX_IMAGE_SIZE = 4096
+
+#: The largest batch size accepted from ``--batch-sizes``: 16 times the largest of NVIDIA's
+#: throughput tables (256); a batch of 4096 images of 224 px is already 2.4 GB of float32 input.
+MAX_BATCH_SIZE = 4096
 
 #: Seconds allowed for each image download (connecting included) unless ``timeout=`` / ``--timeout``.
 DEFAULT_TIMEOUT = 30.0

@@ -23,12 +23,13 @@ command adds its advice with :meth:`ConvnetsError.add_cli_advice`. The command l
 
 from __future__ import annotations
 
+import reprlib
 from typing import Literal
 
 __all__ = ["CheckpointError", "ConvnetsError", "DataError", "ExportError", "ImageDecodeError", "ImageDownloadError",
            "ImageLoadError", "ImageNotFoundError", "Interface", "InvalidArgumentError", "ManifestError",
            "MissingDependencyError", "TrainingDivergedError", "UnknownArgumentError", "UnknownModelError",
-           "UnsupportedPrecisionError", "WeightsUnavailableError", "message_for"]
+           "UnsupportedPrecisionError", "WeightsUnavailableError", "message_for", "short_repr"]
 
 #: The interfaces a message can be written for: Python (keywords, calls) or the command line (options).
 Interface = Literal["python", "cli"]
@@ -66,6 +67,28 @@ def message_for(error: BaseException, interface: Interface) -> str:
     """The message of any exception in the words of ``interface`` (``str(error)`` unless it is a
     :class:`ConvnetsError` that carries a command-line message)."""
     return error.message_for(interface) if isinstance(error, ConvnetsError) else str(error)
+
+
+class _ShortRepr(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxlist, self.maxtuple, self.maxdict = 2, 8, 8, 8
+        self.maxlong, self.maxstring, self.maxother = 24, 40, 40
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 256:  # repr() itself refuses ints of more than 4300 digits
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_SHORT = _ShortRepr()
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)`` abbreviated for a message: nested containers, long lists, long numbers and
+    strings are cut with ``...``. Safe for values read from files (a million-entry or deeply nested
+    list, an integer of thousands of digits): the result is short and never recurses deeply."""
+    return _SHORT.repr(value)
 
 
 class InvalidArgumentError(ConvnetsError, ValueError):

@@ -93,6 +93,11 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
 
     Yields:
         The temporary file, open for binary writing.
+
+    Raises:
+        OSError: the file cannot be written (no space left, read-only file system, no permission...).
+            The error keeps its type and ``errno`` and names ``path``, also when the write that
+            failed was to the temporary file: ``[Errno 28] No space left on device: 'PATH'``.
     """
     path = Path(path)
     _remove_stale_temps(path)
@@ -100,15 +105,50 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     try:
         # "x" is O_CREAT | O_EXCL with mode 0o666: the umask applies, as for any new file
         # (tempfile.mkstemp would force 0600 and make checkpoints unreadable to other users).
-        with open(tmp, "xb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            f = open(tmp, "xb")
+        except OSError as e:
+            raise _naming(e, path, tmp, always=True) from e
+        with f:
+            try:
+                yield f
+            except OSError as e:
+                raise _naming(e, path, tmp) from e
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as e:
+                raise _naming(e, path, tmp, always=True) from e
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise _naming(e, path, tmp, always=True) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+#: Errors of writing a file that code inside ``atomic_output``'s block can meet (other errors there,
+#: e.g. a download's connection reset, are about something else and keep their message).
+_WRITE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EFBIG", "EIO", "EROFS")
+                          if hasattr(errno, name))  # Windows has no EDQUOT
+
+
+def _naming(error: OSError, path: Path, tmp: Path, *, always: bool = False) -> OSError:
+    """``error`` naming the destination ``path`` (the file the user asked for, not the temporary
+    one), as the same ``OSError`` subclass (``errno`` decides it) with the same ``errno``, so callers still
+    catch it.
+
+    Unchanged when it names a file already (other than the temporary one), when it is not a plain
+    ``OSError`` (e.g. a :class:`~convnets.errors.ConvnetsError`, which has its own message), or when
+    it does not come from writing (``always``: it comes from this module's own file operations).
+    """
+    code = error.errno
+    names_other = error.filename is not None and os.fspath(error.filename) != os.fspath(tmp)
+    if code is None or type(error).__module__ != "builtins" or names_other or not (always or code in _WRITE_ERRNOS):
+        return error
+    return OSError(code, error.strerror or os.strerror(code), str(path))
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
@@ -117,6 +157,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     Args:
         path: the destination; its directory must exist.
         write: called once with a binary file open for writing.
+
+    Raises:
+        OSError: the file cannot be written; it names ``path`` (see :func:`atomic_output`).
     """
     with atomic_output(path) as f:
         write(f)

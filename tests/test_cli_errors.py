@@ -79,7 +79,8 @@ def test_a_bad_count_is_a_usage_error_naming_its_option(option: str, value: str)
 @pytest.mark.parametrize("option", ["--warmup", "--iterations", "--image-size"])
 def test_benchmark_counts_are_named_on_their_own(option: str) -> None:
     line = _error_line(run_cli("benchmark", "--model", "resnet50", option, "0"), status=2)
-    assert line.endswith(f"argument {option}: must be a positive integer, got '0'")
+    limit = " of at most 4096" if option == "--image-size" else ""  # sizes state their bound
+    assert line.endswith(f"argument {option}: must be a positive integer{limit}, got '0'")
 
 
 def test_a_format_option_is_named_as_a_flag(tmp_path: Path) -> None:

@@ -230,7 +230,7 @@ BUILTIN = {name for name, obj in vars(builtins).items()
 #: (AttributeError is not scanned: a module's ``__getattr__`` must raise it.)
 PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
     ("convnets/weights/safetensors_io.py", "ValueError"): (
-        2, "caught a few lines below and re-raised as CheckpointError naming the file"),
+        3, "caught in read_safetensors and re-raised as CheckpointError naming the file"),
     ("convnets/weights/load.py", "RuntimeError"): (
         1, "every tensor comes from the file or the new head; a leftover one is a bug"),
     ("convnets/preprocessing/classes.py", "RuntimeError"): (

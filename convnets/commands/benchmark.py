@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
                                        add_engine_argument,                                        add_image_size_argument, add_json_argument, add_memory_format_argument,
                                        add_model_arguments, add_output_argument, add_precision_argument,
-                                       device_from_args, load_from_args, positive_int)
-from convnets.constants import DEFAULT_IMAGE_SIZE
+                                       bounded_int, device_from_args, load_from_args, positive_int)
+from convnets.constants import DEFAULT_IMAGE_SIZE, MAX_BATCH_SIZE
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_precision_argument(parser, help="fp32 (default), bf16 (CPU with AVX512-BF16/AMX, GPU) or fp16 (GPU); "
                                         "eager runs use autocast")
     parser.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 16, 64, 256], metavar="B1,B2,...",
-                        help="comma-separated batch sizes (default: 1,16,64,256, as NVIDIA's tables)")
+                        help="comma-separated batch sizes (default: 1,16,64,256, as NVIDIA's tables; each at most "
+                             f"{MAX_BATCH_SIZE})")
     parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
                         help="use convnets.optimize_for_inference (BatchNorm folding, channels_last, "
                              "compile); --no-optimize measures the plain eager model (default: optimize)")
@@ -76,13 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _batch_sizes(text: str) -> list[int]:
-    # Imported when --batch-sizes is given, not when the parser is built.
-    from convnets.deploy.benchmark import parse_batch_sizes
-
-    try:
-        return parse_batch_sizes(text)
-    except ValueError as e:  # argparse shows an ArgumentTypeError's own message
-        raise argparse.ArgumentTypeError(str(e)) from None
+    """``--batch-sizes``: comma-separated integers from 1 to :data:`~convnets.constants.MAX_BATCH_SIZE`,
+    no empty entries (``1,,2`` is refused: a typo, not a list of two)."""
+    parts = text.split(",")
+    rule = f"batch sizes must be comma-separated positive integers of at most {MAX_BATCH_SIZE}"
+    if not text.strip() or any(not part.strip() for part in parts):
+        raise argparse.ArgumentTypeError(f"{rule}, such as 1,16,64 (no empty entries); got {text[:60]!r}")
+    sizes = []
+    for part in parts:
+        try:
+            sizes.append(bounded_int(part, MAX_BATCH_SIZE))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"{rule}; got {part.strip()[:40]!r} in {text[:60]!r}") from None
+    return sizes
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from convnets.constants import CACHE_DIR_ENV, DEFAULT_IMAGE_SIZE
+from convnets.constants import CACHE_DIR_ENV, DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE
 from convnets.errors import CheckpointError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
@@ -47,9 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["MODEL_OPTION_NAMES", "WEIGHT_SOURCES", "add_arch_kwargs_argument", "add_cache_argument",
            "add_compile_argument", "add_device_argument", "add_engine_argument", "add_image_size_argument", "add_json_argument",
            "add_memory_format_argument", "add_model_argument", "add_model_arguments", "add_output_argument",
-           "add_precision_argument", "add_pretrained_argument", "add_weights_argument", "device_from_args",
-           "load_from_args", "model_name", "non_negative_int", "parse_arch_kwargs", "positive_int",
-           "positive_seconds"]
+           "add_precision_argument", "add_pretrained_argument", "add_weights_argument", "bounded_int",
+           "device_from_args", "load_from_args", "model_name", "non_negative_int", "parse_arch_kwargs", "pixels",
+           "positive_int", "positive_seconds"]
 
 #: What an ``add_*`` function adds options to: a parser or one of its argument groups.
 Parser = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
@@ -84,6 +84,26 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def bounded_int(text: str, limit: int) -> int:
+    """``text`` as an integer from 1 to ``limit``, else an :class:`argparse.ArgumentTypeError` that
+    states the limit (argparse adds the option's name: ``argument --image-size: must be a positive
+    integer of at most 4096, got '100000'``).
+
+    The text is checked before it is converted, so a thousand-digit number costs nothing either.
+    """
+    digits = text.strip()
+    value = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 18 else 0
+    if not 1 <= value <= limit:
+        raise argparse.ArgumentTypeError(f"must be a positive integer of at most {limit}, got {text[:40]!r}")
+    return value
+
+
+def pixels(text: str) -> int:
+    """argparse ``type=`` for ``--image-size``: a number of pixels from 1 to
+    :data:`~convnets.constants.MAX_IMAGE_SIZE` (a larger one would exhaust memory)."""
+    return bounded_int(text, MAX_IMAGE_SIZE)
 
 
 def positive_seconds(text: str) -> float:
@@ -354,14 +374,16 @@ def add_compile_argument(parser: Parser, *, default: bool, help: str) -> None:
 
 
 def add_image_size_argument(parser: Parser, *, default: int | None, help: str) -> None:
-    """Add ``--image-size PX``: a positive number of pixels (:func:`positive_int`).
+    """Add ``--image-size PX``: a number of pixels from 1 to :data:`~convnets.constants.MAX_IMAGE_SIZE`
+    (:func:`pixels`).
 
     Args:
         parser: a parser or argument group.
         default: the value when the option is not given (``None``: the weights' own size).
         help: what the size is in this command, with its default.
     """
-    parser.add_argument("--image-size", type=positive_int, default=default, metavar="PX", help=help)
+    parser.add_argument("--image-size", type=pixels, default=default, metavar="PX",
+                        help=f"{help}; at most {MAX_IMAGE_SIZE}")
 
 
 def add_output_argument(parser: Parser, *, metavar: str, help: str, required: bool = False) -> None:

@@ -30,6 +30,7 @@ import contextlib
 import csv
 import logging
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convnets.constants import IMAGE_SUFFIXES
-from convnets.errors import DataError, InvalidArgumentError, MissingDependencyError
+from convnets.errors import DataError, InvalidArgumentError, MissingDependencyError, short_repr
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_synsets
 
 __all__ = ["DEVKIT_ARCHIVE", "GROUND_TRUTH", "KAGGLE_SOLUTION", "LAYOUTS", "EvalSamples", "find_eval_samples"]
@@ -133,18 +134,27 @@ def _find_labels(directories: Sequence[Path]) -> Path | None:
 
 
 def _read_kaggle(path: Path) -> dict[str, str]:
-    """``ImageId -> WordNet id`` of ``LOC_val_solution.csv``."""
+    """``ImageId -> WordNet id`` of ``LOC_val_solution.csv``.
+
+    Raises:
+        DataError: the file is not that CSV (wrong header, an empty entry, a field over the csv
+            module's limit of 128 KiB, not UTF-8 text).
+    """
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
-            raise DataError(f"{path} is not Kaggle's {KAGGLE_SOLUTION}: its header is {reader.fieldnames}, "
-                            "expected ImageId,PredictionString")
-        labels = {}
-        for number, row in enumerate(reader, 2):
-            words = (row["PredictionString"] or "").split()
-            if not row["ImageId"] or not words:
-                raise DataError(f"{path}, line {number}: no ImageId or no class in PredictionString")
-            labels[row["ImageId"]] = words[0]
+        try:
+            if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
+                raise DataError(f"{path} is not Kaggle's {KAGGLE_SOLUTION}: its header is "
+                                f"{short_repr(reader.fieldnames)}, expected ImageId,PredictionString")
+            labels = {}
+            for number, row in enumerate(reader, 2):
+                words = (row["PredictionString"] or "").split()
+                if not row["ImageId"] or not words:
+                    raise DataError(f"{path}, line {number}: no ImageId or no class in PredictionString")
+                labels[row["ImageId"]] = words[0]
+        except (csv.Error, UnicodeDecodeError) as e:  # e.g. "field larger than field limit (131072)"
+            reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise DataError(f"{path}, near line {reader.line_num + 1}: not Kaggle's {KAGGLE_SOLUTION} ({reason})") from e
     return labels
 
 
@@ -179,6 +189,7 @@ def _devkit_wnids(labels: Path) -> list[str]:
     from torchvision.datasets import imagenet
 
     try:
+        wnids: object
         if labels.name.endswith((".tar.gz", ".tgz", ".tar")):
             # torchvision writes its meta.bin beside the archive: parse in a folder of our own, so
             # the user's data directory is left as it was.
@@ -189,13 +200,27 @@ def _devkit_wnids(labels: Path) -> list[str]:
                 if not link.exists():
                     shutil.copy(labels, link)
                 imagenet.parse_devkit_archive(tmp, labels.name)
-                return list(imagenet.load_meta_file(tmp)[1])
-        return list(imagenet.load_meta_file(str(labels.parent), labels.name)[1])
+                wnids = imagenet.load_meta_file(tmp)[1]
+        else:
+            wnids = imagenet.load_meta_file(str(labels.parent), labels.name)[1]
     except ImportError as e:
         raise MissingDependencyError(f"scipy is needed to parse the devkit ({e}); install the 'imagenet' extra: "
                                      "pip install 'convnets-hub[imagenet]'") from e
     except RuntimeError as e:  # torchvision: a missing or corrupted archive / meta file
-        raise DataError(f"{labels}: {e}") from e
+        raise DataError(f"{labels}: {str(e).strip()[:300]}") from e
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- unpickling arbitrary bytes fails with any exception type
+        # A file that is neither (UnpicklingError, tarfile.ReadError, a pickle of something else, ...).
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        what = "the devkit archive" if labels.name.endswith((".tar.gz", ".tgz", ".tar")) else \
+            f"torchvision's ImageNet {_TORCHVISION_META}"
+        raise DataError(f"{labels} is not {what} (corrupt, or another kind of file): {type(e).__name__}"
+                        + (f": {reason}" if reason and not isinstance(e, pickle.UnpicklingError) else "")) from e
+    if not isinstance(wnids, (list, tuple)) or not all(isinstance(w, str) for w in wnids):
+        raise DataError(f"{labels} is not torchvision's ImageNet {_TORCHVISION_META}: it holds no list of WordNet "
+                        "ids for the validation images")
+    return list(wnids)
 
 
 def _label_kind(labels: Path) -> str:

@@ -11,24 +11,65 @@ imports PyTorch. :mod:`convnets.models.resnet` builds a network from a spec.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
-from convnets.errors import InvalidArgumentError, UnknownArgumentError
+from convnets.errors import InvalidArgumentError, UnknownArgumentError, short_repr
 
-__all__ = ["ARCH_FIELDS", "MODELS", "MODEL_SPECS", "ArchSpec", "ModelInfo", "list_models", "register_model",
+__all__ = ["ARCH_FIELDS", "MAX_BLOCKS", "MAX_CHANNELS", "MAX_CLASSES", "MAX_EXPANSION", "MAX_STAGES", "MODELS",
+           "MODEL_SPECS", "ArchSpec", "ModelInfo", "check_num_classes", "list_models", "register_model",
            "registered_name"]
 
 
-def _is_positive_int(value: object) -> bool:
+#: Most stages (entries of ``layers`` / ``widths``). Every published member has 4.
+MAX_STAGES = 16
+#: Most bottleneck blocks, in all stages together. The deepest ResNet in the literature, ResNet-1001,
+#: has 333 (111 a stage); ResNet-200 has 66. Building 1000 blocks takes about a second and 160 MB
+#: even on the meta device (each block is a dozen Python modules), so the bound is checked first.
+MAX_BLOCKS = 1000
+#: Most channels of any width: ``widths``, ``stem_width``, ``se_squeeze`` and ``cardinality``
+#: (published: at most 1024; wide ResNets 2048).
+MAX_CHANNELS = 65536
+#: Largest ``expansion`` (published: 4 for ResNet-50, 2 for ResNeXt).
+MAX_EXPANSION = 64
+#: Most classifier outputs: ``num_classes``, recorded ``class_names`` (ImageNet-21k has 21,841).
+MAX_CLASSES = 1_000_000
+
+def _is_positive_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _as_int_tuple(name: str, value: object) -> tuple[Any, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise InvalidArgumentError(f"invalid architecture: {name} must be a list of integers, got {value!r}")
-    return tuple(value)
+        raise InvalidArgumentError(f"invalid architecture: {name} must be a list of integers, got {short_repr(value)}")
+    # At most one entry past the limit is taken, so that a huge (or endless) iterable costs nothing.
+    items = tuple(itertools.islice(value, MAX_STAGES + 1))
+    if len(items) > MAX_STAGES:
+        length = f"{len(value)} entries" if isinstance(value, Sized) else "more entries"
+        raise InvalidArgumentError(f"invalid architecture: {name} has {length}, at most {MAX_STAGES} stages are "
+                                   f"allowed, got {short_repr(value)}")
+    return items
+
+
+def _in_range(value: object, limit: int) -> bool:
+    return _is_positive_int(value) and value <= limit
+
+
+def check_num_classes(value: object, name: str = "num_classes") -> int:
+    """``value`` if it is a number of classifier outputs: an int from 0 (no classifier) to :data:`MAX_CLASSES`.
+
+    Args:
+        value: the number.
+        name: how the caller's interface spells it, for the message.
+
+    Raises:
+        InvalidArgumentError: anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CLASSES:
+        raise InvalidArgumentError(f"{name} must be an integer from 0 to {MAX_CLASSES}, got {short_repr(value)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -43,6 +84,15 @@ class ArchSpec:
         se_squeeze: hidden width of the squeeze-and-excitation gate, the same in every stage
             (NVIDIA uses 16); ``None`` builds blocks without SE.
         stem_width: output channels of the 7x7 stem convolution.
+
+    Every size is bounded, so that a mistaken or hostile record (a checkpoint's ``arch_spec``,
+    ``--arch-kwargs``) is refused before anything is built: at most :data:`MAX_STAGES` stages and
+    :data:`MAX_BLOCKS` blocks in all, channels up to :data:`MAX_CHANNELS`, ``expansion`` up to
+    :data:`MAX_EXPANSION`.
+
+    Raises:
+        InvalidArgumentError: a field of the wrong type, out of those bounds, or inconsistent
+            (``layers`` and ``widths`` of different lengths, widths not divisible by ``cardinality``).
     """
 
     layers: tuple[int, ...]
@@ -58,20 +108,30 @@ class ArchSpec:
         object.__setattr__(self, "widths", _as_int_tuple("widths", self.widths))
         problems = []
         if not self.layers or len(self.layers) != len(self.widths):
-            problems.append(f"layers {list(self.layers)} and widths {list(self.widths)} must be "
+            problems.append(f"layers {short_repr(list(self.layers))} and widths {short_repr(list(self.widths))} must be "
                             "non-empty and of the same length (one entry per stage)")
-        for field_name in ("layers", "widths"):
-            if not all(_is_positive_int(v) for v in getattr(self, field_name)):
-                problems.append(f"{field_name} must hold positive integers, got {list(getattr(self, field_name))}")
-        for field_name in ("expansion", "cardinality", "stem_width"):
-            if not _is_positive_int(getattr(self, field_name)):
-                problems.append(f"{field_name} must be a positive integer, got {getattr(self, field_name)!r}")
-        if self.se_squeeze is not None and not _is_positive_int(self.se_squeeze):
-            problems.append(f"se_squeeze must be a positive integer or None, got {self.se_squeeze!r}")
+        for field_name, limit in (("layers", MAX_BLOCKS), ("widths", MAX_CHANNELS)):
+            values = getattr(self, field_name)
+            if not all(_is_positive_int(v) for v in values):
+                problems.append(f"{field_name} must hold positive integers, got {short_repr(list(values))}")
+            elif not all(v <= limit for v in values):
+                problems.append(f"{field_name} must hold integers of at most {limit}, got {short_repr(list(values))}")
+        if all(_in_range(v, MAX_BLOCKS) for v in self.layers) and sum(self.layers) > MAX_BLOCKS:
+            problems.append(f"layers {short_repr(list(self.layers))} add up to {sum(self.layers)} blocks, at most "
+                            f"{MAX_BLOCKS} are allowed")
+        for field_name, limit in (("expansion", MAX_EXPANSION), ("cardinality", MAX_CHANNELS),
+                                  ("stem_width", MAX_CHANNELS)):
+            if not _in_range(getattr(self, field_name), limit):
+                problems.append(f"{field_name} must be a positive integer of at most {limit}, got "
+                                f"{short_repr(getattr(self, field_name))}")
+        if self.se_squeeze is not None and not _in_range(self.se_squeeze, MAX_CHANNELS):
+            problems.append(f"se_squeeze must be None or a positive integer of at most {MAX_CHANNELS}, got "
+                            f"{short_repr(self.se_squeeze)}")
         if _is_positive_int(self.cardinality) and all(_is_positive_int(w) for w in self.widths):
             bad = [w for w in self.widths if w % self.cardinality]
             if bad:
-                problems.append(f"widths {bad} are not divisible by cardinality {self.cardinality}")
+                problems.append(f"widths {short_repr(bad)} are not divisible by cardinality "
+                                f"{short_repr(self.cardinality)}")
         if problems:
             raise InvalidArgumentError("invalid architecture: " + "; ".join(problems))
 

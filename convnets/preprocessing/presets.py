@@ -19,9 +19,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from convnets.errors import InvalidArgumentError
+from convnets.constants import MAX_IMAGE_SIZE
+from convnets.errors import InvalidArgumentError, short_repr
 
-__all__ = ["DEFAULT_PRESET", "IMAGENET_MEAN", "IMAGENET_STD", "INTERPOLATIONS", "EvalPreset",
+__all__ = ["DEFAULT_PRESET", "IMAGENET_MEAN", "IMAGENET_STD", "INTERPOLATIONS", "MAX_RESIZE_SIZE", "EvalPreset",
            "preset_for_model"]
 
 #: ImageNet per-channel mean and standard deviation (RGB, 0..1 scale), as upstream uses them.
@@ -34,10 +35,15 @@ INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 # The ratio of NVIDIA's (and torchvision's) ImageNet evaluation: resize 256, crop 224.
 _RESIZE_RATIO = (256, 224)
 
+#: The largest ``resize_size``: that of the largest crop (:data:`~convnets.constants.MAX_IMAGE_SIZE`)
+#: at the ImageNet ratio, 4681 px.
+MAX_RESIZE_SIZE = round(MAX_IMAGE_SIZE * _RESIZE_RATIO[0] / _RESIZE_RATIO[1])
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgumentError(f"EvalPreset {name} must be a positive int, got {value!r}.")
+
+def _size(name: str, value: object, limit: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+        raise InvalidArgumentError(f"EvalPreset {name} must be a positive int of at most {limit}, "
+                                   f"got {short_repr(value)}.")
     return value
 
 
@@ -61,9 +67,11 @@ class EvalPreset:
     """How an image is resized, cropped and normalised for evaluation.
 
     Attributes:
-        crop_size: side of the square center crop (the model's input size).
+        crop_size: side of the square center crop (the model's input size), at most
+            :data:`~convnets.constants.MAX_IMAGE_SIZE` (the input of a larger one alone would take
+            gigabytes).
         resize_size: length of the shorter side after resizing, before the crop; at least
-            ``crop_size``.
+            ``crop_size``, at most :data:`MAX_RESIZE_SIZE`.
         interpolation: one of :data:`INTERPOLATIONS`; the resize is antialiased.
         mean: per-channel normalisation mean (RGB, 0..1 scale).
         std: per-channel normalisation standard deviation (RGB, 0..1 scale, positive).
@@ -79,8 +87,8 @@ class EvalPreset:
     std: tuple[float, float, float] = IMAGENET_STD
 
     def __post_init__(self) -> None:
-        crop = _positive_int("crop_size", self.crop_size)
-        resize = _positive_int("resize_size", self.resize_size)
+        crop = _size("crop_size", self.crop_size, MAX_IMAGE_SIZE)
+        resize = _size("resize_size", self.resize_size, MAX_RESIZE_SIZE)
         if crop > resize:
             raise InvalidArgumentError(
                 f"EvalPreset crop_size={crop} is larger than resize_size={resize}; the center crop "
@@ -105,9 +113,10 @@ class EvalPreset:
             The preset.
 
         Raises:
-            InvalidArgumentError: ``size`` is not a positive int, or a bad field.
+            InvalidArgumentError: ``size`` is not a positive int of at most
+                :data:`~convnets.constants.MAX_IMAGE_SIZE`, or a bad field.
         """
-        size = _positive_int("crop_size", size)
+        size = _size("crop_size", size, MAX_IMAGE_SIZE)
         return cls(crop_size=size, resize_size=round(size * _RESIZE_RATIO[0] / _RESIZE_RATIO[1]), **fields)
 
     def with_crop_size(self, size: int) -> EvalPreset:

@@ -28,7 +28,8 @@ from torch import Tensor
 
 from convnets.errors import CheckpointError
 from convnets.models.resnet import ArchSpec
-from convnets.weights.record import STATE_DICT, STATE_DICT_EMA
+from convnets.models.specs import check_num_classes
+from convnets.weights.record import STATE_DICT, STATE_DICT_EMA, ModelRecord
 
 __all__ = ["infer_spec", "split_checkpoint", "to_canonical"]
 
@@ -53,7 +54,8 @@ def split_checkpoint(obj: Any, *, use_ema: bool = False, source: str = "checkpoi
         (empty for a plain state dict).
 
     Raises:
-        CheckpointError: no state dict can be found in ``obj``.
+        CheckpointError: no state dict can be found in ``obj``, or its recorded image size is above
+            the limit (:meth:`ModelRecord.from_metadata`, checked here where the file's name is known).
     """
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{source} holds a {type(obj).__name__}, not a state dict or a training "
@@ -73,6 +75,7 @@ def split_checkpoint(obj: Any, *, use_ema: bool = False, source: str = "checkpoi
                                   "load it without use_ema")
         key = STATE_DICT_EMA
     metadata = {k: v for k, v in obj.items() if k not in (STATE_DICT, STATE_DICT_EMA, "model")}
+    ModelRecord.from_metadata(metadata, source=source)  # refuses sizes that would exhaust memory later
     return dict(obj[key]), metadata
 
 
@@ -159,6 +162,7 @@ def infer_spec(state_dict: Mapping[str, Tensor], source: str = "checkpoint") -> 
     se = state_dict.get("layer1.0.squeeze.squeeze.weight")
     num_classes = shape("fc.weight")[0] if "fc.weight" in state_dict else 0
     try:
+        check_num_classes(num_classes, "its classifier's outputs (fc.weight rows)")
         spec = ArchSpec(layers=tuple(layers), widths=tuple(widths), expansion=expansion,
                         cardinality=cardinality, se_squeeze=None if se is None else se.shape[0],
                         stem_width=stem_width)

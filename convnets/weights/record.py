@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from convnets.constants import MAX_IMAGE_SIZE
 from convnets.errors import CheckpointError
-from convnets.models.specs import ArchSpec
+from convnets.models.specs import ArchSpec, short_repr
 
 __all__ = ["STATE_DICT", "STATE_DICT_EMA", "ModelRecord", "is_int", "is_names"]
 
@@ -30,7 +31,8 @@ class ModelRecord:
     Attributes:
         arch_spec: the recorded ``arch_spec`` entry, unchecked (see :meth:`spec`), or ``None``.
         class_names: the class names, if recorded as a list of strings.
-        image_size: the training crop size from the recorded run configuration, if valid.
+        image_size: the training crop size from the recorded run configuration, if valid (at most
+            :data:`~convnets.constants.MAX_IMAGE_SIZE`).
     """
 
     arch_spec: Any = None
@@ -38,11 +40,27 @@ class ModelRecord:
     image_size: int | None = None
 
     @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any]) -> ModelRecord:
-        """Read the non-weight entries of a checkpoint (``split_checkpoint``'s metadata)."""
+    def from_metadata(cls, metadata: Mapping[str, Any], source: str = "checkpoint") -> ModelRecord:
+        """Read the non-weight entries of a checkpoint (``split_checkpoint``'s metadata).
+
+        An image size that is not a positive int is ignored (other tools' configurations use the
+        name for other things); one above :data:`~convnets.constants.MAX_IMAGE_SIZE` is refused,
+        since preprocessing at that size would exhaust memory.
+
+        Args:
+            metadata: the checkpoint's entries other than its weights.
+            source: name of the file, for error messages.
+
+        Raises:
+            CheckpointError: the recorded image size is above the limit.
+        """
         names = metadata.get("class_names")
         config = metadata.get("config")
         size = config.get("image_size") if isinstance(config, Mapping) else None
+        if is_int(size) and size > MAX_IMAGE_SIZE:
+            raise CheckpointError(f"{source} records an image size of {short_repr(size)} px (its 'config' entry's "
+                                  f"image_size); at most {MAX_IMAGE_SIZE} is allowed. Save it again with the size "
+                                  "it was trained at")
         return cls(arch_spec=metadata.get("arch_spec"),
                    class_names=list(names) if is_names(names) else None,
                    image_size=size if is_int(size) and size > 0 else None)
@@ -51,7 +69,8 @@ class ModelRecord:
         """The recorded architecture, or ``None`` when the checkpoint records none.
 
         Raises:
-            CheckpointError: the recorded ``arch_spec`` is not a valid :class:`ArchSpec`.
+            CheckpointError: the recorded ``arch_spec`` is not a valid :class:`ArchSpec` (wrong
+                types, or sizes above the bounds :class:`ArchSpec` checks before anything is built).
         """
         if not isinstance(self.arch_spec, Mapping):
             return None

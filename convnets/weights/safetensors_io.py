@@ -6,7 +6,8 @@ A file this package writes holds the canonical state dict (``layer1..N`` keys, s
 * ``format``: ``"pt"`` (the convention other tools read);
 * ``arch_spec``: ``ArchSpec.to_dict()`` as JSON, so ``convnets.load_model`` needs no model name;
 * ``class_names``: a JSON list of strings (optional);
-* ``image_size``: the crop size the weights were trained for, in decimal (optional).
+* ``image_size``: the crop size the weights were trained for, in decimal (optional; at most
+  :data:`~convnets.constants.MAX_IMAGE_SIZE`).
 
 :func:`read_safetensors` turns such a file into the same dict a self-describing training
 checkpoint is (``state_dict``, ``arch_spec``, ``class_names``, ``config["image_size"]``), so every
@@ -25,9 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from convnets.constants import MAX_IMAGE_SIZE
 from convnets.errors import CheckpointError, InvalidArgumentError
 from convnets.fileio import atomic_write
-from convnets.models.specs import ArchSpec
+from convnets.models.specs import ArchSpec, short_repr
 
 __all__ = ["SUFFIX", "is_safetensors", "read_safetensors", "save_safetensors"]
 
@@ -56,6 +58,14 @@ def is_safetensors(path: str | os.PathLike[str]) -> bool:
     return 2 <= n <= min(_MAX_HEADER, size - 8)
 
 
+def _image_size(text: str) -> int:
+    """The ``image_size`` metadata entry: decimal digits for a size from 1 to ``MAX_IMAGE_SIZE``."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 8 and 0 < int(digits) <= MAX_IMAGE_SIZE):
+        raise ValueError(f"its image_size {short_repr(text)} is not a size from 1 to {MAX_IMAGE_SIZE} px")
+    return int(digits)
+
+
 def read_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a safetensors file, memory-mapped (the tensors point into the file's mapping).
 
@@ -65,7 +75,8 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
         (other entries, as strings).
 
     Raises:
-        CheckpointError: the file is not a valid safetensors file, or its metadata is malformed.
+        CheckpointError: the file is not a valid safetensors file, or its metadata is malformed
+            (including an ``image_size`` above :data:`~convnets.constants.MAX_IMAGE_SIZE`).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -85,15 +96,18 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
         if "arch_spec" in metadata:
             spec = json.loads(metadata["arch_spec"])
             if not isinstance(spec, dict):
-                raise ValueError("not a JSON object")
+                raise ValueError("its arch_spec is not a JSON object")
             out["arch_spec"] = spec
         if "class_names" in metadata:
             names = json.loads(metadata["class_names"])
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise ValueError("not a JSON list of strings")
+                raise ValueError("its class_names is not a JSON list of strings")
             out["class_names"] = names
         if "image_size" in metadata:
-            out["config"] = {"image_size": int(metadata["image_size"])}
+            out["config"] = {"image_size": _image_size(metadata["image_size"])}
+    except RecursionError:  # JSON nested thousands deep
+        raise CheckpointError(f"{path} has malformed convnets metadata in its safetensors header: a JSON value nested "
+                              "too deeply") from None
     except ValueError as e:
         raise CheckpointError(f"{path} has malformed convnets metadata in its safetensors header: {e}") from e
     others = {k: v for k, v in metadata.items() if k not in _KNOWN}
@@ -150,8 +164,9 @@ def save_safetensors(
             raise InvalidArgumentError(f"class_names must be a list of strings, got {class_names!r:.80}")
         metadata["class_names"] = json.dumps(list(class_names))
     if image_size is not None:
-        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
-            raise InvalidArgumentError(f"image_size must be a positive integer, got {image_size!r}")
+        if isinstance(image_size, bool) or not isinstance(image_size, int) or not 0 < image_size <= MAX_IMAGE_SIZE:
+            raise InvalidArgumentError(f"image_size must be a positive integer of at most {MAX_IMAGE_SIZE}, got "
+                                       f"{short_repr(image_size)}")
         metadata["image_size"] = str(image_size)
 
     tensors: dict[str, Tensor] = {}
