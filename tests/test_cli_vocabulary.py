@@ -82,8 +82,8 @@ def test_train_help_lists_the_aliases() -> None:
 # --- one definition per option ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["predict", "embed", "train", "export", "benchmark"])
-def test_image_size_is_one_positive_int_option(command: str) -> None:
-    assert _action(command, "--image-size").type is options.positive_int
+def test_image_size_is_one_bounded_pixels_option(command: str) -> None:
+    assert _action(command, "--image-size").type is options.pixels
 
 
 @pytest.mark.parametrize("command, metavar", [("predict", "FILE"), ("embed", "FILE"), ("train", "DIR"),
