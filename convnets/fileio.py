@@ -179,6 +179,24 @@ class LockHeldError(TimeoutError):
         self.path, self.holder = path, holder
 
 
+#: Descriptors of the lock files this process holds. A forked child (a DataLoader's decoding
+#: worker) inherits them, and an flock belongs to the open file, not the process: a child that
+#: outlives a killed parent for a moment would keep the parent's lock held and refuse the run that
+#: resumes it. So each child closes its copies at once; the parent's hold is unchanged (the lock
+#: goes only when every copy is closed).
+_HELD: set[int] = set()
+
+
+def _close_held_in_child() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
+
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
@@ -305,12 +323,14 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float =
         if current is not None and (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino):
             break
         os.close(fd)  # its previous holder deleted it after we opened it: lock the file there now
+    _HELD.add(fd)
     try:
         with contextlib.suppress(OSError):  # who holds it, for the others' messages
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
+        _HELD.discard(fd)
         # Unlink while still holding the lock (see above), then unlock by closing; only the file
         # this process locked (a file someone put in its place is theirs).
         try:

@@ -169,3 +169,38 @@ def test_deleting_the_lock_file_keeps_mutual_exclusion(tmp_path: Path) -> None:
     assert b_inside.wait(10)
     thread.join(10)
     assert not lock.exists()
+
+
+_KILLED_HOLDER = r"""
+import os, sys, time
+from pathlib import Path
+from convnets.fileio import LockHeldError, exclusive_lock
+lock = Path(sys.argv[1])
+r, w = os.pipe()
+holder = os.fork()
+if holder == 0:  # a run holding its output's lock, with a forked decoding worker
+    with exclusive_lock(lock, timeout=0):
+        if os.fork() == 0:
+            time.sleep(5)  # the worker outlives its killed parent for a moment
+            os._exit(0)
+        os.write(w, b"x")
+        time.sleep(60)
+    os._exit(0)
+os.read(r, 1)
+os.kill(holder, 9)
+os.waitpid(holder, 0)
+try:
+    with exclusive_lock(lock, timeout=0):
+        print("acquired")
+except LockHeldError as e:
+    print("held:", e)
+"""
+
+
+def test_a_killed_holders_forked_child_does_not_keep_its_lock(tmp_path: Path) -> None:
+    """`predict --workers 1` killed, then resumed at once: the DataLoader worker it forked, still
+    alive for a moment, must not hold the killed run's lock (an flock belongs to the open file)."""
+    done = subprocess.run([sys.executable, "-c", _KILLED_HOLDER, str(tmp_path / "out.jsonl.lock")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "acquired", done.stdout
