@@ -23,7 +23,8 @@ import torch
 from convnets.errors import (InvalidArgumentError, UnknownArgumentError, UnknownModelError, WeightsUnavailableError,
                              message_for)
 from convnets.models.resnet import ResNet
-from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, ModelInfo, list_models, registered_name
+from convnets.models.specs import (ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, ModelInfo, check_num_classes, list_models,
+                                   registered_name)
 from convnets.weights.record import ModelRecord
 from convnets.weights.download import fetch_weights
 from convnets.weights.layouts import infer_spec
@@ -71,6 +72,8 @@ def _build(
         fields = f"architecture fields are {list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}"
         raise UnknownArgumentError(f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; {fields}",
                                    cli=f"unknown field(s) {sorted(kwargs)}; {fields}")
+    if num_classes is not None:  # before any allocation: a head of 10**12 outputs would exhaust memory
+        check_num_classes(num_classes)
     published = MODEL_SPECS[name]
     spec = published.replace(**overrides)
 

@@ -9,6 +9,7 @@ The command-line cases run in real subprocesses under a 4 GB address-space limit
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -342,3 +343,37 @@ def test_inferred_classifier_size_is_bounded() -> None:
     sd["fc.weight"] = torch.zeros(1, 1).expand(MAX_CLASSES + 1, 256)  # no memory: a stride-0 view
     with pytest.raises(CheckpointError, match=str(MAX_CLASSES)):
         infer_spec(sd, source="f.pth")
+
+
+# Sizes that the first hardening pass left unbounded --------------------------------------------------
+
+
+@pytest.mark.parametrize("command, option", [("predict", "--batch-size"), ("embed", "--batch-size"),
+                                             ("evaluate", "--batch-size"), ("export", "--max-batch-size")])
+def test_batch_size_options_are_bounded_while_parsing(command: str, option: str) -> None:
+    from convnets.cli import build_parser
+
+    parser = build_parser([command])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    action = next(a for a in sub.choices[command]._actions if option in a.option_strings)
+    assert action.type is not None
+    assert action.type(str(MAX_BATCH_SIZE)) == MAX_BATCH_SIZE
+    with pytest.raises(argparse.ArgumentTypeError, match=f"at most {MAX_BATCH_SIZE}"):
+        action.type(str(MAX_BATCH_SIZE + 1))
+
+
+def test_num_classes_is_bounded_before_the_head_is_allocated() -> None:
+    import convnets
+
+    with pytest.raises(InvalidArgumentError, match="num_classes must be an integer from 0 to"):
+        convnets.resnet50(num_classes=10**12)
+
+
+def test_a_fifo_image_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "photo.jpg"
+    os.mkfifo(fifo)
+    code = ("import sys\nfrom convnets.preprocessing.pipeline import load_image\n"
+            "try:\n    load_image(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.startswith("ImageLoadError") and "not a regular file" in done.stdout, done.stdout + done.stderr

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, non_negative_int,
-                                       positive_int, positive_seconds)
+from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, batch_size,
+                                       non_negative_int, positive_seconds)
 from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
     from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
 
     group = parser.add_argument_group("batches")
-    group.add_argument("--batch-size", type=positive_int, default=default_batch_size, metavar="B",
+    group.add_argument("--batch-size", type=batch_size, default=default_batch_size, metavar="B",
                        help=f"images per forward pass (default {default_batch_size})")
     group.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
                        help="processes that decode and preprocess the next batches while the model runs (a "

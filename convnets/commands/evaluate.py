@@ -16,7 +16,7 @@ from convnets.commands.batch_options import add_fast_decode_argument
 from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
                                        add_output_argument,
                                        add_precision_argument, device_from_args, load_from_args, non_negative_int,
-                                       positive_int)
+                                       batch_size)
 
 _EPILOG = """\
 data layouts (detected):
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "data/ILSVRC2012_validation_ground_truth.txt, meta.bin); default: searched for")
     add_output_argument(data, metavar="DIR", help="directory (created) that gets report.json and confusion.png "
                                                    "(matplotlib)")
-    data.add_argument("--batch-size", type=positive_int, default=64, metavar="B",
+    data.add_argument("--batch-size", type=batch_size, default=64, metavar="B",
                       help="images per forward pass (default 64)")
     data.add_argument("--workers", type=non_negative_int, default=4, metavar="N",
                       help="data-loader processes (default 4; 0: decode in this process)")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import add_private_urls_argument
 from convnets.commands.options import (add_image_size_argument, add_json_argument, add_model_arguments,
-                                       add_output_argument, add_precision_argument, load_from_args, positive_int)
+                                       add_output_argument, add_precision_argument, batch_size, load_from_args)
 from convnets.constants import DEFAULT_IMAGE_SIZE
 from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError, message_for
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write DIR/<name>/config.pbtxt and DIR/<name>/1/<the format's files> for Triton "
                              "(formats: " + ", ".join(f.name for f in formats if f.serves_on_triton) + ")")
     parser.add_argument("--name", help="Triton model name (default: the model name)")
-    parser.add_argument("--max-batch-size", type=positive_int, metavar="N",
+    parser.add_argument("--max-batch-size", type=batch_size, metavar="N",
                         help=f"Triton max_batch_size (default: {DEFAULT_MAX_BATCH_SIZE})")
     parser.add_argument("--images", nargs="+", metavar="IMAGE",
                         help="photos (files or http(s) URLs) to verify with (default: the example photos shipped "

@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from convnets.constants import CACHE_DIR_ENV, DEFAULT_IMAGE_SIZE, MAX_IMAGE_SIZE
+from convnets.constants import CACHE_DIR_ENV, DEFAULT_IMAGE_SIZE, MAX_BATCH_SIZE, MAX_IMAGE_SIZE
 from convnets.errors import CheckpointError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["MODEL_OPTION_NAMES", "WEIGHT_SOURCES", "add_arch_kwargs_argument", "add_cache_argument",
            "add_compile_argument", "add_device_argument", "add_engine_argument", "add_image_size_argument", "add_json_argument",
            "add_memory_format_argument", "add_model_argument", "add_model_arguments", "add_output_argument",
-           "add_precision_argument", "add_pretrained_argument", "add_weights_argument", "bounded_int",
+           "add_precision_argument", "add_pretrained_argument", "add_weights_argument", "batch_size", "bounded_int",
            "device_from_args", "load_from_args", "model_name", "non_negative_int", "parse_arch_kwargs", "pixels",
            "positive_int", "positive_seconds"]
 
@@ -104,6 +104,12 @@ def pixels(text: str) -> int:
     """argparse ``type=`` for ``--image-size``: a number of pixels from 1 to
     :data:`~convnets.constants.MAX_IMAGE_SIZE` (a larger one would exhaust memory)."""
     return bounded_int(text, MAX_IMAGE_SIZE)
+
+
+def batch_size(text: str) -> int:
+    """argparse ``type=`` for ``--batch-size`` and other batch counts: an integer from 1 to
+    :data:`~convnets.constants.MAX_BATCH_SIZE` (a larger batch of large images would exhaust memory)."""
+    return bounded_int(text, MAX_BATCH_SIZE)
 
 
 def positive_seconds(text: str) -> float:

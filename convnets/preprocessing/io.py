@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import stat
 import re
 import struct
 import time
@@ -274,7 +275,14 @@ def _decode(fp: BinaryIO, label: str, max_pixels: int | None, draft: int | None 
 def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None,
                draft: int | None = None) -> Image.Image:
     try:
-        with open(path, "rb") as fp:
+        # O_NONBLOCK: opening a FIFO for reading would wait for a writer forever; opened this way it
+        # returns at once and is refused below (for regular files the flag changes nothing).
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        with open(fd, "rb") as fp:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ImageLoadError(f"Cannot load image {label}: it is not a regular file (a pipe, socket or "
+                                     f"device). Pass image files.")
+            os.set_blocking(fd, True)
             if os.fstat(fp.fileno()).st_size == 0:
                 raise ImageDecodeError(f"Cannot load image {label}: the file is empty (0 bytes).")
             return _decode(fp, label, max_pixels, draft)
