@@ -180,10 +180,10 @@ r, w = os.pipe()
 holder = os.fork()
 if holder == 0:  # a run holding its output's lock, with a forked decoding worker
     with exclusive_lock(lock, timeout=0):
-        if os.fork() == 0:
-            time.sleep(5)  # the worker outlives its killed parent for a moment
+        if os.fork() == 0:  # the worker says it is running (its at-fork handlers have run) ...
+            os.write(w, b"x")
+            time.sleep(5)  # ... and outlives its killed parent for a moment
             os._exit(0)
-        os.write(w, b"x")
         time.sleep(60)
     os._exit(0)
 os.read(r, 1)
