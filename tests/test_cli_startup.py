@@ -60,7 +60,7 @@ def test_help_imports_no_torch(args: list[str]) -> None:
     (["embed", "--batch-size", "0", "--output", "v.npy", "x.jpg"], "argument --batch-size: must be a positive"),
     (["evaluate", "--data", "d", "--workers", "-1"], "argument --workers: must be a non-negative integer"),
     (["export", "--random-init", "--model", "resnet50", "--triton", "--max-batch-size", "0", "--output", "out"],
-     "argument --max-batch-size: must be a positive integer, got '0'"),
+     "argument --max-batch-size: must be a positive integer of at most 4096, got '0'"),
     (["train", "--epochs", "0"], "argument --epochs: must be a positive integer, got '0'"),
     (["train", "--workers", "-1"], "argument --workers: must be a non-negative integer, got '-1'"),
 ])
