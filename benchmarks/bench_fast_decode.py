@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/bench_fast_decode.py                       # 24 JPEGs of 4032x3024, bf16, 3 rounds
     python benchmarks/bench_fast_decode.py --images 8 --rounds 1 --model resnet50   # a quick check
-    python benchmarks/bench_fast_decode.py --json fast_decode.json
+    python benchmarks/bench_fast_decode.py --json /tmp/fast_decode.json   # elsewhere than benchmarks/results/
 
 What it measures:
 
@@ -28,7 +28,6 @@ The JPEGs (generated once, kept in ``--folder``) are the example photos of ``exa
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -49,6 +48,9 @@ from convnets.inference.predict import iter_inputs, predict_items  # noqa: E402
 from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_for_model  # noqa: E402
 from convnets.preprocessing.transforms import to_rgb  # noqa: E402
 from convnets.runtime import default_workers, usable_cores  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402
 
 log = logging.getLogger("bench_fast_decode")
 
@@ -208,7 +210,7 @@ def main() -> int:
                              f"{default_workers('cpu')})")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median reported)")
     parser.add_argument("--skip-pixels", action="store_true", help="only the end-to-end comparison")
-    parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
+    results.add_output_option(parser, "bench_fast_decode")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
@@ -256,11 +258,11 @@ def main() -> int:
     for label, values in speeds.items():
         print(f"| {label} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |")
     print(f"speed-up fast / exact: {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"environment": env, "images": len(paths), "model": args.model,
-                                               "precision": args.precision, "workers": workers, "pixels": pixels,
-                                               "model_cpu_ms": model_cpu, "end_to_end": speeds, "speedup": ratios},
-                                              indent=2) + "\n")
+    results.save(args.json, env, {"images": len(paths), "image_mb": size_mb, "model": args.model,
+                                  "precision": args.precision, "batch_size": args.batch_size, "workers": workers,
+                                  "rounds": args.rounds, "pixels": pixels, "model_cpu_ms": model_cpu,
+                                  "end_to_end": speeds, "speedup": ratios,
+                                  "speedup_median": statistics.median(ratios)})
     return 0
 
 

@@ -12,7 +12,9 @@ and reports the median wall time from the start of the process to the first JSON
 and the per-round ratios to ``--engine torch``. Target (issue "Fast without knowing the flags"):
 warm ``auto`` at most 1.2x ``torch``.
 
-    python benchmarks/bench_first_prediction.py [--rounds 3] [--checkpoint PATH]
+    python benchmarks/bench_first_prediction.py [--rounds 3] [--checkpoint PATH] [--json FILE]
+
+Results go to ``benchmarks/results/bench_first_prediction.json`` (see ``benchmarks/results.py``).
 """
 
 from __future__ import annotations
@@ -58,9 +60,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--checkpoint", type=Path, help="an existing checkpoint (default: generate one)")
-    args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import results
     from bench_load import make_checkpoint  # the same generated checkpoint
+
+    results.add_output_option(parser, "bench_first_prediction")
+    args = parser.parse_args()
+    from convnets.deploy.benchmark import environment
+
+    env = environment("cpu")
 
     with tempfile.TemporaryDirectory(prefix="bench-first-prediction-") as tmp_name:
         tmp = Path(tmp_name)
@@ -94,6 +102,11 @@ def main() -> int:
               f"{max(times[variant]):.2f} | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |")
     warm = statistics.median(t / ref for t, ref in zip(times["auto warm"], times["torch"]))
     print(f"\nwarm auto / torch: {warm:.2f}x (target <= {TARGET}x): {'met' if warm <= TARGET else 'NOT met'}")
+    rows = [{"variant": v, "seconds_all_rounds": times[v],
+             "median_s": statistics.median(times[v]),
+             "ratio_to_torch_all_rounds": [t / ref for t, ref in zip(times[v], times["torch"])]} for v in VARIANTS]
+    results.save(args.json, env, {"model": "se_resnext101_32x4d", "image": "640x480 JPEG", "rounds": args.rounds,
+                                  "target_ratio": TARGET, "warm_auto_ratio": warm, "rows": rows})
     return 0
 
 
