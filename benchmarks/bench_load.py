@@ -65,7 +65,13 @@ def make_checkpoint(folder: Path) -> Path:
 
     from convnets.models.resnet import MODEL_SPECS, ResNet
 
+    from convnets.deploy.calibrate import calibrate_batchnorm
+
     model = ResNet(MODEL_SPECS["se_resnext101_32x4d"])
+    # BatchNorm statistics of random inputs: activations stay in range as with trained weights, so
+    # engine="auto" accepts the engines it would accept for NGC's checkpoint (the loading cost does not
+    # depend on the values).
+    calibrate_batchnorm(model, image_size=224, batch_size=4, batches=2)
     path = folder / FILE_NAME
     torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, path)
     return path

@@ -102,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser([command] if command else []).parse_args(argv)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # --engine auto says which engine it picked, one line on stderr, also without -v.
+    logging.getLogger("convnets.auto").setLevel(min(level, logging.INFO))
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

@@ -187,11 +187,33 @@ def test_auto_records_its_check_and_skips_it_next_time(monkeypatch: pytest.Monke
     model = tiny()
     first = optimize_for_inference(model, engine="auto")
     assert first.engine == "openvino" and len(checks) == 1
-    with caplog.at_level(logging.INFO, logger="convnets.deploy.engines"):
+    with caplog.at_level(logging.INFO, logger="convnets.auto"):
         second = optimize_for_inference(model, engine="auto")
     assert second.engine == "openvino" and len(checks) == 1
     picked = [r.getMessage() for r in caplog.records if "picked" in r.getMessage()]
     assert len(picked) == 1 and "engine cache" in picked[0]
+
+
+def test_auto_skips_an_engine_whose_recorded_check_failed_without_loading_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    require_module("openvino")
+    require_module("onnxruntime")
+    model = tiny()
+    first = optimize_for_inference(model, engine="auto")
+    assert first.engine == "openvino"
+    entry = engine_cache.entry_of(first)
+    assert entry is not None and entry.verdict() is not None and entry.verdict()["passed"] is True
+    entry.record_verdict({**entry.verdict(), "passed": False})  # as if OpenVINO had disagreed with the model
+    compiles = []
+    original = OpenVinoFormat.compile
+    monkeypatch.setattr(OpenVinoFormat, "compile", lambda *a, **k: compiles.append(1) or original(*a, **k))
+    with caplog.at_level(logging.INFO, logger="convnets"):
+        second = optimize_for_inference(model, engine="auto")
+    assert second.engine != "openvino" and compiles == []
+    assert any("skipping openvino" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    x = images()
+    torch.testing.assert_close(second(x), model(x), rtol=1e-4, atol=1e-4)
 
 
 def test_cache_list_and_clear_delete_only_cache_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -228,12 +250,12 @@ def test_embed_through_each_engine_agrees_with_the_torch_path(engine: str) -> No
         assert net.engine == engine
 
 
-@pytest.mark.parametrize("command", ["predict", "embed", "benchmark"])
+@pytest.mark.parametrize("command", ["predict", "embed", "evaluate", "benchmark"])
 def test_engine_defaults_to_auto_and_cache_is_on(command: str) -> None:
     from convnets.cli import build_parser
 
     parser = build_parser([command])
-    extra = ["x.jpg"] if command == "predict" else ["x.jpg", "--output", "o.npy"] if command == "embed" else []
+    extra = {"predict": ["x.jpg"], "embed": ["x.jpg", "--output", "o.npy"], "evaluate": ["--data", "d"]}.get(command, [])
     args = parser.parse_args([command, *extra])
     assert args.engine == "auto" and args.cache is True
     assert parser.parse_args([command, *extra, "--no-cache", "--engine", "torch"]).cache is False

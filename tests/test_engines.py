@@ -100,7 +100,7 @@ def test_the_engines_are_registered_and_auto_orders_end_with_torch() -> None:
 def test_auto_picks_the_first_installed_engine_of_its_order(caplog: pytest.LogCaptureFixture,
                                                             se_model: torch.nn.Module) -> None:
     expected = next(n for n in auto_order("fp32", CPU) if n in available_engines("fp32", CPU))
-    with caplog.at_level(logging.INFO, logger="convnets.deploy.engines"):
+    with caplog.at_level(logging.INFO, logger="convnets.auto"):
         optimized = convnets.optimize_for_inference(se_model, "fp32", engine="auto", compile=False)
     assert optimized.engine == expected
     picks = [r.getMessage() for r in caplog.records if "picked" in r.getMessage()]

@@ -347,3 +347,37 @@ def test_without_matplotlib_the_report_is_written_with_one_line_about_the_figure
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["confusion_matrix"] == [[3, 1], [0, 2]] and saved["top1"] == pytest.approx(500 / 6)
     assert [c["precision"] for c in saved["classes"]] == [1.0, pytest.approx(2 / 3)]
+
+
+def test_engines_evaluate_like_the_model_and_the_second_run_reads_the_engine_cache(
+        imagenet_like: dict[str, Path], tmp_path: Path) -> None:
+    """``convnets evaluate`` runs ``--engine auto`` by default: it names its pick in one line on
+    stderr (no -v), its numbers are the eager model's, and the second run takes the converted graph
+    and auto's check from the engine cache (this test's own TORCH_HOME)."""
+    require_module("openvino")
+    eager = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], batch_size=16, workers=0, device="cpu")
+    assert eager.source["engine"] is None
+    picks = []
+    for run in ("first", "second"):
+        done = run_cli("evaluate", "--data", str(imagenet_like["tree"]), "--weights", str(imagenet_like["weights"]),
+                       "--output", str(tmp_path / run), "--batch-size", "16", "--workers", "0", "--no-progress",
+                       "--device", "cpu")
+        assert done.returncode == 0, done.stderr
+        picks.append([line for line in done.stderr.splitlines() if "picked" in line])
+        saved = json.loads((tmp_path / run / "report.json").read_text())
+        assert saved["engine"] == "openvino" and "(openvino)" in done.stdout.splitlines()[0]
+        # fp32 OpenVINO against eager PyTorch: the same predictions, the loss to float32's precision
+        np.testing.assert_array_equal(np.array(saved["confusion_matrix"]), eager.confusion)
+        assert saved["loss"] == pytest.approx(eager.loss, rel=1e-4)
+    assert [len(p) for p in picks] == [1, 1]
+    assert "openvino" in picks[0][0] and "engine cache" not in picks[0][0]
+    assert "its check read from the engine cache" in picks[1][0]
+
+
+def test_the_torch_engine_evaluates_like_the_model(imagenet_like: dict[str, Path]) -> None:
+    eager = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], batch_size=16, workers=0, device="cpu")
+    folded = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], batch_size=16, workers=0, device="cpu",
+                            engine="torch")
+    assert folded.source["engine"] == "torch"
+    np.testing.assert_array_equal(folded.confusion, eager.confusion)
+    assert folded.loss == pytest.approx(eager.loss, rel=1e-4)

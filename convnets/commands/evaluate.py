@@ -1,9 +1,10 @@
 """``convnets evaluate``: accuracy, per-class figures and the confusion matrix of a model on a labelled image set.
 
 The evaluation loop of ``convnets train --evaluate`` (:func:`convnets.evaluation.loop.evaluate_model`),
-on class folders or ImageNet's flat validation images with Kaggle's or the devkit's labels (see
-:mod:`convnets.evaluation.data`). Prints a table; ``--output DIR`` also writes ``DIR/report.json``
-and ``DIR/confusion.png``.
+with the model run by ``--engine`` (default ``auto``, as for ``predict``; its graph comes from the
+engine cache from the second run on), on class folders or ImageNet's flat validation images with
+Kaggle's or the devkit's labels (see :mod:`convnets.evaluation.data`). Prints a table;
+``--output DIR`` also writes ``DIR/report.json`` and ``DIR/confusion.png``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import sys
 from pathlib import Path
 
 from convnets.commands.batch_options import add_fast_decode_argument
-from convnets.commands.options import (add_device_argument, add_memory_format_argument, add_model_arguments,
-                                       add_output_argument,
-                                       add_precision_argument, device_from_args, load_from_args, non_negative_int,
-                                       batch_size)
+from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                       add_engine_argument, add_memory_format_argument, add_model_arguments,
+                                       add_output_argument, add_precision_argument, batch_size, device_from_args,
+                                       load_from_args, non_negative_int)
 
 _EPILOG = """\
 data layouts (detected):
@@ -53,12 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="progress bar on stderr (default: when stderr is a terminal)")
     add_fast_decode_argument(data)
     add_model_arguments(parser, default_weights="pretrained")
-    run = parser.add_argument_group("precision and device")
+    run = parser.add_argument_group("precision, device and engine")
     add_device_argument(run)
     add_precision_argument(run, help="fp32 (default); bf16 or fp16 autocast (GPUs; bf16 also on CPUs with "
                                      "AVX512-BF16 or AMX)")
     add_memory_format_argument(run, default=None, help="layout of the model and its batches (default: channels_last "
                                                       "under bf16/fp16, else contiguous)")
+    add_engine_argument(run)
+    add_cache_argument(run)
+    add_compile_argument(run, default=False, help="faster per image on large sets, but the first batch waits for "
+                                                  "the compiler (--engine torch)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     report = evaluate_model(loaded.model, args.data, labels=args.labels, output=None, batch_size=args.batch_size,
                             workers=args.workers, device=device, precision=args.precision,
-                            memory_format=args.memory_format, progress=progress, fast_decode=args.fast_decode)
+                            memory_format=args.memory_format, progress=progress, fast_decode=args.fast_decode,
+                            engine=args.engine, compile=args.compile, cache=args.cache)
     report.source.update(model=loaded.name, weights=loaded.weights)
     print(report.table(), flush=True)
     if args.output is not None:

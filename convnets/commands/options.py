@@ -315,7 +315,7 @@ def add_engine_argument(parser: Parser, *, extra_choices: Mapping[str, str] | No
                  "falls back to torch)")
     lines += [f"{name} ({meaning})" for name, meaning in extra.items()]
     parser.add_argument("--engine", choices=(*engine_names(), AUTO, *extra), default=AUTO,
-                        help=f"{help or 'what runs the model'} (default: {AUTO}; its choice is logged with -v): "
+                        help=f"{help or 'what runs the model'} (default: {AUTO}, which names its pick on stderr): "
                              + "; ".join(lines))
 
 

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from convnets.deploy.formats.base import Runner
 
 __all__ = ["CACHE_DIR_ENV", "CachedRunner", "Entry", "EntryInfo", "cache_root", "cached_runner", "clear",
-           "entry_of", "key_fields", "list_entries", "model_digest", "use_cache", "versions"]
+           "entry_of", "key_fields", "list_entries", "model_digest", "recorded_verdict", "use_cache", "versions"]
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,19 @@ class CachedRunner:
 
     def __call__(self, batch: Tensor) -> Tensor:
         return self.run(batch)
+
+
+def recorded_verdict(source: nn.Module, *, engine: str, precision: str, shape: Sequence[int],
+                     runtimes: Sequence[str], check: str = "auto") -> dict[str, Any] | None:
+    """What ``check`` recorded for the entry that :func:`cached_runner` would use, without loading it.
+
+    ``engine="auto"`` reads this first, so that an engine whose cached graph failed its check is
+    skipped without being loaded again. ``None``: the cache is off, or no verdict is recorded.
+    """
+    if not _enabled.get():
+        return None
+    fields = key_fields(source, engine=engine, precision=precision, shape=shape, runtimes=runtimes)
+    return Entry(cache_root() / f"{engine}-{_key(fields)[:32]}", fields).verdict(check)
 
 
 def entry_of(module: object) -> Entry | None:

@@ -148,7 +148,8 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
                    labels: str | os.PathLike[str] | None = None, output: str | os.PathLike[str] | None = None,
                    batch_size: int = 64, workers: int = 4, device: str | torch.device | None = None,
                    precision: str = "fp32", memory_format: str | None = None, progress: bool = False,
-                   fast_decode: bool = False) -> EvaluationReport:
+                   fast_decode: bool = False, engine: str | None = None, compile: bool = False,
+                   cache: bool = True) -> EvaluationReport:
     """Evaluate a model on a labelled image set and (with ``output``) write its report.
 
     Example::
@@ -171,6 +172,13 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         fast_decode: decode large JPEGs at a reduced DCT scale, as ``predict --fast-decode`` does
             (:func:`~convnets.preprocessing.pipeline.prepare_batch`): evaluate with and without it to
             see what it costs in accuracy on your data. Recorded in the report's ``source``.
+        engine: ``None`` (default): the model as given, under autocast (what training's validation
+            runs); else an engine of :func:`~convnets.deploy.optimize.optimize_for_inference`
+            (``"torch"``, ``"onnxruntime"``, ``"openvino"``, or ``"auto"``: ``convnets evaluate``'s
+            default) runs it, with its graph from the engine cache when one is there. Recorded in
+            the report's ``source``.
+        compile: with ``engine="torch"``: ``torch.compile`` the model.
+        cache: with an engine other than torch: use the engine cache (see ``optimize_for_inference``).
 
     Returns:
         The report.
@@ -201,6 +209,12 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=dev)
     net.to(dev)
     net.to(memory_format=run.memory_format)  # torch's stubs lack to(device, memory_format=)
+    runner: nn.Module = net
+    if engine is not None:
+        from convnets.deploy.optimize import optimize_for_inference
+
+        runner = optimize_for_inference(net.eval(), precision, device=dev, engine=engine, compile=compile,
+                                        cache=cache)
     batches = eval_loader(found.samples, preset, batch_size=batch_size, workers=workers, ctx=ctx,
                           fast_decode=fast_decode)
     bar = None
@@ -209,7 +223,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
 
         bar = tqdm(total=len(found.samples), unit="img", file=sys.stderr, dynamic_ncols=True)
     try:
-        totals = accumulate(net, batches, run, ctx, num_classes=len(keys), preset=preset, progress=bar)
+        totals = accumulate(runner, batches, run, ctx, num_classes=len(keys), preset=preset, progress=bar)
     finally:
         if bar is not None:
             bar.close()
@@ -217,6 +231,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
               "labels_file": None if found.labels_file is None else str(found.labels_file),
               "unlabelled_images": found.skipped, "model": model_name, "weights": weights,
               "preset": asdict(preset), "fast_decode": fast_decode, "precision": precision, "device": str(dev),
+              "engine": getattr(runner, "engine", None),
               "seconds": round(time.perf_counter() - start, 3)}
     report = EvaluationReport.from_totals(totals, keys, names, source)
     if output is not None:

@@ -263,7 +263,8 @@ class EvaluationReport:
         """
         s = self.source
         lines = [f"{self.images} images ({s.get('layout', '?')} layout of {s.get('data', '?')}), "
-                 f"{s.get('model', 'model')} [{s.get('weights', '?')}], {s.get('precision', '?')} on {s.get('device', '?')}"]
+                 f"{s.get('model', 'model')} [{s.get('weights', '?')}], {s.get('precision', '?')} on {s.get('device', '?')}"
+                 + (f" ({s['engine']})" if s.get("engine") else "")]
         if self.unreadable:
             lines.append(f"{self.unreadable} unreadable images left out")
         lines.append(self.summary())

@@ -45,6 +45,9 @@ __all__ = ["AUTO", "AUTO_ORDER", "INT8_CHECK_IMAGES", "Engine", "auto_order", "a
            "check_int8", "engine_names", "engines", "get_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
+# auto's choice, one line per built model: a logger of its own, so that the command line can show
+# this line by default (convnets.cli) while the rest of the INFO output waits for -v.
+CHOICE_LOG = logging.getLogger("convnets.auto")
 
 #: The name that asks for :func:`build_auto`'s choice.
 AUTO = "auto"
@@ -141,12 +144,14 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     Raises:
         UnsupportedPrecisionError: int8, and no engine that runs it is installed and faithful.
     """
+    from convnets.deploy.cache import recorded_verdict
     from convnets.deploy.export import sample_batch, verify_runner
     from convnets.deploy.folding import error_summary
 
     int8 = precision == "int8"
     # fp32 / bf16 / fp16: the photos that verify exports (shipped in the package), at the model's input size.
-    batch, inputs = (None, "") if int8 else sample_batch(image_size=int(getattr(model, "input_size", 224)))
+    size = int(getattr(model, "input_size", 224))
+    batch, inputs = (None, "") if int8 else sample_batch(image_size=size)
     reasons = []
     verdict: dict[str, object] | None = None
     for name in auto_order(precision, device):
@@ -160,6 +165,14 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
         if not engine.available(precision, device):
             log.debug("engine='auto': %s is not installed or does not run %s on %s", name, precision, device)
             reasons.append(f"{name} does not run {precision} here")
+            continue
+        earlier = None if int8 else recorded_verdict(model, engine=name, precision=precision,
+                                                     shape=(3, size, size), runtimes=engine.requires)
+        if earlier is not None and not earlier["passed"]:
+            # Warned about when it was checked; not loaded again only to be rejected.
+            log.info("engine='auto': skipping %s, which disagreed with the model when it was checked "
+                     "(engine cache)", name)
+            reasons.append(f"{name} disagreed with the model (its check read from the engine cache)")
             continue
         try:
             built = engine.build(model, precision, device, compile=compile,
@@ -189,7 +202,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     else:
         raise UnsupportedPrecisionError(f"engine='auto' found no engine that runs precision={precision!r} faithfully: "
                                         f"{'; '.join(reasons)}; use precision='bf16' (or 'fp32')")
-    log.info("engine='auto' picked %s for %s on %s%s", built.engine, precision, device,
+    CHOICE_LOG.info("engine='auto' picked %s for %s on %s%s", built.engine, precision, device,
              " (its check read from the engine cache)" if built.engine != "torch" and verdict is not None else "")
     return built
 
