@@ -11,7 +11,9 @@ and prints each median wall time and its ratio to the reference. Target (issue 1
 usage errors take less than half of ``import torch``. tests/test_cli_startup.py checks the cause
 (no PyTorch imported) without timing anything.
 
-    python benchmarks/bench_cli.py [--rounds 7]
+    python benchmarks/bench_cli.py [--rounds 7] [--json FILE]
+
+Results go to ``benchmarks/results/bench_cli.json`` (see ``benchmarks/results.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import results  # noqa: E402  (benchmarks/results.py)
+
 TARGET = 0.5
 
 #: name -> (command line, expected exit status)
@@ -50,6 +56,7 @@ def _time(cmd: list[str], expected: int, env: dict[str, str]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="timed runs of each case (default: 7)")
+    results.add_output_option(parser, "bench_cli")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for cmd, expected in CASES.values():  # untimed: fill the page cache with every module once
@@ -58,17 +65,26 @@ def main() -> int:
     for _ in range(args.rounds):
         for name, (cmd, expected) in CASES.items():
             times[name].append(_time(cmd, expected, env))
+    # Imports PyTorch into this process, after the timing (the timed processes start fresh anyway).
+    from convnets.deploy.benchmark import environment
+
+    machine = environment("cpu")
     reference = statistics.median(times[REFERENCE])
     print(f"median wall time over {args.rounds} interleaved rounds (fresh processes)")
     print(f"{'case':<26} {'median (s)':>10} {'x import torch':>15}")
     worst = 0.0
+    rows = []
     for name, values in times.items():
         ratio = statistics.median(values) / reference
         if name != REFERENCE:
             worst = max(worst, ratio)
         print(f"{name:<26} {statistics.median(values):>10.3f} {ratio:>15.2f}")
+        rows.append({"case": name, "median_s": statistics.median(values), "ratio_to_reference": ratio,
+                     "seconds_all_rounds": values})
     verdict = "meets" if worst < TARGET else "misses"
     print(f"slowest CLI case: {worst:.2f}x import torch ({verdict} the target < {TARGET}x)")
+    results.save(args.json, machine, {"rounds": args.rounds, "reference": REFERENCE, "target_ratio": TARGET,
+                                      "slowest_ratio": worst, "rows": rows})
     return 0 if worst < TARGET else 1
 
 

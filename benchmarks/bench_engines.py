@@ -30,12 +30,15 @@ Measurements are interleaved: every round times each variant once (rotated order
 taken within the round, so load from other processes hits numerator and denominator alike; the
 table reports medians over rounds. The last lines say, per precision, whether auto's pick was the
 fastest engine measured (the check of :data:`convnets.deploy.engines.AUTO_ORDER`).
+
+Results go to ``benchmarks/results/bench_engines.json``, with ``--int8`` to
+``bench_engines_int8.json`` and with ``--settings`` to ``bench_engines_settings.json`` (``--json
+FILE`` elsewhere; see ``benchmarks/results.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -50,6 +53,7 @@ import convnets  # noqa: E402
 from convnets.deploy.benchmark import environment  # noqa: E402
 from convnets.deploy.calibrate import calibrate_batchnorm  # noqa: E402
 from convnets.deploy.engines import available_engines  # noqa: E402
+import results  # noqa: E402  (benchmarks/results.py)
 from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/interleave.py)
 
 REFERENCE = "timm fp32"
@@ -209,11 +213,14 @@ def main() -> int:
                              "threads stop (0: none; see benchmarks/interleave.py)")
     parser.add_argument("--image-size", type=int, default=224, help="input size (smaller: a quicker, less "
                                                                     "representative run)")
-    parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
+    results.add_output_option(parser, "bench_engines")
+    parser.set_defaults(json=None)  # the default file depends on the mode (below)
     args = parser.parse_args()
     # Defaults depend on the mode; an option given on the command line is kept as given, even when
     # it equals the plain run's default.
     focused = args.int8 or args.settings
+    stem = "bench_engines_int8" if args.int8 else "bench_engines_settings" if args.settings else "bench_engines"
+    args.json = args.json or results.RESULTS / f"{stem}.json"
     args.models = args.models or ("resnext101_32x4d" if focused else "resnext101_32x4d,se_resnext101_32x4d")
     args.batch_sizes = args.batch_sizes or ("16" if args.int8 else "1,16")
     args.variants = args.variants or ",".join(INT8_VARIANTS if args.int8 else SETTINGS if args.settings else VARIANTS)
@@ -242,12 +249,15 @@ def main() -> int:
         print(f"| {row['model']} | {row['batch_size']} | {row['variant']} | {row['img_per_s']:.2f} | "
               f"{row['speedup_vs_timm']:.2f}x ({lo:.2f}-{hi:.2f}) | {row['warmup_s']:.1f} |")
     print()
-    for line in auto_verdicts(rows):
+    verdicts = auto_verdicts(rows)
+    ratios = ratio_verdicts(rows, settings_baseline if args.settings else int8_baseline)
+    for line in verdicts + ratios:
         print(line)
-    for line in ratio_verdicts(rows, settings_baseline if args.settings else int8_baseline):
-        print(line)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
+    results.save(args.json, env, {"mode": "int8" if args.int8 else "settings" if args.settings else "engines",
+                                  "models": args.models.split(","), "batch_sizes": args.batch_sizes.split(","),
+                                  "image_size": args.image_size, "rounds": args.rounds, "warmup": args.warmup,
+                                  "calls": args.calls, "settle_s": args.settle, "timm": timm.__version__,
+                                  "rows": rows, "auto_verdicts": verdicts, "ratio_verdicts": ratios})
     return 0
 
 

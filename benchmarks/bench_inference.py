@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/bench_inference.py                       # batch 16, both ResNeXt101 models
-    python benchmarks/bench_inference.py --batch-sizes 1,16 --rounds 7 --json cpu_table.json
+    python benchmarks/bench_inference.py --batch-sizes 1,16 --rounds 7
+    python benchmarks/bench_inference.py --json /tmp/cpu_table.json   # elsewhere than benchmarks/results/
 
 For each model and batch size, in one process, on random weights (speed does not depend on them):
 
@@ -16,12 +17,13 @@ For each model and batch size, in one process, on random weights (speed does not
 Measurements are interleaved: each round times every variant once (in a rotated order), and the
 ratio to timm is taken within the round, so load from other processes on a shared machine hits
 numerator and denominator alike. The table reports medians over rounds.
+
+Results go to ``benchmarks/results/bench_inference.json`` (see ``benchmarks/results.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Callable
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import convnets  # noqa: E402
 from convnets.deploy.benchmark import environment  # noqa: E402
+import results  # noqa: E402  (benchmarks/results.py)
 from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/interleave.py)
 
 REFERENCE = "timm fp32"
@@ -74,7 +77,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per variant (first one compiles)")
     parser.add_argument("--calls", type=int, default=1, help="calls per variant per round")
-    parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
+    results.add_output_option(parser, "bench_inference")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
@@ -97,8 +100,9 @@ def main() -> int:
         lo, hi = row["speedup_min_max"]
         print(f"| {row['model']} | {row['batch_size']} | {row['variant']} | {row['img_per_s']:.2f} | "
               f"{row['speedup_vs_timm']:.2f}x ({lo:.2f}-{hi:.2f}) |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
+    results.save(args.json, env, {"models": args.models.split(","), "batch_sizes": args.batch_sizes.split(","),
+                                  "image_size": 224, "rounds": args.rounds, "warmup": args.warmup, "calls": args.calls,
+                                  "timm": timm.__version__, "rows": rows})
     return 0
 
 

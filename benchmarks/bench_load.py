@@ -13,7 +13,9 @@ Each measurement runs in a new Python process; imports are not timed. Reports th
 time and the peak RSS growth (peak RSS after the build minus RSS before it) relative to the file
 size. Targets (issue): time < 0.5x baseline, RSS growth <= 1.25x the file size.
 
-    python benchmarks/bench_load.py [--rounds 5] [--checkpoint PATH]
+    python benchmarks/bench_load.py [--rounds 5] [--checkpoint PATH] [--json FILE]
+
+Results go to ``benchmarks/results/bench_load.json`` (see ``benchmarks/results.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import results  # noqa: E402  (benchmarks/results.py)
+
 FILE_NAME = "nvidia_se-resnext101-32x4d_200821.pth.tar"
 
 CHILD = r"""
@@ -89,26 +95,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--checkpoint", type=Path, help=f"an existing checkpoint (default: generate {FILE_NAME})")
+    results.add_output_option(parser, "bench_load")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         path = args.checkpoint or make_checkpoint(tmp_path)
         env = {**os.environ, "TORCH_HOME": str(tmp_path / "torch_home"), "CONVNETS_WEIGHTS_MIRROR": str(path.parent)}
         run_child("convnets cached", path, env)  # fills the cache and the page cache
-        results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+        measured: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
         for _ in range(args.rounds):
             for variant in VARIANTS:
-                results[variant].append(run_child(variant, path, env))
+                measured[variant].append(run_child(variant, path, env))
         size_kib = path.stat().st_size / 1024
-    base = statistics.median(r["seconds"] for r in results["baseline"])
+    from convnets.deploy.benchmark import environment  # after the timing: imports PyTorch
+
+    machine = environment("cpu")
+    base = statistics.median(r["seconds"] for r in measured["baseline"])
     print(f"SE-ResNeXt101-32x4d, file {size_kib / 1024:.0f} MiB, {args.rounds} rounds, {os.cpu_count()} CPUs, "
           f"fresh process each")
     print(f"{'variant':<17} {'build s (median)':>16} {'vs baseline':>12} {'peak RSS growth':>16} {'/ file size':>12}")
+    rows = []
     for variant in VARIANTS:
-        seconds = statistics.median(r["seconds"] for r in results[variant])
-        growth = statistics.median(r["rss_growth_kib"] for r in results[variant])
+        seconds = statistics.median(r["seconds"] for r in measured[variant])
+        growth = statistics.median(r["rss_growth_kib"] for r in measured[variant])
         print(f"{variant:<17} {seconds:>16.3f} {seconds / base:>11.2f}x {growth / 1024:>12.0f} MiB "
               f"{growth / size_kib:>11.2f}x")
+        rows.append({"variant": variant, "seconds_median": seconds, "vs_baseline": seconds / base,
+                     "rss_growth_mib": growth / 1024, "rss_over_file_size": growth / size_kib,
+                     "seconds_all_rounds": [r["seconds"] for r in measured[variant]],
+                     "rss_growth_kib_all_rounds": [r["rss_growth_kib"] for r in measured[variant]]})
+    results.save(args.json, machine, {"model": "se_resnext101_32x4d", "file_mib": size_kib / 1024,
+                                      "rounds": args.rounds, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/bench_predict_pipeline.py                    # 500 JPEGs, fp32 and bf16, batch 16
     python benchmarks/bench_predict_pipeline.py --images 64 --rounds 1 --model resnet50   # a quick check
-    python benchmarks/bench_predict_pipeline.py --json pipeline.json
+    python benchmarks/bench_predict_pipeline.py --json /tmp/pipeline.json   # elsewhere than benchmarks/results/
 
 What it measures, per precision (``optimize_for_inference``'s torch engine, as ``convnets predict``
 runs it; random weights, since speed does not depend on them):
@@ -24,12 +24,13 @@ round, so load from other processes hits both sides.
 the main process pinned to it) and the decoding process on another: what a 2-core machine can
 show about the overlap, independent of how many cores the machine has. Needs
 ``os.sched_setaffinity`` (Linux) and two usable cores.
+
+Results go to ``benchmarks/results/bench_predict_pipeline.json`` (see ``benchmarks/results.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -49,6 +50,7 @@ from convnets.inference.predict import iter_inputs, predict_items  # noqa: E402
 from convnets.preprocessing.pipeline import prepare_batch  # noqa: E402
 from convnets.preprocessing.presets import preset_for_model  # noqa: E402
 from convnets.runtime import default_workers, usable_cores  # noqa: E402
+import results  # noqa: E402  (benchmarks/results.py)
 from interleave import time_calls  # noqa: E402  (benchmarks/interleave.py)
 
 log = logging.getLogger("bench_predict_pipeline")
@@ -105,13 +107,13 @@ def bench_precision(model: torch.nn.Module, paths: list[Path], folder: Path, pre
             if pinned is not None:  # the decoding processes fork from here: give them the decoder's core
                 os.sched_setaffinity(0, {pinned[1]})
             start = time.perf_counter()
-            results = predict_items(net, iter_inputs([str(folder)]), labels=labels, batch_size=batch_size,
+            stream = predict_items(net, iter_inputs([str(folder)]), labels=labels, batch_size=batch_size,
                                     preset=preset, workers=count)
             done = 1
-            next(results)
+            next(stream)
             if pinned is not None:
                 os.sched_setaffinity(0, {pinned[0]})
-            done += sum(1 for _ in results)
+            done += sum(1 for _ in stream)
             assert done == len(paths), done
             return done / (time.perf_counter() - start)
         return run
@@ -154,7 +156,7 @@ def main() -> int:
     parser.add_argument("--pinned", action=argparse.BooleanOptionalAction, default=True,
                         help="also run with the model on one core and the decoder on another")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine (predict --compile)")
-    parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
+    results.add_output_option(parser, "bench_predict_pipeline")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
@@ -194,9 +196,9 @@ def main() -> int:
         where = "model 1 + decoder 1 (pinned)" if row["pinned"] else f"all {usable_cores()}"
         print(f"| {row['precision']} | {where} | {row['variant']} | {row['img_per_s']:.1f} | "
               f"{row['vs_model_only']:.2f} ({lo:.2f}-{hi:.2f}) |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"environment": env, "images": len(paths), "model": args.model,
-                                               "workers": workers, "rows": rows}, indent=2) + "\n")
+    results.save(args.json, env, {"model": args.model, "images": len(paths), "image_kb": size_kb,
+                                  "batch_size": args.batch_size, "rounds": args.rounds, "workers": workers,
+                                  "usable_cores": usable_cores(), "compile": args.compile, "rows": rows})
     return 0
 
 

@@ -14,7 +14,10 @@ Prints both wall times (median and best) and CPU times, their ratio, the machine
 and load average (other jobs on a shared machine skew the ratio), and the max abs difference
 between the two batches. Run from the repository root::
 
-    python benchmarks/bench_preprocess.py
+    python benchmarks/bench_preprocess.py [--json FILE]
+
+Results go to ``benchmarks/results/bench_preprocess.json`` (see ``benchmarks/results.py``); not
+written when the two batches differ.
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ from PIL import Image
 from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from convnets.deploy.benchmark import environment  # noqa: E402
 from convnets.preprocessing.pipeline import prepare_input_from_uri  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402  (benchmarks/results.py)
 
 PHOTO_DIRS = ("skimage/data", "sklearn/datasets/images")
 PHOTOS = ("china.jpg", "flower.jpg", "chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png",
@@ -109,7 +116,9 @@ def main() -> None:
     parser.add_argument("--long-side", type=int, default=3000, help="photo long side in pixels")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each (default 3)")
     parser.add_argument("--workers", type=int, default=None, help="threads (default: cores)")
+    results.add_output_option(parser, "bench_preprocess")
     args = parser.parse_args()
+    env = environment("cpu")
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with tempfile.TemporaryDirectory(prefix="convnets-bench-") as tmp:
@@ -117,8 +126,9 @@ def main() -> None:
         with Image.open(paths[0]) as first:
             size = f"{first.width}x{first.height}"
         megabytes = sum(os.path.getsize(p) for p in paths) / 2**20
+        load_average = os.getloadavg()[0]
         print(f"{len(paths)} JPEG photos ({size} and similar, {megabytes:.1f} MiB), {cores} usable "
-              f"CPU cores, torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}")
+              f"CPU cores, torch {torch.__version__}, load average {load_average:.2f}")
 
         ours = lambda: prepare_input_from_uri(paths, workers=args.workers)  # noqa: E731
         upstream = lambda: upstream_loop(paths)  # noqa: E731
@@ -143,6 +153,15 @@ def main() -> None:
           f"bitwise equal: {torch.equal(batch, expected)}")
     if diff > 1e-4:
         sys.exit("the batches differ")
+    rows = [{"variant": variant, "median_s": statistics.median(times), "best_s": min(times),
+             "cpu_s": statistics.median(cpu), "seconds_all_rounds": times, "cpu_s_all_rounds": cpu}
+            for variant, times, cpu in (("upstream loop", upstream_times, upstream_cpu),
+                                        ("prepare_input_from_uri()", our_times, our_cpu))]
+    results.save(args.json, env, {"photos": len(paths), "size": size, "megabytes": megabytes,
+                                  "long_side": args.long_side, "usable_cores": cores, "load_average": load_average,
+                                  "repeat": args.repeat, "workers": args.workers, "rows": rows,
+                                  "speedup_median": up / us, "speedup_best": min(upstream_times) / min(our_times),
+                                  "max_abs_diff": diff, "bitwise_equal": torch.equal(batch, expected)})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ GradScaler, fp32 = TF32) and on a CPU (AMP = bf16 autocast).
     python benchmarks/bench_train.py --device cuda --arch se_resnext101_32x4d --tiny 0 \\
         --batch-size 128 --image-size 224 --steps 30
 
-``--json FILE`` also writes every result (including per-step latencies).
+Every result (including per-step latencies) goes to ``benchmarks/results/bench_train.json``, or
+``bench_train_cuda.json`` for a run on a GPU (``--json FILE`` elsewhere; see ``benchmarks/results.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from convnets.deploy.benchmark import environment  # noqa: E402
 from convnets.train import benchmark_training  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402  (benchmarks/results.py)
 
 TINY = {"layers": [1, 1, 1, 1], "widths": [32, 64, 128, 256], "cardinality": 8, "expansion": 2}
 
@@ -42,8 +47,11 @@ def main() -> int:
     parser.add_argument("--amp-dtype", choices=["fp16", "bf16"],
                         help="AMP dtype (default: fp16 on CUDA, bf16 on CPU)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
-    parser.add_argument("--json", type=Path, help="write all results to this file")
+    results.add_output_option(parser, "bench_train")
+    parser.set_defaults(json=None)  # the default file depends on the device (below)
     args = parser.parse_args()
+    args.json = args.json or results.RESULTS / ("bench_train_cuda.json" if args.device.startswith("cuda")
+                                                else "bench_train.json")
     if args.threads:
         torch.set_num_threads(args.threads)
     amp = args.amp_dtype or ("fp16" if args.device.startswith("cuda") else "bf16")
@@ -56,18 +64,21 @@ def main() -> int:
     # process and would otherwise be charged to whichever configuration runs first.
     benchmark_training(args.arch, batch_size=args.batch_size, device=args.device, amp_dtype=None, steps=1,
                        warmup=1, arch_kwargs=arch_kwargs, image_size=args.image_size)
-    results = []
+    rows = []
     for dtype in (None, amp):
         for layout in ("nchw", "nhwc"):
             r = benchmark_training(args.arch, batch_size=args.batch_size, device=args.device, amp_dtype=dtype,
                                    memory_format=layout, steps=args.steps, warmup=args.warmup,
                                    arch_kwargs=arch_kwargs, image_size=args.image_size)
-            results.append(r)
-            base = results[0]["img_per_s"]
+            base = rows[0]["img_per_s"] if rows else r["img_per_s"]
+            rows.append({**r, "vs_fp32_nchw": r["img_per_s"] / base})
             print(f"  {dtype or 'fp32':>5} {layout}: {r['img_per_s']:9.1f} img/s  median step "
                   f"{r['median_ms']:8.1f} ms  x{r['img_per_s'] / base:.2f} vs fp32 nchw", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    results.save(args.json, environment(args.device), {
+        "arch": args.arch, "tiny_kwargs": TINY if args.tiny else None, "device": args.device,
+        "device_name": device_name, "batch_size": args.batch_size, "image_size": args.image_size,
+        "steps": args.steps, "warmup": args.warmup, "amp_dtype": amp, "threads": torch.get_num_threads(),
+        "rows": rows})
     return 0
 
 
