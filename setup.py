@@ -64,6 +64,8 @@ setup(
         "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`, `convnets embed --output FILE.parquet`
         "parquet": ["pyarrow>=14"],
+        # The documentation site: `mkdocs build --strict` (mkdocs.yml; ruff formats the signatures).
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.6", "mkdocstrings>=1", "mkdocstrings-python>=2", "ruff>=0.5"],
         "test": [
             "pytest>=8",
             "mypy>=1.11",  # tests/test_typing.py type-checks the package as pyproject.toml configures
@@ -82,6 +84,8 @@ setup(
             "pyarrow>=14",
             # The DALI backend's CPU pipelines are tested too; wheels exist for Linux x86-64 only.
             "nvidia-dali-cuda130>=2.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
+            # tests/test_docs_build.py builds the site (the docs extra, repeated: extras are literals here).
+            "mkdocs>=1.6", "mkdocs-material>=9.6", "mkdocstrings>=1", "mkdocstrings-python>=2", "ruff>=0.5",
         ],
     },
     entry_points={"console_scripts": ["convnets=convnets.cli:main"]},

@@ -58,9 +58,9 @@ def fit(config: TrainConfig) -> TrainSummary:
         The summary (on every rank; metrics are averaged over ranks).
 
     Raises:
-        DataError, CheckpointError, UnknownModelError, TrainingDivergedError, InvalidArgumentError,
-        MissingDependencyError: see their messages; the command line turns them into one line and
-        exit status 1.
+        DataError, CheckpointError, UnknownModelError, TrainingDivergedError: see their messages; the
+            command line turns them into one line and exit status 1.
+        InvalidArgumentError, MissingDependencyError: likewise.
     """
     ctx = dist.setup(config.device)
     try:

@@ -1,0 +1,458 @@
+"""MkDocs hooks: the pages' generated parts, made from the code and the measurements at build time.
+
+* ``<!-- cli-reference -->`` becomes, for ``convnets`` and each subcommand, a heading and its
+  ``--help`` text, taken from the argparse parsers themselves (:func:`cli_reference`): a new option
+  appears on the site without editing it.
+* ``<!-- results: NAME -->`` becomes the table of ``benchmarks/results/NAME.json`` (written by
+  ``benchmarks/NAME.py`` through ``benchmarks/results.py``), then one line saying when, on what and
+  with which command it was measured (:func:`render_results`). The results folder is
+  ``$CONVNETS_RESULTS_DIR`` when set (tests use it), else ``benchmarks/results/``. A file that does not
+  exist yet gives a "Not measured yet" note (logged at INFO, so ``--strict`` passes); a file that
+  exists but does not have the shape its renderer expects fails the build.
+* :class:`ReadableDocstrings`, a Griffe extension (``mkdocs.yml``: the python handler's
+  ``extensions``), makes the docstrings, written for ``help()`` and Sphinx, parse as Google style.
+
+Configured in ``mkdocs.yml`` (``hooks:``); the functions are plain Python, so that
+``tests/test_docs_build.py`` calls them directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+log = logging.getLogger("mkdocs.hooks.convnets")  # under "mkdocs": shown, and counted by --strict
+
+CLI_MARKER = "<!-- cli-reference -->"
+RESULTS_MARKER = re.compile(r"<!--\s*results:\s*([\w.-]+)\s*-->")
+RESULTS_DIR_ENV = "CONVNETS_RESULTS_DIR"
+#: The terminal width the ``--help`` texts are wrapped at, whatever terminal builds the site.
+HELP_COLUMNS = 100
+
+
+class DocsError(Exception):
+    """A page's generated part cannot be made (an unknown marker, a malformed results file)."""
+
+
+def _fail(message: str) -> Exception:
+    """The error that stops the build with ``message`` (MkDocs' own, when MkDocs runs us)."""
+    try:
+        from mkdocs.exceptions import PluginError
+    except ImportError:  # called from the tests without MkDocs
+        return DocsError(message)
+    return PluginError(message)
+
+
+# --- the CLI reference -------------------------------------------------------------------------
+
+
+@contextmanager
+def fixed_terminal(columns: int = HELP_COLUMNS) -> Iterator[None]:
+    """argparse wraps help at ``$COLUMNS`` (and, from Python 3.14, colours it for a terminal): fix both."""
+    saved = {name: os.environ.get(name) for name in ("COLUMNS", "NO_COLOR", "FORCE_COLOR")}
+    os.environ["COLUMNS"] = str(columns)
+    os.environ["NO_COLOR"] = "1"
+    os.environ.pop("FORCE_COLOR", None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _import(module: str) -> Any:
+    """``module`` of the checkout being built, also when another copy is installed (``pip install -e``
+    of a different checkout): ``mkdocs`` started as a console script does not have the working
+    directory on ``sys.path``, and MkDocs restores ``sys.path`` after loading this file."""
+    import importlib
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    imported = importlib.import_module(module)
+    where = Path(getattr(imported, "__file__", "") or "").resolve()
+    if ROOT not in where.parents:
+        log.warning("documenting %s from %s, not from the checkout being built (%s)", module, where, ROOT)
+    return imported
+
+
+def cli_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    """``("convnets", top-level parser)``, then ``("convnets COMMAND", its parser)`` per subcommand."""
+    cli = _import("convnets.cli")
+    COMMANDS, build_parser = cli.COMMANDS, cli.build_parser
+
+    parser = build_parser()  # every command's options
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [("convnets", parser), *((f"convnets {name}", sub.choices[name]) for name in COMMANDS)]
+
+
+def help_text(parser: argparse.ArgumentParser) -> str:
+    """``parser.format_help()`` at :data:`HELP_COLUMNS` columns, without colour."""
+    with fixed_terminal():
+        return parser.format_help()
+
+
+def _fence(text: str, info: str = "text") -> str:
+    """``text`` in a fenced code block whose fence no backtick run inside it can close."""
+    runs = [len(m) for m in re.findall(r"`+", text)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return f"{fence}{info}\n{text.rstrip()}\n{fence}"
+
+
+def cli_reference() -> str:
+    """The Markdown that replaces :data:`CLI_MARKER`: a heading and the ``--help`` text per command."""
+    sections = []
+    for title, parser in cli_parsers():
+        sections.append(f"## `{title}`\n\n{_fence(help_text(parser))}\n")
+    return "\n".join(sections)
+
+
+# --- the benchmark tables ------------------------------------------------------------------------
+
+
+def results_dir() -> Path:
+    """Where the results files are read from: ``$CONVNETS_RESULTS_DIR``, else ``benchmarks/results/``."""
+    value = os.environ.get(RESULTS_DIR_ENV)
+    return Path(value) if value else ROOT / "benchmarks" / "results"
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], align: Sequence[str] | None = None) -> str:
+    """A Markdown table; ``align`` per column: ``"l"`` (default) or ``"r"``."""
+    align = align or ["l"] * len(header)
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
+             "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _range(values: Sequence[float], digits: int = 2) -> str:
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+
+def render_first_prediction(r: Mapping[str, Any]) -> str:
+    rows = []
+    for row in r["rows"]:
+        seconds, ratios = row["seconds_all_rounds"], row["ratio_to_torch_all_rounds"]
+        rows.append([row["variant"], f"{row['median_s']:.2f}", f"{min(seconds):.2f}", f"{max(seconds):.2f}",
+                     f"{statistics.median(ratios):.2f}x ({_range(ratios)})"])
+    verdict = "met" if r["warm_auto_ratio"] <= r["target_ratio"] else "not met"
+    return (table(["variant", "median s", "min s", "max s", "median ratio to torch (per round; min-max)"], rows,
+                  "lrrrr")
+            + f"\n\nWarm `auto` / `torch`: {r['warm_auto_ratio']:.2f}x (target at most {r['target_ratio']}x: "
+              f"{verdict}). {r['model']}, one {r['image']}, {r['rounds']} rounds.")
+
+
+def render_fast_decode(r: Mapping[str, Any]) -> str:
+    parts = []
+    if r["pixels"]:
+        rows = [[p["variant"], f"{p['mean_abs_diff']:.4f}", f"{p['max_abs_diff']:.3f}",
+                 f"{p['ms_per_image']:.0f} ({_range(p['ms_all_rounds'], 0)})", f"{p['cpu_ms_per_image']:.0f}"]
+                for p in r["pixels"]]
+        parts.append("Pixels against the exact path (normalised units), preprocessing on one thread:\n\n"
+                     + table(["variant", "mean abs diff", "max abs diff", "wall ms/image (median; min-max)",
+                              "CPU ms/image"], rows, "lrrrr"))
+    rows = [[label, f"{statistics.median(values):.2f}", ", ".join(f"{v:.2f}" for v in values)]
+            for label, values in r["end_to_end"].items()]
+    parts.append(f"End to end: `predict`, {r['model']} {r['precision']}, batch {r['batch_size']}, "
+                 f"workers {r['workers']}; {r['images']} JPEGs of 4032x3024 ({r['image_mb']:.1f} MB); "
+                 f"median of {r['rounds']} interleaved rounds:\n\n"
+                 + table(["variant", "img/s", "all rounds"], rows, "lrl"))
+    parts.append(f"Speed-up fast / exact: {r['speedup_median']:.2f}x ({_range(r['speedup'])}).")
+    return "\n\n".join(parts)
+
+
+def render_cli(r: Mapping[str, Any]) -> str:
+    rows = [[f"`{row['case']}`", f"{row['median_s']:.3f}", f"{row['ratio_to_reference']:.2f}"] for row in r["rows"]]
+    verdict = "meets" if r["slowest_ratio"] < r["target_ratio"] else "misses"
+    return (table(["case", "median (s)", f"x {r['reference']}"], rows, "lrr")
+            + f"\n\nSlowest CLI case: {r['slowest_ratio']:.2f}x `{r['reference']}` ({verdict} the target "
+              f"< {r['target_ratio']}x); median of {r['rounds']} interleaved rounds, fresh processes.")
+
+
+def _speed_table(r: Mapping[str, Any], warmup: bool) -> str:
+    rows = []
+    for row in r["rows"]:
+        lo, hi = row["speedup_min_max"]
+        cells = [row["model"], row["batch_size"], row["variant"], f"{row['img_per_s']:.2f}",
+                 f"{row['speedup_vs_timm']:.2f}x ({lo:.2f}-{hi:.2f})"]
+        rows.append(cells + ([f"{row['warmup_s']:.1f}"] if warmup else []))
+    header = ["model", "batch", "variant", "img/s", "vs timm fp32 (median, min-max)"]
+    return table(header + (["warm-up (s)"] if warmup else []), rows, "lrlrr" + ("r" if warmup else ""))
+
+
+def render_engines(r: Mapping[str, Any]) -> str:
+    text = (f"{r['image_size']} px, timm {r['timm']}, median of {r['rounds']} interleaved rounds:\n\n"
+            + _speed_table(r, warmup=True))
+    verdicts = [*r["auto_verdicts"], *r["ratio_verdicts"]]
+    return text + ("\n\n" + "\n".join(f"* {line}" for line in verdicts) if verdicts else "")
+
+
+def render_inference(r: Mapping[str, Any]) -> str:
+    return (f"timm {r['timm']}, 224 px, median of {r['rounds']} interleaved rounds:\n\n"
+            + _speed_table(r, warmup=False))
+
+
+def render_load(r: Mapping[str, Any]) -> str:
+    rows = [[row["variant"], f"{row['seconds_median']:.3f}", f"{row['vs_baseline']:.2f}x",
+             f"{row['rss_growth_mib']:.0f} MiB", f"{row['rss_over_file_size']:.2f}x"] for row in r["rows"]]
+    return (f"{r['model']}, file {r['file_mib']:.0f} MiB, median of {r['rounds']} rounds, a fresh process each:\n\n"
+            + table(["variant", "build s (median)", "vs baseline", "peak RSS growth", "/ file size"], rows, "lrrrr"))
+
+
+def render_predict_pipeline(r: Mapping[str, Any]) -> str:
+    rows = []
+    for row in r["rows"]:
+        lo, hi = row["vs_model_only_min_max"]
+        where = "model 1 + decoder 1 (pinned)" if row["pinned"] else f"all {r['usable_cores']}"
+        rows.append([row["precision"], where, row["variant"], f"{row['img_per_s']:.1f}",
+                     f"{row['vs_model_only']:.2f} ({lo:.2f}-{hi:.2f})"])
+    return (f"{r['model']}, {r['images']} JPEGs of 1000x750 ({r['image_kb']:.0f} KB), batch {r['batch_size']}; "
+            f"median of {r['rounds']} interleaved rounds:\n\n"
+            + table(["precision", "cores", "variant", "img/s", "vs model only (median, min-max)"], rows, "lllrr"))
+
+
+def render_preprocess(r: Mapping[str, Any]) -> str:
+    rows = [[f"`{row['variant']}`", f"{row['median_s']:.3f}", f"{row['best_s']:.3f}", f"{row['cpu_s']:.3f}"]
+            for row in r["rows"]]
+    return (f"{r['photos']} JPEG photos ({r['size']} and similar, {r['megabytes']:.1f} MiB), "
+            f"{r['usable_cores']} usable cores, load average {r['load_average']:.2f}; "
+            f"{r['repeat']} interleaved runs:\n\n"
+            + table(["variant", "median s", "best s", "CPU s (median)"], rows, "lrrr")
+            + f"\n\nSpeed-up (median): {r['speedup_median']:.2f}x (best/best {r['speedup_best']:.2f}x); "
+              f"max abs difference from upstream {r['max_abs_diff']:.3g}.")
+
+
+def render_train(r: Mapping[str, Any]) -> str:
+    rows = [[row["amp_dtype"] or "fp32", row["memory_format"], f"{row['img_per_s']:.1f}", f"{row['median_ms']:.1f}",
+             f"{row['vs_fp32_nchw']:.2f}x"] for row in r["rows"]]
+    arch = f"{r['arch']} (tiny: `{json.dumps(r['tiny_kwargs'])}`)" if r["tiny_kwargs"] else r["arch"]
+    return (f"{arch}, batch {r['batch_size']}, {r['image_size']} px, {r['steps']} timed steps after {r['warmup']}; "
+            f"{r['device_name']}:\n\n"
+            + table(["precision", "layout", "img/s", "median step (ms)", "vs fp32 nchw"], rows, "llrrr"))
+
+
+#: results name (``benchmarks/results/NAME.json``) -> (renderer of its ``results``, the command that makes it)
+RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
+    "bench_first_prediction": (render_first_prediction, "python benchmarks/bench_first_prediction.py"),
+    "bench_fast_decode": (render_fast_decode, "python benchmarks/bench_fast_decode.py"),
+    "bench_cli": (render_cli, "python benchmarks/bench_cli.py"),
+    "bench_engines": (render_engines, "python benchmarks/bench_engines.py"),
+    "bench_engines_int8": (render_engines, "python benchmarks/bench_engines.py --int8"),
+    "bench_engines_settings": (render_engines, "python benchmarks/bench_engines.py --settings"),
+    "bench_inference": (render_inference, "python benchmarks/bench_inference.py"),
+    "bench_load": (render_load, "python benchmarks/bench_load.py"),
+    "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
+    "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),
+    "bench_train": (render_train, "python benchmarks/bench_train.py"),
+    "bench_train_cuda": (render_train, "python benchmarks/bench_train.py --device cuda"),
+}
+
+
+def provenance(record: Mapping[str, Any]) -> str:
+    """The line under a table: date, machine, torch version and the exact command."""
+    m = record["machine"]
+    where = f"{m['cpu_model']}, {m['cpu_count']} cores, {m['torch_threads']} threads"
+    if str(m.get("device", "cpu")) != "cpu":
+        where = f"{m['device_name']} (host: {where})"
+    return f"Measured {record['date']} on {where}; torch {m['torch']}; `{record['command']}`."
+
+
+def not_measured(name: str) -> str:
+    command = RENDERERS[name][1]
+    return (f'!!! note "Not measured yet"\n\n'
+            f"    Not measured yet: run `{command}` (it writes `benchmarks/results/{name}.json`).\n")
+
+
+def render_results(name: str, directory: Path | None = None) -> str:
+    """The Markdown for ``<!-- results: NAME -->``: the table of ``NAME.json`` and its provenance line."""
+    if name not in RENDERERS:
+        raise _fail(f"<!-- results: {name} -->: no renderer for {name!r} in docs/hooks.py "
+                    f"(known: {', '.join(sorted(RENDERERS))})")
+    path = (directory or results_dir()) / f"{name}.json"
+    if not path.is_file():
+        log.info("%s does not exist: the page says 'Not measured yet'", path)
+        return not_measured(name)
+    renderer = RENDERERS[name][0]
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return f"{renderer(record['results'])}\n\n{provenance(record)}\n"
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise _fail(f"{path}: cannot render it ({type(e).__name__}: {e}); was it written by "
+                    f"`{RENDERERS[name][1]}`?") from e
+
+
+# --- docstrings: a Griffe extension (mkdocs.yml: the python handler's `extensions`) -------------
+
+#: A Sphinx cross-reference role, ``:func:`~convnets.registry.get_model``` and the like.
+_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|data|attr|exc|obj|const|type):`(~?)([^`]+)`")
+#: The Google-style sections whose entries name parameters or exceptions.
+_NAMED_SECTION = re.compile(r"^(\s*)(Args|Arguments|Parameters|Params|Keyword Args|Keyword Arguments|"
+                            r"Other Parameters|Raises|Exceptions):\s*$")
+_PARAMETER_SECTIONS = ("Args", "Arguments", "Parameters", "Params")
+#: An entry's first line: ``name: text``, ``a, b: text`` (several names), ``**kwargs: text``.
+_ENTRY = re.compile(r"^(\s+)(\*{0,2}\w+(?:\s*,\s*\*{0,2}\w+)*)(\s*(?:\([^)]*\))?\s*:(?:\s.*)?)$")
+
+
+def _role(match: re.Match[str]) -> str:
+    tilde, target = match.groups()
+    if "<" in target and target.endswith(">"):  # :func:`title <target>`
+        return f"`{target.split('<')[0].strip()}`"
+    return f"`{target.rsplit('.', 1)[-1] if tilde else target}`"
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+Entry = tuple[str, list[str], str, list[str]]  # indent, names, the first line's rest, continuation lines
+
+
+def _entries(lines: list[str], start: int, section_indent: int) -> tuple[list[Entry], int]:
+    """The entries of the section whose items begin at ``lines[start]``, and the index of the
+    first line after the section (its trailing blank lines are not part of it)."""
+    entries: list[Entry] = []
+    entry_indent = None
+    i = start
+    while i < len(lines) and (not lines[i].strip() or _indent(lines[i]) > section_indent):
+        line = lines[i]
+        match = _ENTRY.match(line)
+        if entry_indent is None and line.strip():
+            entry_indent = _indent(line)
+        if match is not None and _indent(line) == entry_indent:
+            names = [name.strip() for name in match.group(2).split(",")]
+            entries.append((match.group(1), names, match.group(3), []))
+        elif entries:
+            entries[-1][3].append(line)
+        elif line.strip():  # not the Google layout: leave the section alone
+            return [], start
+        i += 1
+    while i > start and not lines[i - 1].strip():
+        i -= 1
+    for entry in entries:  # blank lines between entries are not part of their text
+        while entry[3] and not entry[3][-1].strip():
+            entry[3].pop()
+    return entries, i
+
+
+def _rewrite_sections(lines: list[str], keywords_of: Callable[[str], bool] | None) -> list[str]:
+    """One entry per name in Args / Raises sections (``a, b: text`` becomes ``a: text`` and
+    ``b: text``: Google style, and Griffe checks each documented name against the signature);
+    Args entries for which ``keywords_of(name)`` is true move to a ``Keyword Args:`` section."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        heading = _NAMED_SECTION.match(lines[i])
+        entries, end = _entries(lines, i + 1, len(heading.group(1))) if heading else ([], i)
+        if heading is None or not entries:
+            out.append(lines[i])
+            i += 1
+            continue
+        single = [(indent, name, rest, body) for indent, names, rest, body in entries for name in names]
+        moved = [e for e in single if keywords_of is not None and heading.group(2) in _PARAMETER_SECTIONS
+                 and keywords_of(e[1])]
+        kept = [e for e in single if e not in moved]
+        for title, group in ((heading.group(2), kept), ("Keyword Args", moved)):
+            if group:
+                if title == "Keyword Args" and kept:
+                    out.append("")
+                out.append(f"{heading.group(1)}{title}:")
+                out += [line for indent, name, rest, body in group for line in (f"{indent}{name}{rest}", *body)]
+        i = end
+    return out
+
+
+def markdown_docstring(text: str, keywords_of: Callable[[str], bool] | None = None) -> str:
+    """A docstring written for Sphinx and ``help()``, readable as the Markdown mkdocstrings renders.
+
+    Sphinx roles become inline code; ``Example::`` before a literal block becomes ``Example:`` (the
+    indented block stays a code block); grouped entries are split, and Args entries that
+    ``keywords_of`` says are keywords taken through ``**kwargs`` move to a ``Keyword Args:``
+    section (:func:`_rewrite_sections`). The words themselves are unchanged.
+    """
+    text = _ROLE.sub(_role, text)
+    lines = text.split("\n")
+    for i, line in enumerate(lines[:-1]):
+        if line.rstrip().endswith("::") and not lines[i + 1].strip():
+            stripped = line.rstrip()[:-2]
+            lines[i] = stripped + ":" if stripped.strip() else ""
+    return "\n".join(_rewrite_sections(lines, keywords_of))
+
+
+def _runtime_docstring(module: str, name: str) -> str | None:
+    """The docstring of ``module.name`` as Python sees it, for objects that the code generates.
+
+    Such a docstring may be assembled from parts indented differently (a builder's is its model's
+    summary, then the builders' shared text), so each paragraph is dedented on its own.
+    """
+    import textwrap
+
+    text = getattr(getattr(_import(module), name, None), "__doc__", None)
+    if not text:
+        return None
+    return "\n\n".join(textwrap.dedent(p).strip("\n") for p in re.split(r"\n[ \t]*\n", text.strip()))
+
+
+def _is_stub(node: Any) -> bool:
+    """``def f(...) -> T: ...``: a declaration for type checkers of something defined at run time."""
+    import ast
+
+    body = getattr(node, "body", None)
+    return (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and body is not None and len(body) == 1
+            and isinstance(body[0], ast.Expr) and getattr(body[0].value, "value", None) is Ellipsis)
+
+
+try:
+    import griffe
+except ImportError:  # the tests of the other hooks run without the docs extra
+    griffe = None
+
+if griffe is not None:
+    class ReadableDocstrings(griffe.Extension):  # type: ignore[misc]
+        """Rewrites each docstring with :func:`markdown_docstring` before it is parsed.
+
+        A function stub without a docstring (the ``if TYPE_CHECKING:`` declarations of the
+        generated model builders) gets the docstring of the object it declares.
+        """
+
+        def on_instance(self, *, node: Any, obj: Any, agent: Any, **kwargs: Any) -> None:
+            keywords_of = None
+            if obj.is_function:
+                if obj.docstring is None and _is_stub(node) and not obj.name.startswith("_"):
+                    text = _runtime_docstring(obj.module.path, obj.name)
+                    if text:
+                        obj.docstring = griffe.Docstring(text, lineno=obj.lineno, parent=obj,
+                                                         parser=agent.docstring_parser,
+                                                         parser_options=agent.docstring_options)
+                names = {p.name for p in obj.parameters}
+                if any(p.kind is griffe.ParameterKind.var_keyword for p in obj.parameters):
+                    def keywords_of(name: str, names: set[str] = names) -> bool:
+                        return name.lstrip("*") not in names
+            if obj.docstring is not None:
+                obj.docstring.value = markdown_docstring(obj.docstring.value, keywords_of)
+
+
+# --- MkDocs events ------------------------------------------------------------------------------
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
+    """Replace the markers of one page's Markdown with their generated Markdown."""
+    if CLI_MARKER in markdown:
+        markdown = markdown.replace(CLI_MARKER, cli_reference())
+    return RESULTS_MARKER.sub(lambda m: render_results(m.group(1)), markdown)

@@ -1,0 +1,351 @@
+"""The documentation site: its generated parts follow the code and the measurements, and it builds.
+
+* The CLI reference (``docs/cli.md``'s ``<!-- cli-reference -->``) is each parser's own
+  ``format_help()``, so a new option is on the site without editing a page.
+* Each benchmark table (``<!-- results: NAME -->``) shows the numbers of its results file; a
+  file not written yet gives a "Not measured yet" note; a malformed one fails the build.
+* ``mkdocs build --strict`` succeeds: no broken link or anchor, no docstring that disagrees with
+  its signature (the docs extra; under CI a missing MkDocs fails instead of skipping).
+
+Results files here are written in ``tmp_path``, never in ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from conftest import REPO
+from strict_skips import require_module
+
+
+def _load_hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("convnets_docs_hooks", REPO / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _load_hooks()
+
+
+def _expected_help(parser: argparse.ArgumentParser, monkeypatch: pytest.MonkeyPatch) -> str:
+    with monkeypatch.context() as m:
+        m.setenv("COLUMNS", str(hooks.HELP_COLUMNS))
+        m.setenv("NO_COLOR", "1")
+        m.delenv("FORCE_COLOR", raising=False)
+        return parser.format_help()
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return dict(sub.choices)  # type: ignore[arg-type]
+
+
+def _cli_page() -> str:
+    return hooks.on_page_markdown("# CLI reference\n\nIntro.\n\n<!-- cli-reference -->\n", page=None, config=None,
+                                  files=None)
+
+
+# --- the CLI reference ---------------------------------------------------------------------------
+
+
+def test_cli_reference_is_every_parsers_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    from convnets.cli import COMMANDS, build_parser
+
+    page = _cli_page()
+    assert "<!-- cli-reference -->" not in page and page.startswith("# CLI reference\n\nIntro.\n")
+    parser = build_parser()
+    expected = {"convnets": _expected_help(parser, monkeypatch)}
+    expected |= {f"convnets {name}": _expected_help(p, monkeypatch) for name, p in _subparsers(parser).items()}
+    assert set(expected) == {"convnets", *(f"convnets {name}" for name in COMMANDS)}
+    for title, text in expected.items():
+        assert f"## `{title}`\n\n```text\n{text.rstrip()}\n```\n" in page, title
+    # In the order of `convnets --help`.
+    positions = [page.index(f"## `{title}`\n") for title in expected]
+    assert positions == sorted(positions)
+
+
+def test_a_new_option_appears_without_editing_the_docs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import convnets.commands.plot as plot
+
+    original = plot.add_arguments
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        original(parser)
+        parser.add_argument("--brand-new-option", metavar="VALUE", help="an option no page mentions")
+
+    monkeypatch.setattr(plot, "add_arguments", add_arguments)
+    page = _cli_page()
+    section = page[page.index("## `convnets plot`"):]
+    assert "--brand-new-option VALUE" in section and "an option no page mentions" in section
+
+
+def test_cli_help_is_wrapped_at_a_fixed_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    narrow_terminal = _cli_page()
+    monkeypatch.setenv("COLUMNS", "250")
+    assert _cli_page() == narrow_terminal
+    assert os.environ["COLUMNS"] == "250"  # restored after the build
+    # argparse wraps at the width less 2 (descriptions under RawDescriptionHelpFormatter keep their lines).
+    top = narrow_terminal[narrow_terminal.index("## `convnets`"):narrow_terminal.index("## `convnets predict`")]
+    assert hooks.HELP_COLUMNS - 10 < max(map(len, top.splitlines())) <= hooks.HELP_COLUMNS - 2
+
+
+# --- the benchmark tables ------------------------------------------------------------------------
+
+MACHINE = {"torch": "2.14.1+cu130", "python": "3.11.7", "platform": "Linux-x86_64", "device": "cpu",
+           "device_name": "AMD EPYC 9R14", "cpu_model": "AMD EPYC 9R14", "cpu_count": 2, "torch_threads": 2,
+           "cuda": "13.0", "cudnn": 92400, "mkldnn_bf16": True, "date": "2026-11-26 02:57:22 UTC"}
+
+
+def _interleaved_row(model: str, batch: int, variant: str, img_per_s: float, speedup: float,
+                     lo: float, hi: float, warmup_s: float) -> dict[str, Any]:
+    """A row as benchmarks/interleave.py's ``interleaved_rows`` makes it."""
+    return {"model": model, "batch_size": batch, "variant": variant, "img_per_s": img_per_s,
+            "img_per_s_all_rounds": [img_per_s * 0.97, img_per_s, img_per_s * 1.02], "speedup_vs_timm": speedup,
+            "speedup_min_max": [lo, hi], "warmup_s": warmup_s, "compiled": variant.startswith("torch")}
+
+
+ENGINES = {"mode": "engines", "models": ["resnext101_32x4d"], "batch_sizes": ["1", "16"], "image_size": 224,
+           "rounds": 5, "warmup": 2, "calls": 1, "settle_s": 0.5, "timm": "1.0.22",
+           "rows": [_interleaved_row("resnext101_32x4d", 16, "timm fp32", 21.37, 1.0, 1.0, 1.0, 2.4),
+                    _interleaved_row("resnext101_32x4d", 16, "openvino bf16", 63.81, 2.986, 2.71, 3.12, 11.7)],
+           "auto_verdicts": ["resnext101_32x4d b16 bf16: auto picks openvino, fastest measured openvino (same)"],
+           "ratio_verdicts": []}
+
+TRAIN_ROW = {"model": "resnext101_32x4d", "device": "cpu", "batch_size": 32, "image_size": 128, "steps": 8,
+             "step_ms": [411.0, 412.5], "mean_ms": 411.75}
+
+#: Per results name: what its script's ``results.save`` writes as ``results`` (shape and keys as the
+#: script writes them; test_samples_have_the_keys_each_script_saves checks the keys), and lines the
+#: rendered Markdown must contain, numbers formatted as the script prints them.
+SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "bench_first_prediction": (
+        {"model": "se_resnext101_32x4d", "image": "640x480 JPEG", "rounds": 2, "target_ratio": 1.2,
+         "warm_auto_ratio": 1.1537,
+         "rows": [{"variant": "torch", "seconds_all_rounds": [3.4443, 3.2228], "median_s": 3.33355,
+                   "ratio_to_torch_all_rounds": [1.0, 1.0]},
+                  {"variant": "auto warm", "seconds_all_rounds": [3.9873, 3.7161], "median_s": 3.8517,
+                   "ratio_to_torch_all_rounds": [1.1576, 1.1531]}]},
+        ["| torch | 3.33 | 3.22 | 3.44 | 1.00x (1.00-1.00) |", "| auto warm | 3.85 | 3.72 | 3.99 | 1.16x (1.15-1.16) |",
+         "1.15x (target at most 1.2x: met)"]),
+    "bench_fast_decode": (
+        {"images": 24, "image_mb": 3.41, "model": "se_resnext101_32x4d", "precision": "bf16", "batch_size": 8,
+         "workers": 1, "rounds": 3,
+         "pixels": [{"variant": "draft 2x (--fast-decode)", "mean_abs_diff": 0.00731, "max_abs_diff": 0.412,
+                     "ms_per_image": 61.2, "ms_all_rounds": [60.4, 61.2, 66.9], "cpu_ms_per_image": 59.8,
+                     "cpu_ms_all_rounds": [59.1, 59.8, 60.0]}],
+         "model_cpu_ms": [301.0, 299.5, 300.2],
+         "end_to_end": {"exact": [2.11, 2.05, 2.17], "fast": [2.96, 3.01, 2.88], "model only": [3.3, 3.31, 3.29]},
+         "speedup": [1.403, 1.468, 1.327], "speedup_median": 1.403},
+        ["| draft 2x (--fast-decode) | 0.0073 | 0.412 | 61 (60-67) | 60 |", "| exact | 2.11 | 2.11, 2.05, 2.17 |",
+         "| fast | 2.96 | 2.96, 3.01, 2.88 |", "Speed-up fast / exact: 1.40x (1.33-1.47)."]),
+    "bench_cli": (
+        {"rounds": 7, "reference": "import torch", "target_ratio": 0.5, "slowest_ratio": 0.2712,
+         "rows": [{"case": "convnets --help", "median_s": 0.0912, "ratio_to_reference": 0.2712,
+                   "seconds_all_rounds": [0.0912, 0.0934]},
+                  {"case": "import torch", "median_s": 0.3363, "ratio_to_reference": 1.0,
+                   "seconds_all_rounds": [0.3363, 0.341]}]},
+        ["| `convnets --help` | 0.091 | 0.27 |", "| `import torch` | 0.336 | 1.00 |", "0.27x `import torch` (meets"]),
+    "bench_engines": (
+        ENGINES,
+        ["| resnext101_32x4d | 16 | timm fp32 | 21.37 | 1.00x (1.00-1.00) | 2.4 |",
+         "| resnext101_32x4d | 16 | openvino bf16 | 63.81 | 2.99x (2.71-3.12) | 11.7 |",
+         "* resnext101_32x4d b16 bf16: auto picks openvino"]),
+    "bench_engines_int8": (
+        {**copy.deepcopy(ENGINES), "mode": "int8", "auto_verdicts": [],
+         "ratio_verdicts": ["resnext101_32x4d b16: openvino int8 / openvino bf16 = 1.62x (rounds 1.55-1.70)"]},
+        ["| resnext101_32x4d | 16 | openvino bf16 | 63.81 | 2.99x (2.71-3.12) | 11.7 |",
+         "* resnext101_32x4d b16: openvino int8 / openvino bf16 = 1.62x"]),
+    "bench_engines_settings": (
+        {**copy.deepcopy(ENGINES), "mode": "settings", "auto_verdicts": [], "ratio_verdicts": []},
+        ["| resnext101_32x4d | 16 | timm fp32 | 21.37 | 1.00x (1.00-1.00) | 2.4 |"]),
+    "bench_inference": (
+        {"models": ["resnext101_32x4d"], "batch_sizes": ["16"], "image_size": 224, "rounds": 5, "warmup": 2,
+         "calls": 1, "timm": "1.0.22",
+         "rows": [_interleaved_row("resnext101_32x4d", 16, "optimized bf16", 48.123, 2.254, 2.1, 2.31, 9.0)]},
+        ["| resnext101_32x4d | 16 | optimized bf16 | 48.12 | 2.25x (2.10-2.31) |"]),
+    "bench_load": (
+        {"model": "se_resnext101_32x4d", "file_mib": 187.4, "rounds": 5,
+         "rows": [{"variant": "baseline", "seconds_median": 1.2345, "vs_baseline": 1.0, "rss_growth_mib": 372.6,
+                   "rss_over_file_size": 1.988, "seconds_all_rounds": [1.2345], "rss_growth_kib_all_rounds": [381542]},
+                  {"variant": "convnets", "seconds_median": 0.3121, "vs_baseline": 0.2528, "rss_growth_mib": 201.2,
+                   "rss_over_file_size": 1.0737, "seconds_all_rounds": [0.3121],
+                   "rss_growth_kib_all_rounds": [206029]}]},
+        ["| baseline | 1.234 | 1.00x | 373 MiB | 1.99x |", "| convnets | 0.312 | 0.25x | 201 MiB | 1.07x |",
+         "file 187 MiB"]),
+    "bench_predict_pipeline": (
+        {"model": "se_resnext101_32x4d", "images": 500, "image_kb": 151.3, "batch_size": 16, "rounds": 3,
+         "workers": 1, "usable_cores": 2, "compile": False,
+         "rows": [{"precision": "bf16", "batch_size": 16, "variant": "model only", "pinned": False,
+                   "img_per_s": 9.87, "img_per_s_all_rounds": [9.87], "vs_model_only": 1.0,
+                   "vs_model_only_min_max": [1.0, 1.0]},
+                  {"precision": "bf16", "batch_size": 16, "variant": "end to end, workers 1", "pinned": True,
+                   "img_per_s": 4.41, "img_per_s_all_rounds": [4.41], "vs_model_only": 0.912,
+                   "vs_model_only_min_max": [0.88, 0.93]}]},
+        ["| bf16 | all 2 | model only | 9.9 | 1.00 (1.00-1.00) |",
+         "| bf16 | model 1 + decoder 1 (pinned) | end to end, workers 1 | 4.4 | 0.91 (0.88-0.93) |"]),
+    "bench_preprocess": (
+        {"photos": 32, "size": "3000x2000", "megabytes": 41.27, "long_side": 3000, "usable_cores": 2,
+         "load_average": 1.37, "repeat": 3, "workers": None,
+         "rows": [{"variant": "upstream loop", "median_s": 4.5678, "best_s": 4.4012, "cpu_s": 4.5,
+                   "seconds_all_rounds": [4.5678], "cpu_s_all_rounds": [4.5]},
+                  {"variant": "prepare_input_from_uri()", "median_s": 2.3456, "best_s": 2.2987, "cpu_s": 4.61,
+                   "seconds_all_rounds": [2.3456], "cpu_s_all_rounds": [4.61]}],
+         "speedup_median": 1.947, "speedup_best": 1.915, "max_abs_diff": 0.0, "bitwise_equal": True},
+        ["| `upstream loop` | 4.568 | 4.401 | 4.500 |", "| `prepare_input_from_uri()` | 2.346 | 2.299 | 4.610 |",
+         "Speed-up (median): 1.95x (best/best 1.92x)"]),
+    "bench_train": (
+        {"arch": "resnext101_32x4d", "tiny_kwargs": {"layers": [1, 1, 1, 1]}, "device": "cpu",
+         "device_name": "CPU, 2 threads", "batch_size": 32, "image_size": 128, "steps": 8, "warmup": 3,
+         "amp_dtype": "bf16", "threads": 2,
+         "rows": [{**TRAIN_ROW, "amp_dtype": None, "memory_format": "nchw", "img_per_s": 77.71, "median_ms": 411.8,
+                   "vs_fp32_nchw": 1.0},
+                  {**TRAIN_ROW, "amp_dtype": "bf16", "memory_format": "nhwc", "img_per_s": 101.04,
+                   "median_ms": 316.7, "vs_fp32_nchw": 1.3002}]},
+        ["| fp32 | nchw | 77.7 | 411.8 | 1.00x |", "| bf16 | nhwc | 101.0 | 316.7 | 1.30x |"]),
+    "bench_train_cuda": (
+        {"arch": "se_resnext101_32x4d", "tiny_kwargs": None, "device": "cuda", "device_name": "NVIDIA H100",
+         "batch_size": 128, "image_size": 224, "steps": 30, "warmup": 3, "amp_dtype": "fp16", "threads": 16,
+         "rows": [{**TRAIN_ROW, "amp_dtype": "fp16", "memory_format": "nhwc", "img_per_s": 2512.3,
+                   "median_ms": 50.9, "vs_fp32_nchw": 2.871}]},
+        ["| fp16 | nhwc | 2512.3 | 50.9 | 2.87x |"]),
+}
+
+
+def _write(directory: Path, name: str, results: dict[str, Any], machine: dict[str, Any] = MACHINE) -> Path:
+    """A results file as benchmarks/results.py's ``save`` writes it."""
+    path = directory / f"{name}.json"
+    command = hooks.RENDERERS[name][1] + " --rounds 3"
+    path.write_text(json.dumps({"date": machine["date"], "machine": machine, "command": command,
+                                "results": results}, indent=2) + "\n")
+    return path
+
+
+def test_every_benchmark_script_has_a_renderer() -> None:
+    scripts = {p.stem for p in (REPO / "benchmarks").glob("bench_*.py")}
+    assert scripts <= set(hooks.RENDERERS), scripts - set(hooks.RENDERERS)
+    assert set(SAMPLES) == set(hooks.RENDERERS)
+
+
+def _saved_keys(script: Path) -> set[str]:
+    """The keys of the ``results`` dict literal that the script passes to ``results.save``."""
+    calls = [node for node in ast.walk(ast.parse(script.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "save"
+             and isinstance(node.func.value, ast.Name) and node.func.value.id == "results"]
+    assert len(calls) == 1 and isinstance(calls[0].args[2], ast.Dict), script
+    return {ast.literal_eval(key) for key in calls[0].args[2].keys if key is not None}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_samples_have_the_keys_each_script_saves(name: str) -> None:
+    command = hooks.RENDERERS[name][1]
+    script = REPO / command.split()[1]
+    assert script.is_file(), command
+    assert set(SAMPLES[name][0]) == _saved_keys(script)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_each_table_shows_the_numbers_of_its_results_file(name: str, tmp_path: Path) -> None:
+    results, lines = SAMPLES[name]
+    _write(tmp_path, name, results)
+    markdown = hooks.render_results(name, tmp_path)
+    for line in lines:
+        assert line in markdown, f"{line!r} not in:\n{markdown}"
+    table_rows = [line for line in markdown.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(table_rows) >= 2  # a header and at least one row
+    assert markdown.rstrip().endswith(f"`{hooks.RENDERERS[name][1]} --rounds 3`.")
+    assert ("Measured 2026-11-26 02:57:22 UTC on AMD EPYC 9R14, 2 cores, 2 threads; torch 2.14.1+cu130;"
+            in markdown)
+
+
+def test_the_provenance_line_names_a_gpu(tmp_path: Path) -> None:
+    machine = {**MACHINE, "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"}
+    _write(tmp_path, "bench_train_cuda", SAMPLES["bench_train_cuda"][0], machine)
+    markdown = hooks.render_results("bench_train_cuda", tmp_path)
+    assert "on NVIDIA H100 80GB HBM3 (host: AMD EPYC 9R14, 2 cores, 2 threads); torch 2.14.1+cu130;" in markdown
+
+
+def test_a_marker_on_a_page_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path, "bench_cli", SAMPLES["bench_cli"][0])
+    monkeypatch.setenv(hooks.RESULTS_DIR_ENV, str(tmp_path))
+    page = hooks.on_page_markdown("# Benchmarks\n\n<!-- results: bench_cli -->\n\nAfter.\n", page=None,
+                                  config=None, files=None)
+    assert "<!--" not in page and "| `convnets --help` | 0.091 | 0.27 |" in page and page.endswith("After.\n")
+
+
+def test_a_missing_results_file_is_not_measured_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(hooks.RESULTS_DIR_ENV, str(tmp_path))
+    with caplog.at_level(logging.INFO):
+        page = hooks.on_page_markdown("<!-- results: bench_engines_int8 -->\n", page=None, config=None, files=None)
+    assert page.startswith('!!! note "Not measured yet"\n\n    ')
+    assert "Not measured yet: run `python benchmarks/bench_engines.py --int8`" in page
+    records = [r for r in caplog.records if "bench_engines_int8.json" in r.getMessage()]
+    assert records and all(r.levelno == logging.INFO for r in records)  # not a warning: --strict passes
+
+
+@pytest.mark.parametrize("content", ["{", '{"date": "x", "machine": {}, "command": "c"}', "[]",
+                                     json.dumps({"date": "d", "machine": MACHINE, "command": "c",
+                                                 "results": {"rows": [{"variant": "torch"}]}})])
+def test_a_malformed_results_file_fails_the_build(content: str, tmp_path: Path) -> None:
+    (tmp_path / "bench_first_prediction.json").write_text(content)
+    with pytest.raises(Exception, match="bench_first_prediction.json: cannot render it"):
+        hooks.render_results("bench_first_prediction", tmp_path)
+
+
+def test_an_unknown_results_name_fails_the_build(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="no renderer for 'bench_nothing'"):
+        hooks.on_page_markdown("<!-- results: bench_nothing -->", page=None, config=None, files=None)
+
+
+# --- docstrings as mkdocstrings renders them -----------------------------------------------------
+
+
+def test_docstrings_are_rewritten_for_the_google_parser() -> None:
+    text = ("Summary with :func:`~convnets.registry.get_model` and :class:`convnets.ResNet`.\n\n"
+            "Example::\n\n    x = f()\n\n"
+            "Args:\n    keys, names: each class's key\n        and name.\n\n    device: where.\n"
+            "    **kwargs: the rest.\n\n"
+            "Raises:\n    A, B: from loading.\n")
+    assert hooks.markdown_docstring(text, lambda name: name.lstrip("*") not in {"keys", "names", "kwargs"}) == (
+        "Summary with `get_model` and `convnets.ResNet`.\n\n"
+        "Example:\n\n    x = f()\n\n"
+        "Args:\n    keys: each class's key\n        and name.\n    names: each class's key\n        and name.\n"
+        "    **kwargs: the rest.\n\n"
+        "Keyword Args:\n    device: where.\n\n"
+        "Raises:\n    A: from loading.\n    B: from loading.\n")
+
+
+# --- the whole site ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+        require_module(module, extra="docs")
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env.pop(hooks.RESULTS_DIR_ENV, None)  # the real results, as CI and a reader see them
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-5000:]
+    cli = (site / "cli" / "index.html").read_text(encoding="utf-8")
+    assert "<!-- cli-reference -->" not in cli and "convnets predict" in cli and "--brand-new" not in cli
+    models = (site / "reference" / "models" / "index.html").read_text(encoding="utf-8")
+    assert "get_model" in models and "pretrained_from_file" in models  # the builders' generated docstring
+    # Nothing is fetched from elsewhere when a page is read: no web fonts.
+    assert "fonts.googleapis" not in (site / "index.html").read_text(encoding="utf-8")
