@@ -311,7 +311,7 @@ def default_workers(device_type: str = "cpu") -> int:
     """Decoding processes when none are asked for (``convnets predict`` / ``embed``).
 
     For a model on the CPU, ``min(4, cores - 2)``: the model's own threads keep two cores. Measured
-    on 2 cores (benchmarks/bench_predict_pipeline.py, README), one decoding process beside a
+    on 2 cores (benchmarks/bench_predict_pipeline.py, 2026-11-22), one decoding process beside a
     two-threaded model lost end-to-end speed to the oversubscription (bf16: 0.81 of the model-only
     rate, against 0.88 decoding in-process between batches), so small machines decode in-process.
     For a model on a GPU, ``min(4, cores - 1)``: the CPU only decodes. Four keep a GPU or a

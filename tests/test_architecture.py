@@ -16,7 +16,7 @@ by A that runs at some point:
   submodules is the normal direction.
 
 Cycles are checked at three grains: between modules, between the parts of ``convnets``
-(``convnets.train``, ``convnets.registry``, ...; see the README's layers) and between the
+(``convnets.train``, ``convnets.registry``, ...; see docs/design.md's layout) and between the
 top-level packages (``convnets``, ``processing_utils``, ``hubconf``).
 """
 

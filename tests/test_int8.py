@@ -28,7 +28,7 @@ from convnets.deploy.engines import get_engine
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 
 #: The trained network: wide enough to stand for the real ones (the 16-128 wide variant of the
-#: training tests is too narrow for int8: see the README's int8 measurements).
+#: training tests is too narrow for int8: see docs/engines.md's int8 section).
 ARCH = {"layers": [1, 1, 1, 1], "widths": [32, 64, 128, 256], "expansion": 1, "stem_width": 32}
 N_TRAIN, N_VAL, EPOCHS, CALIBRATION = 1200, 597, 16, 300
 #: Training seed. Measured with this recipe (int8 - fp32 top-1 points, top-1 agreement): seed 0

@@ -54,7 +54,7 @@ AUTO = "auto"
 
 #: ``engine="auto"``: engines to try, fastest first, per (device type, precision); ``torch`` is
 #: always last (see :func:`auto_order`). Measured with benchmarks/bench_engines.py on a 2-core
-#: AVX512-BF16 CPU, otherwise idle (2026-11-22, README): ResNeXt101-32x4d and SE-ResNeXt101-32x4d at
+#: AVX512-BF16 CPU, otherwise idle (2026-11-22): ResNeXt101-32x4d and SE-ResNeXt101-32x4d at
 #: batch 1 and 16. bf16: OpenVINO first or level with the torch path in all four (1.01-1.24x it, in
 #: three runs). fp32: in three runs OpenVINO was first or level with ONNX Runtime (within 3%,
 #: ResNeXt101 at batch 1) in every case, while ONNX Runtime trailed OpenVINO by up to 11%
