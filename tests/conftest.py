@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,14 +54,31 @@ def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+@pytest.fixture(scope="session")
+def shared_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One engine cache for the session: what --engine auto (every command's default) converts for a
+    test's checkpoint is loaded, not converted again, by the next test with the same weights, as a
+    user's runs share it. Tests of the cache itself use :func:`cold_engine_cache`."""
+    return tmp_path_factory.mktemp("engine_cache")
+
+
 @pytest.fixture(autouse=True)
-def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own empty TORCH_HOME (so its own engine cache) and no weights mirror."""
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+                   shared_engine_cache: Path) -> Path:
+    """Every test gets its own empty TORCH_HOME (so its own weights cache) and no weights mirror;
+    the engine cache is the session's (``CONVNETS_CACHE_DIR``)."""
     home = tmp_path_factory.mktemp("torch_home")
     monkeypatch.setenv("TORCH_HOME", str(home))
     monkeypatch.delenv("CONVNETS_WEIGHTS_MIRROR", raising=False)
-    monkeypatch.delenv("CONVNETS_CACHE_DIR", raising=False)
+    monkeypatch.setenv("CONVNETS_CACHE_DIR", str(shared_engine_cache))
     return home / "hub" / "checkpoints"
+
+
+@pytest.fixture
+def cold_engine_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's own empty engine cache (under its TORCH_HOME): for tests that count conversions or
+    watch what a conversion does. Use it from an autouse fixture of the module."""
+    monkeypatch.delenv("CONVNETS_CACHE_DIR")
 
 
 @dataclass
@@ -149,6 +167,16 @@ def full_se_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
     path = folder / "nvidia_se-resnext101-32x4d_200821.pth.tar"
     torch.save({f"module.{k}": v for k, v in state.items()}, path)
     return path, state
+
+
+#: A log record as the command line formats them (``convnets.cli``: "LEVEL logger: message"), such
+#: as ``--engine auto``'s "INFO convnets.auto: engine='auto' picked ..." line.
+_LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING) [\w.]+: ")
+
+
+def command_lines(stderr: str) -> list[str]:
+    """The lines a command wrote to stderr itself (errors, summaries), without log records."""
+    return [line for line in stderr.strip().splitlines() if not _LOG_RECORD.match(line)]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

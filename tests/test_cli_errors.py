@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, LoopbackServer, Route, run_cli
+from conftest import LoopbackServer, REPO, Route, TINY, command_lines, run_cli
 from PIL import Image
 
 import convnets
@@ -30,8 +30,8 @@ PYTHON_ADVICE = re.compile(r"\b[a-z_]+=[\w'\"(\[]|convnets\.\w+\(|keyword")
 
 def _error_line(done, *, status: int = 1, python_words: re.Pattern[str] = PYTHON_ADVICE) -> str:
     """The one error line of a failed command (usage errors: the last line, after the usage; log
-    warnings such as --random-init's are not errors)."""
-    lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("WARNING ")]
+    records such as --random-init's warning or auto's pick are not errors)."""
+    lines = command_lines(done.stderr)
     assert done.returncode == status, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     if status == 1:
@@ -114,7 +114,7 @@ def test_download_timeout_names_the_timeout_option(five_classes: Path, http_serv
                                             content_type="image/png", delay_s=3.0)
     url = f"{http_server.base_url}/slow.png"
     done = run_cli("predict", "--weights", str(five_classes), "--timeout", "0.5", "--allow-private-urls", url)
-    lines = done.stderr.strip().splitlines()
+    lines = command_lines(done.stderr)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert lines[0].startswith(f"convnets predict: error: Cannot load image '{url}'")
     assert "within 0.5 s" in lines[0] and "--timeout" in lines[0] and not PYTHON_ADVICE.search(lines[0])

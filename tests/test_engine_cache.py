@@ -32,6 +32,11 @@ ENGINES = ("onnxruntime", "openvino")
 MODULES = {"onnxruntime": "onnxruntime", "openvino": "openvino"}
 
 
+@pytest.fixture(autouse=True)
+def _cold_engine_cache(cold_engine_cache: None) -> None:
+    """Every test here starts from an empty engine cache of its own (conftest.cold_engine_cache)."""
+
+
 def tiny(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = randomize_bn(convnets.get_model("resnet50", num_classes=10, **TINY["resnet50"]), seed=seed).eval()
@@ -187,6 +192,7 @@ def test_auto_records_its_check_and_skips_it_next_time(monkeypatch: pytest.Monke
     model = tiny()
     first = optimize_for_inference(model, engine="auto")
     assert first.engine == "openvino" and len(checks) == 1
+    caplog.clear()  # an in-process cli.main of an earlier test may have left convnets.auto at INFO
     with caplog.at_level(logging.INFO, logger="convnets.auto"):
         second = optimize_for_inference(model, engine="auto")
     assert second.engine == "openvino" and len(checks) == 1

@@ -353,7 +353,7 @@ def test_engines_evaluate_like_the_model_and_the_second_run_reads_the_engine_cac
         imagenet_like: dict[str, Path], tmp_path: Path) -> None:
     """``convnets evaluate`` runs ``--engine auto`` by default: it names its pick in one line on
     stderr (no -v), its numbers are the eager model's, and the second run takes the converted graph
-    and auto's check from the engine cache (this test's own TORCH_HOME)."""
+    and auto's check from the engine cache (this test's own, empty at first)."""
     require_module("openvino")
     eager = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], batch_size=16, workers=0, device="cpu")
     assert eager.source["engine"] is None
@@ -361,7 +361,7 @@ def test_engines_evaluate_like_the_model_and_the_second_run_reads_the_engine_cac
     for run in ("first", "second"):
         done = run_cli("evaluate", "--data", str(imagenet_like["tree"]), "--weights", str(imagenet_like["weights"]),
                        "--output", str(tmp_path / run), "--batch-size", "16", "--workers", "0", "--no-progress",
-                       "--device", "cpu")
+                       "--device", "cpu", env={"CONVNETS_CACHE_DIR": str(tmp_path / "engine-cache")})
         assert done.returncode == 0, done.stderr
         picks.append([line for line in done.stderr.splitlines() if "picked" in line])
         saved = json.loads((tmp_path / run / "report.json").read_text())

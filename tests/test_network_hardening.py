@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, randomize_bn, run_cli
+from conftest import REPO, TINY, command_lines, randomize_bn, run_cli
 
 import convnets
 import processing_utils
@@ -259,7 +259,7 @@ def test_cli_refuses_loopback_naming_the_option_and_allows_it_with_it(server, ti
     url = f"{base}/image.png"
     done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", url)
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    first = done.stderr.strip().splitlines()[0]
+    first = command_lines(done.stderr)[0]
     assert url in first and "127.0.0.1" in first and "--allow-private-urls" in first
     assert "allow_private" not in first
     done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", "--allow-private-urls", url)

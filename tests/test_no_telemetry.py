@@ -33,7 +33,6 @@ import os, socket
 _LOG = os.environ["TELEMETRY_PROBE_LOG"]
 _LOCAL = {None, "", "localhost", "127.0.0.1", "::1"}
 
-
 def _record(kind, target):
     with open(_LOG, "a", encoding="utf-8") as log:
         log.write(f"{os.getpid()} {kind} {target!r}\\n")
@@ -62,6 +61,12 @@ def connect(self, address):
 socket.getaddrinfo = getaddrinfo
 socket.socket.connect = connect
 '''
+
+
+@pytest.fixture(autouse=True)
+def _cold_engine_cache(cold_engine_cache: None) -> None:
+    """Every test here starts from an empty engine cache of its own (conftest.cold_engine_cache)."""
+
 
 #: Switches that turn telemetry off by themselves: the child runs without them, as on a user's machine.
 TELEMETRY_SWITCHES = ("CI", "TF_BUILD", "JENKINS_URL", "NNCF_CI", "NNCF_DEV", "ORT_DISABLE_TELEMETRY",

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, command_lines, run_cli
 from PIL import Image
 
 import convnets
@@ -113,7 +113,7 @@ def test_show_refuses_existing_sheets_before_the_model_loads(folder: Path, tmp_p
     done = run_cli("predict", "--weights", str(tmp_path / "no-such-weights.pth"), *COMMON, "--show",
                    str(tmp_path / "show.png"), str(folder / "img000.png"))
     assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
+    lines = command_lines(done.stderr)
     assert len(lines) == 1 and lines[0].startswith(f"convnets predict: error: --show {tmp_path / 'show.png'}"), lines
     assert all(str(tmp_path / name) in lines[0] for name in mine), lines  # names every existing sheet
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == mine  # nothing overwritten or deleted
@@ -222,7 +222,7 @@ def test_two_predict_runs_on_one_output_the_second_fails_at_once(weights: list[s
         second = run_cli("predict", *weights, *COMMON, "--output", str(out), "--resume", "--from-file", str(listing))
         assert time.monotonic() - start < 60 and first.poll() is None
         assert second.returncode != 0
-        lines = second.stderr.strip().splitlines()
+        lines = command_lines(second.stderr)
         assert len(lines) == 1 and f"--output {out} is being written by another run (PID {first.pid} on host" in lines[0]
         first.stdin.write(b"".join(os.fsencode(n) + b"\n" for n in names[100:]))
         first.stdin.close()
@@ -279,7 +279,7 @@ def test_a_symlinked_lock_file_is_never_followed(tmp_path: Path, weights: list[s
     (tmp_path / "r.jsonl.lock").symlink_to(victim)
     done = run_cli("predict", "--weights", str(tmp_path / "no-such.pth"), *COMMON, "--output",
                    str(tmp_path / "r.jsonl"), str(folder / "img000.png"))
-    lines = done.stderr.strip().splitlines()
+    lines = command_lines(done.stderr)
     assert done.returncode != 0 and len(lines) == 1 and "symbolic link" in lines[0], lines
     assert victim.read_text() == "precious"
 
@@ -321,7 +321,7 @@ def test_output_in_a_missing_or_read_only_directory_fails_before_the_model_loads
         # Weights that do not exist: a model that loaded would fail with another message.
         done = run_cli(command, "--weights", str(tmp_path / "no-such.pth"), *COMMON, "--output", str(target),
                        str(folder / "img000.png"))
-        lines = done.stderr.strip().splitlines()
+        lines = command_lines(done.stderr)
         assert done.returncode != 0 and len(lines) == 1, lines
         assert lines[0].startswith(f"convnets {command}: error: --output {target}: ") and problem in lines[0], lines
 

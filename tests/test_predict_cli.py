@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
-from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn, run_cli
+from conftest import LoopbackServer, REPO, Route, TINY, command_lines, randomize_bn, run_cli
 from PIL import Image
 from reference import reference_forward
 
@@ -108,7 +108,7 @@ def test_bad_options_end_in_one_line(args: list[str], message: str, tiny_checkpo
                    EXAMPLES[0])
     assert done.returncode == 1
     assert "Traceback" not in done.stderr and re.search(message, done.stderr)
-    assert len(done.stderr.strip().splitlines()) == 1
+    assert len(command_lines(done.stderr)) == 1
 
 
 def test_unknown_model_is_a_usage_error() -> None:
@@ -177,4 +177,4 @@ def test_fp16_on_cpu_is_refused_in_one_line(tiny_checkpoint) -> None:
     done = run_cli("predict", "--weights", str(tiny_checkpoint[0]), "--precision", "fp16", "--device", "cpu",
                    EXAMPLES[0])
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and "bf16" in done.stderr
+    assert len(command_lines(done.stderr)) == 1 and "bf16" in done.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn, run_cli
+from conftest import LoopbackServer, REPO, Route, TINY, command_lines, randomize_bn, run_cli
 from PIL import Image, ImageOps
 
 import convnets
@@ -243,5 +243,5 @@ def test_cli_bad_show_fails_before_the_model_loads(tmp_path: Path, closed_port_u
     done = run_cli("predict", "--show", str(tmp_path / show), str(EXAMPLES),
                    env={"CONVNETS_WEIGHTS_MIRROR": closed_port_url})
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and f"--show {tmp_path / show}" in done.stderr
+    assert len(command_lines(done.stderr)) == 1 and f"--show {tmp_path / show}" in done.stderr
     assert problem in done.stderr
