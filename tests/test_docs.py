@@ -1,8 +1,8 @@
 """Every Python block of the README and the docs runs here, or says on the line before it why it
 cannot (``<!-- not run: REASON -->``: a GPU, the network, a dataset).
 
-The blocks of a page run in one fresh interpreter, each block in a fresh namespace and a fresh
-working directory that holds the repository's ``examples/``. NGC's SE-ResNeXt101-32x4d weights come
+The blocks run in one fresh interpreter, each block in a fresh namespace and a fresh working
+directory that holds the repository's ``examples/``. NGC's SE-ResNeXt101-32x4d weights come
 from a local mirror (``CONVNETS_WEIGHTS_MIRROR``: the full-size checkpoint of conftest, random
 weights in NGC's layout), as in the README's main-job test; nothing is downloaded.
 """
@@ -87,15 +87,16 @@ def test_blocks_are_found_and_every_one_that_is_not_run_says_why(tmp_path: Path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", [p for p in PAGES if RUNNABLE[p]], ids=lambda p: str(p.relative_to(REPO)))
-def test_the_python_blocks_of_a_page_run(page: Path, full_se_checkpoint: tuple[Path, dict[str, torch.Tensor]],
-                                         tmp_path: Path, isolated_cache: Path) -> None:
+def test_the_python_blocks_of_every_page_run(full_se_checkpoint: tuple[Path, dict[str, torch.Tensor]],
+                                             tmp_path: Path, isolated_cache: Path) -> None:
+    """All runnable blocks in one interpreter (a fresh namespace and directory each): one import of
+    PyTorch instead of one per page. A failure names its block (``--- README.md:57``)."""
     checkpoint, _ = full_se_checkpoint
     env = {**os.environ, "PYTHONPATH": str(REPO), "CONVNETS_WEIGHTS_MIRROR": str(checkpoint.parent),
            "TORCH_HOME": str(isolated_cache.parents[1]), "CONVNETS_DOCS_EXAMPLES": str(REPO / "examples"),
            "MPLBACKEND": "Agg"}
-    blocks = [{"where": b.where, "code": b.code} for b in RUNNABLE[page]]
+    blocks = [{"where": b.where, "code": b.code} for page in PAGES for b in RUNNABLE[page]]
     done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(blocks), capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=900)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    assert done.stdout.count("--- ") == len(blocks)
+    assert [line[4:] for line in done.stdout.splitlines() if line.startswith("--- ")] == [b["where"] for b in blocks]
