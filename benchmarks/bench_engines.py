@@ -213,14 +213,15 @@ def main() -> int:
                              "threads stop (0: none; see benchmarks/interleave.py)")
     parser.add_argument("--image-size", type=int, default=224, help="input size (smaller: a quicker, less "
                                                                     "representative run)")
-    results.add_output_option(parser, "bench_engines")
-    parser.set_defaults(json=None)  # the default file depends on the mode (below)
+    results.add_output_option(parser, None, default_help="benchmarks/results/bench_engines.json; with --int8 "
+                                                         "bench_engines_int8.json, with --settings "
+                                                         "bench_engines_settings.json")
     args = parser.parse_args()
     # Defaults depend on the mode; an option given on the command line is kept as given, even when
     # it equals the plain run's default.
     focused = args.int8 or args.settings
     stem = "bench_engines_int8" if args.int8 else "bench_engines_settings" if args.settings else "bench_engines"
-    args.json = args.json or results.RESULTS / f"{stem}.json"
+    args.json = args.json or results.default_path(stem)
     args.models = args.models or ("resnext101_32x4d" if focused else "resnext101_32x4d,se_resnext101_32x4d")
     args.batch_sizes = args.batch_sizes or ("16" if args.int8 else "1,16")
     args.variants = args.variants or ",".join(INT8_VARIANTS if args.int8 else SETTINGS if args.settings else VARIANTS)

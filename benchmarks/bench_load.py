@@ -69,9 +69,8 @@ def make_checkpoint(folder: Path) -> Path:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from convnets.models.resnet import MODEL_SPECS, ResNet
-
     from convnets.deploy.calibrate import calibrate_batchnorm
+    from convnets.models.resnet import MODEL_SPECS, ResNet
 
     torch.manual_seed(0)
     model = ResNet(MODEL_SPECS["se_resnext101_32x4d"])

@@ -47,11 +47,10 @@ def main() -> int:
     parser.add_argument("--amp-dtype", choices=["fp16", "bf16"],
                         help="AMP dtype (default: fp16 on CUDA, bf16 on CPU)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
-    results.add_output_option(parser, "bench_train")
-    parser.set_defaults(json=None)  # the default file depends on the device (below)
+    results.add_output_option(parser, None, default_help="benchmarks/results/bench_train.json, bench_train_cuda.json on a GPU")
     args = parser.parse_args()
-    args.json = args.json or results.RESULTS / ("bench_train_cuda.json" if args.device.startswith("cuda")
-                                                else "bench_train.json")
+    args.json = args.json or results.default_path("bench_train_cuda" if args.device.startswith("cuda")
+                                                  else "bench_train")
     if args.threads:
         torch.set_num_threads(args.threads)
     amp = args.amp_dtype or ("fp16" if args.device.startswith("cuda") else "bf16")

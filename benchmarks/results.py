@@ -21,11 +21,24 @@ from convnets.fileio import atomic_write  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def add_output_option(parser: argparse.ArgumentParser, script: str) -> None:
-    """``--json FILE``: where to write the results (default: ``benchmarks/results/<script>.json``)."""
-    parser.add_argument("--json", metavar="FILE", type=Path, default=RESULTS / f"{script}.json",
-                        help=f"write all measurements as JSON (default: benchmarks/results/{script}.json, "
-                             f"which the docs' tables are generated from)")
+def default_path(name: str) -> Path:
+    """``benchmarks/results/<name>.json``: where a run's results go unless ``--json`` says otherwise."""
+    return RESULTS / f"{name}.json"
+
+
+def add_output_option(parser: argparse.ArgumentParser, name: str | None, *, default_help: str | None = None) -> None:
+    """``--json FILE``: where to write the results.
+
+    Args:
+        parser: the script's parser.
+        name: the results name: the default is :func:`default_path` of it. ``None``: the script
+            picks the file after parsing (by mode), and ``--json`` is ``None`` when not given.
+        default_help: with ``name=None``, what the default is, for the help text.
+    """
+    shown = f"benchmarks/results/{name}.json" if name is not None else default_help
+    parser.add_argument("--json", metavar="FILE", type=Path, default=None if name is None else default_path(name),
+                        help=f"write all measurements as JSON (default: {shown}; the docs' tables are generated "
+                             f"from benchmarks/results/)")
 
 
 def command_line() -> str:

@@ -75,9 +75,9 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 @pytest.fixture
-def cold_engine_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+def cold_engine_cache(isolated_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """This test's own empty engine cache (under its TORCH_HOME): for tests that count conversions or
-    watch what a conversion does. Use it from an autouse fixture of the module."""
+    watch what a conversion does (``pytestmark = pytest.mark.usefixtures("cold_engine_cache")``)."""
     monkeypatch.delenv("CONVNETS_CACHE_DIR")
 
 

@@ -32,9 +32,8 @@ ENGINES = ("onnxruntime", "openvino")
 MODULES = {"onnxruntime": "onnxruntime", "openvino": "openvino"}
 
 
-@pytest.fixture(autouse=True)
-def _cold_engine_cache(cold_engine_cache: None) -> None:
-    """Every test here starts from an empty engine cache of its own (conftest.cold_engine_cache)."""
+# Every test here starts from an empty engine cache of its own.
+pytestmark = pytest.mark.usefixtures("cold_engine_cache")
 
 
 def tiny(seed: int = 0) -> torch.nn.Module:

@@ -30,9 +30,8 @@ CPU = torch.device("cpu")
 ONE_BLOCK = json.dumps(dict(layers=[1], widths=[16], cardinality=4, stem_width=16))
 
 
-@pytest.fixture(autouse=True)
-def _cold_engine_cache(cold_engine_cache: None) -> None:
-    """Every test here starts from an empty engine cache of its own (conftest.cold_engine_cache)."""
+# Every test here starts from an empty engine cache of its own.
+pytestmark = pytest.mark.usefixtures("cold_engine_cache")
 
 
 def tiny(arch: str = "se_resnext101_32x4d", seed: int = 0) -> torch.nn.Module:

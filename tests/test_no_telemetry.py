@@ -63,9 +63,8 @@ socket.socket.connect = connect
 '''
 
 
-@pytest.fixture(autouse=True)
-def _cold_engine_cache(cold_engine_cache: None) -> None:
-    """Every test here starts from an empty engine cache of its own (conftest.cold_engine_cache)."""
+# Every test here starts from an empty engine cache of its own.
+pytestmark = pytest.mark.usefixtures("cold_engine_cache")
 
 
 #: Switches that turn telemetry off by themselves: the child runs without them, as on a user's machine.
