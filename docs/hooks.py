@@ -170,7 +170,8 @@ def render_fast_decode(r: Mapping[str, Any]) -> str:
                               "CPU ms/image"], rows, "lrrrr"))
     rows = [[label, f"{statistics.median(values):.2f}", ", ".join(f"{v:.2f}" for v in values)]
             for label, values in r["end_to_end"].items()]
-    parts.append(f"End to end: `predict`, {r['model']} {r['precision']}, batch {r['batch_size']}, "
+    eager = "" if r.get("compile", True) else " (not compiled)"  # files before 2026-11-26 compiled always
+    parts.append(f"End to end: `predict`, {r['model']} {r['precision']}{eager}, batch {r['batch_size']}, "
                  f"workers {r['workers']}; {r['images']} JPEGs of 4032x3024 ({r['image_mb']:.1f} MB); "
                  f"median of {r['rounds']} interleaved rounds:\n\n"
                  + table(["variant", "img/s", "all rounds"], rows, "lrl"))
@@ -252,6 +253,7 @@ def render_train(r: Mapping[str, Any]) -> str:
 RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_first_prediction": (render_first_prediction, "python benchmarks/bench_first_prediction.py"),
     "bench_fast_decode": (render_fast_decode, "python benchmarks/bench_fast_decode.py"),
+    "bench_fast_decode_cuda": (render_fast_decode, "python benchmarks/bench_fast_decode.py --device cuda"),
     "bench_cli": (render_cli, "python benchmarks/bench_cli.py"),
     "bench_engines": (render_engines, "python benchmarks/bench_engines.py"),
     "bench_engines_int8": (render_engines, "python benchmarks/bench_engines.py --int8"),

@@ -144,7 +144,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
          "1.15x (target at most 1.2x: met)"]),
     "bench_fast_decode": (
         {"images": 24, "image_mb": 3.41, "model": "se_resnext101_32x4d", "precision": "bf16", "batch_size": 8,
-         "workers": 1, "rounds": 3,
+         "device": "cpu", "compile": True, "workers": 1, "rounds": 3,
          "pixels": [{"variant": "draft 2x (--fast-decode)", "mean_abs_diff": 0.00731, "max_abs_diff": 0.412,
                      "ms_per_image": 61.2, "ms_all_rounds": [60.4, 61.2, 66.9], "cpu_ms_per_image": 59.8,
                      "cpu_ms_all_rounds": [59.1, 59.8, 60.0]}],
@@ -153,6 +153,13 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
          "speedup": [1.403, 1.468, 1.327], "speedup_median": 1.403},
         ["| draft 2x (--fast-decode) | 0.0073 | 0.412 | 61 (60-67) | 60 |", "| exact | 2.11 | 2.11, 2.05, 2.17 |",
          "| fast | 2.96 | 2.96, 3.01, 2.88 |", "Speed-up fast / exact: 1.40x (1.33-1.47)."]),
+    "bench_fast_decode_cuda": (
+        {"images": 96, "image_mb": 3.41, "model": "se_resnext101_32x4d", "precision": "bf16", "batch_size": 8,
+         "device": "cuda", "compile": False, "workers": 4, "rounds": 3, "pixels": [], "model_cpu_ms": [],
+         "end_to_end": {"exact": [41.2, 40.8, 41.9], "fast": [98.1, 97.5, 99.0], "model only": [2100.0, 2080.5, 2110.2]},
+         "speedup": [2.381, 2.39, 2.363], "speedup_median": 2.381},
+        ["| exact | 41.20 | 41.20, 40.80, 41.90 |", "| fast | 98.10 | 98.10, 97.50, 99.00 |",
+         "Speed-up fast / exact: 2.38x (2.36-2.39)."]),
     "bench_cli": (
         {"rounds": 7, "reference": "import torch", "target_ratio": 0.5, "slowest_ratio": 0.2712,
          "rows": [{"case": "convnets --help", "median_s": 0.0912, "ratio_to_reference": 0.2712,

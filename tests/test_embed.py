@@ -63,12 +63,12 @@ def _names(images: Path) -> list[str]:
     return sorted(str(p) for p in images.iterdir())
 
 
-def _independent(model: convnets.ResNet, paths: list[str], layer: int) -> np.ndarray:
+def _independent(model: convnets.ResNet, paths: list[str], layer: int, image_size: int = IMAGE_SIZE) -> np.ndarray:
     """Pooled ``layer<k>`` features by torchvision preprocessing and tests/reference.py's functional
     forward pass (no convnets code: no folding, contiguous layout), in float64."""
     preprocess = transforms.Compose([
-        transforms.Resize(round(IMAGE_SIZE * 256 / 224), interpolation=transforms.InterpolationMode.BILINEAR),
-        transforms.CenterCrop(IMAGE_SIZE), transforms.ToTensor(),
+        transforms.Resize(round(image_size * 256 / 224), interpolation=transforms.InterpolationMode.BILINEAR),
+        transforms.CenterCrop(image_size), transforms.ToTensor(),
         transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
     x = torch.stack([preprocess(Image.open(p).convert("RGB")) for p in paths]).double()
     sd = {k: v.double() for k, v in model.state_dict().items()}

@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 from strict_skips import require_module
-from torchvision import datasets, transforms
-from train_support import (N_TRAIN, N_VAL, REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics, run_train,
-                           tiny_args)
+from torchvision import transforms
+from train_support import (N_TRAIN, N_VAL, REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics,
+                           reference_top1, run_train, tiny_args)
 
 import convnets
 from convnets.train import TrainConfig, fit
@@ -69,19 +69,6 @@ def test_metrics_record_every_epoch(trained: tuple[Path, str]) -> None:
         want = base * (s + 1) / warmup if s < warmup else \
             base / 2 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup)))
         assert r["lr"] == pytest.approx(want, rel=1e-9)
-
-
-def reference_top1(model: torch.nn.Module, val_dir: Path) -> float:
-    """Accuracy by a plain torchvision pipeline in fp32, independent of the training package."""
-    tf = transforms.Compose([transforms.Resize(round(32 * 256 / 224)), transforms.CenterCrop(32),
-                             transforms.ToTensor(), transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-    data = datasets.ImageFolder(str(val_dir), transform=tf)
-    loader = torch.utils.data.DataLoader(data, batch_size=64)
-    correct = 0
-    with torch.no_grad():
-        for x, y in loader:
-            correct += (model(x).argmax(1) == y).sum().item()
-    return 100 * correct / len(data)
 
 
 def test_checkpoint_is_self_describing(trained: tuple[Path, str], digits: Path) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision import datasets, transforms
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,3 +91,16 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def reference_top1(model: torch.nn.Module, val_dir: Path) -> float:
+    """Accuracy by a plain torchvision pipeline in fp32, independent of the training package."""
+    tf = transforms.Compose([transforms.Resize(round(32 * 256 / 224)), transforms.CenterCrop(32),
+                             transforms.ToTensor(), transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    data = datasets.ImageFolder(str(val_dir), transform=tf)
+    loader = torch.utils.data.DataLoader(data, batch_size=64)
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+    return 100 * correct / len(data)
