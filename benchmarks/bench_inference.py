@@ -1,29 +1,36 @@
-"""Reproduce the README's CPU inference table: convnets variants side by side with timm.
+"""Inference throughput: convnets variants side by side with timm, on the CPU or a GPU.
 
 Usage::
 
     python benchmarks/bench_inference.py                       # batch 16, both ResNeXt101 models
     python benchmarks/bench_inference.py --batch-sizes 1,16 --rounds 7
     python benchmarks/bench_inference.py --json /tmp/cpu_table.json   # elsewhere than benchmarks/results/
+    python benchmarks/bench_inference.py --device cuda --models se_resnext101_32x4d --batch-sizes 1,64,256 \
+        --variants "timm fp16,eager fp16,optimized fp16,optimized fp16 no-compile" --calls 10
 
 For each model and batch size, in one process, on random weights (speed does not depend on them):
 
 * ``timm fp32``       -- ``timm.create_model('resnext101_32x4d')`` eager fp32, the reference column
 * ``eager fp32``      -- our model as ``convnets.get_model`` returns it
 * ``optimized fp32``  -- ``convnets.optimize_for_inference(model, "fp32")`` (folded BN, channels_last, compiled)
-* ``eager bf16``      -- our model under ``torch.autocast("cpu", torch.bfloat16)``
+* ``eager bf16``      -- our model under ``torch.autocast(device, torch.bfloat16)``
 * ``optimized bf16``  -- ``convnets.optimize_for_inference(model, "bf16")``
+* ``timm bf16`` / ``timm fp16`` -- timm's model in channels_last under autocast: what a user who
+  knows PyTorch would run (fp16: CUDA only, as are ``eager fp16`` and ``optimized fp16``)
 
 Measurements are interleaved: each round times every variant once (in a rotated order), and the
 ratio to timm is taken within the round, so load from other processes on a shared machine hits
-numerator and denominator alike. The table reports medians over rounds.
+numerator and denominator alike. The table reports medians over rounds. On a GPU every call is
+timed to its end (synchronised), and TF32 stays at PyTorch's defaults for every variant.
 
-Results go to ``benchmarks/results/bench_inference.json`` (see ``benchmarks/results.py``).
+Results go to ``benchmarks/results/bench_inference.json``, ``bench_inference_cuda.json`` with
+``--device cuda`` (see ``benchmarks/results.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import sys
 from collections.abc import Callable
@@ -41,30 +48,43 @@ from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/inter
 REFERENCE = "timm fp32"
 
 
-def _autocast_bf16(model: torch.nn.Module) -> Runner:
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _autocast(model: Runner, precision: str, device: torch.device) -> Runner:
     def run(x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=HALF[precision]):
             return model(x)
     return run
 
 
-def _variants(name: str, wanted: list[str]) -> dict[str, Runner]:
-    model = convnets.get_model(name).eval()
-    builders: dict[str, Callable[[], Runner]] = {
-        "eager fp32": lambda: model,
-        "optimized fp32": lambda: convnets.optimize_for_inference(model, "fp32"),
-        "eager bf16": lambda: _autocast_bf16(model),
-        "optimized bf16": lambda: convnets.optimize_for_inference(model, "bf16"),
-        "optimized fp32 no-compile": lambda: convnets.optimize_for_inference(model, "fp32", compile=False),
-        "optimized bf16 no-compile": lambda: convnets.optimize_for_inference(model, "bf16", compile=False),
-    }
+def _variants(name: str, timm_model: torch.nn.Module, wanted: list[str], device: torch.device) -> dict[str, Runner]:
+    model = convnets.get_model(name).eval().to(device)
+
+    def timm_half(precision: str) -> Runner:  # a channels_last copy (Module.to converts in place)
+        nhwc = copy.deepcopy(timm_model).to(memory_format=torch.channels_last)
+        return _autocast(lambda x: nhwc(x.contiguous(memory_format=torch.channels_last)), precision, device)
+
+    def optimized(precision: str, compile: bool = True) -> Runner:
+        return convnets.optimize_for_inference(model, precision, device, compile=compile)
+
+    builders: dict[str, Callable[[], Runner]] = {"eager fp32": lambda: model}
+    for p in ("fp32", "bf16", "fp16"):
+        builders[f"optimized {p}"] = lambda p=p: optimized(p)
+        builders[f"optimized {p} no-compile"] = lambda p=p: optimized(p, compile=False)
+    for p in HALF:
+        builders[f"eager {p}"] = lambda p=p: _autocast(model, p, device)
+        builders[f"timm {p}"] = lambda p=p: timm_half(p)
+    unknown = [v for v in wanted if v not in builders]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(builders)}")
     return {v: builders[v]() for v in wanted}
 
 
-def bench_model(name: str, reference: Runner, batch_size: int, variants: list[str], rounds: int,
-                warmup: int, calls: int) -> list[dict[str, object]]:
-    runners = {REFERENCE: reference, **_variants(name, variants)}
-    x = torch.randn(batch_size, 3, 224, 224)
+def bench_model(name: str, reference: torch.nn.Module, batch_size: int, variants: list[str], rounds: int,
+                warmup: int, calls: int, device: torch.device) -> list[dict[str, object]]:
+    runners = {REFERENCE: reference, **_variants(name, reference, variants, device)}
+    x = torch.randn(batch_size, 3, 224, 224, device=device)
     return interleaved_rows(name, runners, x, reference=REFERENCE, warmup=warmup, rounds=rounds, calls=calls)
 
 
@@ -73,25 +93,30 @@ def main() -> int:
     parser.add_argument("--models", default="resnext101_32x4d,se_resnext101_32x4d")
     parser.add_argument("--batch-sizes", default="16")
     parser.add_argument("--variants", default="eager fp32,optimized fp32,eager bf16,optimized bf16",
-                        help="comma-separated; also: 'optimized fp32 no-compile', 'optimized bf16 no-compile'")
+                        help="comma-separated; also: 'optimized PRECISION no-compile', 'timm bf16', 'timm fp16', "
+                             "and fp16 (CUDA only) for each")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per variant (first one compiles)")
     parser.add_argument("--calls", type=int, default=1, help="calls per variant per round")
-    results.add_output_option(parser, "bench_inference")
+    results.add_output_option(parser, None, default_help="benchmarks/results/bench_inference.json, "
+                                                         "bench_inference_cuda.json with --device cuda")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    args.json = args.json or results.default_path("bench_inference" + ("_cuda" if device.type == "cuda" else ""))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     import timm
 
     torch.manual_seed(0)
-    reference = timm.create_model("resnext101_32x4d").eval()
-    env = environment("cpu")
+    reference = timm.create_model("resnext101_32x4d").eval().to(device)
+    env = environment(args.device)
     rows = []
     for name in args.models.split(","):
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             rows += bench_model(name, reference, batch_size, args.variants.split(","), args.rounds,
-                                args.warmup, args.calls)
-    print(f"{env['date']}; {env['cpu_model']}, {env['cpu_count']} cores, {env['torch_threads']} threads; "
+                                args.warmup, args.calls, device)
+    print(f"{env['date']}; {env['device_name']}; {env['cpu_model']}, {env['cpu_count']} cores, {env['torch_threads']} threads; "
           f"torch {env['torch']}, timm {timm.__version__}; median of {args.rounds} interleaved rounds")
     print()
     print("| model | batch | variant | img/s | vs timm fp32 (median, min-max) |")
@@ -101,7 +126,7 @@ def main() -> int:
         print(f"| {row['model']} | {row['batch_size']} | {row['variant']} | {row['img_per_s']:.2f} | "
               f"{row['speedup_vs_timm']:.2f}x ({lo:.2f}-{hi:.2f}) |")
     results.save(args.json, env, {"models": args.models.split(","), "batch_sizes": args.batch_sizes.split(","),
-                                  "image_size": 224, "rounds": args.rounds, "warmup": args.warmup, "calls": args.calls,
+                                  "image_size": 224, "device": args.device, "rounds": args.rounds, "warmup": args.warmup, "calls": args.calls,
                                   "timm": timm.__version__, "rows": rows})
     return 0
 

@@ -22,11 +22,19 @@ import torch
 Runner = Callable[[torch.Tensor], torch.Tensor]
 
 
+def synchronize(x: torch.Tensor) -> None:
+    """Wait for the GPU work queued so far (a no-op for CPU tensors): the clock must see it end."""
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+
+
 def time_calls(run: Runner, x: torch.Tensor, calls: int) -> float:
-    """Seconds per call, averaged over ``calls`` back-to-back calls."""
+    """Seconds per call, averaged over ``calls`` back-to-back calls (on a GPU, until the last ends)."""
+    synchronize(x)
     start = time.perf_counter()
     for _ in range(calls):
         run(x)
+    synchronize(x)
     return (time.perf_counter() - start) / calls
 
 
@@ -40,6 +48,7 @@ def interleaved_rows(name: str, runners: dict[str, Runner], x: torch.Tensor, *, 
             start = time.perf_counter()
             for _ in range(warmup):
                 run(x)
+            synchronize(x)
             first_call[label] = time.perf_counter() - start
             logging.info("%s %s b%d: warm-up %.1f s", name, label, batch_size, first_call[label])
         times: dict[str, list[float]] = {label: [] for label in runners}

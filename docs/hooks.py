@@ -207,7 +207,7 @@ def render_engines(r: Mapping[str, Any]) -> str:
 
 def render_inference(r: Mapping[str, Any]) -> str:
     return (f"timm {r['timm']}, 224 px, median of {r['rounds']} interleaved rounds:\n\n"
-            + _speed_table(r, warmup=False))
+            + _speed_table(r, warmup=True))
 
 
 def render_load(r: Mapping[str, Any]) -> str:
@@ -259,6 +259,7 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_engines_int8": (render_engines, "python benchmarks/bench_engines.py --int8"),
     "bench_engines_settings": (render_engines, "python benchmarks/bench_engines.py --settings"),
     "bench_inference": (render_inference, "python benchmarks/bench_inference.py"),
+    "bench_inference_cuda": (render_inference, "python benchmarks/bench_inference.py --device cuda"),
     "bench_load": (render_load, "python benchmarks/bench_load.py"),
     "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
     "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),

@@ -181,10 +181,17 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
         {**copy.deepcopy(ENGINES), "mode": "settings", "auto_verdicts": [], "ratio_verdicts": []},
         ["| resnext101_32x4d | 16 | timm fp32 | 21.37 | 1.00x (1.00-1.00) | 2.4 |"]),
     "bench_inference": (
-        {"models": ["resnext101_32x4d"], "batch_sizes": ["16"], "image_size": 224, "rounds": 5, "warmup": 2,
-         "calls": 1, "timm": "1.0.22",
+        {"models": ["resnext101_32x4d"], "batch_sizes": ["16"], "image_size": 224, "device": "cpu", "rounds": 5,
+         "warmup": 2, "calls": 1, "timm": "1.0.22",
          "rows": [_interleaved_row("resnext101_32x4d", 16, "optimized bf16", 48.123, 2.254, 2.1, 2.31, 9.0)]},
         ["| resnext101_32x4d | 16 | optimized bf16 | 48.12 | 2.25x (2.10-2.31) |"]),
+    "bench_inference_cuda": (
+        {"models": ["se_resnext101_32x4d"], "batch_sizes": ["64"], "image_size": 224, "device": "cuda", "rounds": 5,
+         "warmup": 2, "calls": 10, "timm": "1.0.22",
+         "rows": [_interleaved_row("se_resnext101_32x4d", 64, "timm fp16", 4012.5, 3.5, 3.4, 3.6, 1.0),
+                  _interleaved_row("se_resnext101_32x4d", 64, "optimized fp16", 6123.4, 5.341, 5.2, 5.5, 40.2)]},
+        ["| se_resnext101_32x4d | 64 | timm fp16 | 4012.50 | 3.50x (3.40-3.60) |",
+         "| se_resnext101_32x4d | 64 | optimized fp16 | 6123.40 | 5.34x (5.20-5.50) |"]),
     "bench_load": (
         {"model": "se_resnext101_32x4d", "file_mib": 187.4, "rounds": 5,
          "rows": [{"variant": "baseline", "seconds_median": 1.2345, "vs_baseline": 1.0, "rss_growth_mib": 372.6,
