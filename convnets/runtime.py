@@ -314,14 +314,18 @@ def default_workers(device_type: str = "cpu") -> int:
     on 2 cores (benchmarks/bench_predict_pipeline.py, 2026-11-22), one decoding process beside a
     two-threaded model lost end-to-end speed to the oversubscription (bf16: 0.81 of the model-only
     rate, against 0.88 decoding in-process between batches), so small machines decode in-process.
-    For a model on a GPU, ``min(4, cores - 1)``: the CPU only decodes. Four keep a GPU or a
-    many-core CPU fed with photo-sized JPEGs; more mostly cost memory.
+    For a model on a GPU, ``min(16, cores - 1)``: the CPU only decodes, and however many cores
+    decode, the GPU waits for them. Measured on an H200 whose host has 16 cores
+    (benchmarks/bench_fast_decode.py --device cuda, 12-megapixel JPEGs, 2026-11-26): 4 processes
+    decoded 30 img/s, 8 37 img/s and 15 54 img/s, for a model that ran ~900 img/s. 16 at most:
+    more were not measured, and each process costs memory.
 
     Args:
         device_type: where the model runs (``torch.device.type``).
     """
-    keep = 2 if device_type == "cpu" else 1
-    return max(0, min(4, usable_cores() - keep))
+    if device_type == "cpu":
+        return max(0, min(4, usable_cores() - 2))
+    return max(0, min(16, usable_cores() - 1))
 
 
 def check_workers(workers: object, *, option: str = "workers") -> int:

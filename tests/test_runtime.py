@@ -231,3 +231,12 @@ def test_device_from_args_checks_the_precision_in_cli_words(monkeypatch: pytest.
     with pytest.raises(InvalidArgumentError, match="--device cuda was given"):
         options.device_from_args(_parser().parse_args(["--device", "cuda"]))
     assert options.device_from_args(_parser().parse_args([])) == CPU
+
+
+@pytest.mark.parametrize("cores,cpu,cuda", [(1, 0, 0), (2, 0, 1), (6, 4, 5), (16, 4, 15), (64, 4, 16)])
+def test_default_workers_leave_the_model_its_cores(cores: int, cpu: int, cuda: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CPU model keeps two cores for its own threads; beside a GPU, every core but the main
+    # process's decodes (runtime.default_workers has the measurements), 16 processes at most.
+    monkeypatch.setattr(runtime, "usable_cores", lambda: cores)
+    assert (runtime.default_workers("cpu"), runtime.default_workers("cuda")) == (cpu, cuda)
