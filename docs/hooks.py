@@ -2,7 +2,8 @@
 
 * ``<!-- cli-reference -->`` becomes, for ``convnets`` and each subcommand, a heading and its
   ``--help`` text, taken from the argparse parsers themselves (:func:`cli_reference`): a new option
-  appears on the site without editing it.
+  appears on the site without editing it. ``<!-- cli-commands -->`` becomes a table of the
+  subcommands with their one-line help, each linked to its reference (:func:`cli_commands`).
 * ``<!-- results: NAME -->`` becomes the table of ``benchmarks/results/NAME.json`` (written by
   ``benchmarks/NAME.py`` through ``benchmarks/results.py``), then one line saying when, on what and
   with which command it was measured (:func:`render_results`). The results folder is
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("mkdocs.hooks.convnets")  # under "mkdocs": shown, and counted by --strict
 
 CLI_MARKER = "<!-- cli-reference -->"
+COMMANDS_MARKER = "<!-- cli-commands -->"
 RESULTS_MARKER = re.compile(r"<!--\s*results:\s*([\w.-]+)\s*-->")
 RESULTS_DIR_ENV = "CONVNETS_RESULTS_DIR"
 #: The terminal width the ``--help`` texts are wrapped at, whatever terminal builds the site.
@@ -89,14 +91,24 @@ def _import(module: str) -> Any:
     return imported
 
 
+def _subcommands() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The top-level parser (every command's options) and its subcommands' action."""
+    parser = _import("convnets.cli").build_parser()
+    return parser, next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
 def cli_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     """``("convnets", top-level parser)``, then ``("convnets COMMAND", its parser)`` per subcommand."""
-    cli = _import("convnets.cli")
-    COMMANDS, build_parser = cli.COMMANDS, cli.build_parser
+    parser, sub = _subcommands()
+    commands = _import("convnets.cli").COMMANDS
+    return [("convnets", parser), *((f"convnets {name}", sub.choices[name]) for name in commands)]
 
-    parser = build_parser()  # every command's options
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return [("convnets", parser), *((f"convnets {name}", sub.choices[name]) for name in COMMANDS)]
+
+def cli_commands() -> str:
+    """The Markdown that replaces :data:`COMMANDS_MARKER`: each subcommand, linked to its reference, and its help."""
+    _, sub = _subcommands()
+    rows = [[f"[`convnets {a.dest}`](cli.md#convnets-{a.dest})", a.help] for a in sub._choices_actions]
+    return table(["command", "what it does"], rows)
 
 
 def help_text(parser: argparse.ArgumentParser) -> str:
@@ -458,4 +470,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs
     """Replace the markers of one page's Markdown with their generated Markdown."""
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_reference())
+    if COMMANDS_MARKER in markdown:
+        markdown = markdown.replace(COMMANDS_MARKER, cli_commands())
     return RESULTS_MARKER.sub(lambda m: render_results(m.group(1)), markdown)

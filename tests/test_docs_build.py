@@ -93,6 +93,19 @@ def test_a_new_option_appears_without_editing_the_docs(monkeypatch: pytest.Monke
     assert "--brand-new-option VALUE" in section and "an option no page mentions" in section
 
 
+def test_the_command_table_lists_every_command_with_its_help_and_link() -> None:
+    from convnets.cli import COMMANDS, build_parser
+
+    page = hooks.on_page_markdown("## The command line\n\n<!-- cli-commands -->\n", page=None, config=None, files=None)
+    rows = [line for line in page.splitlines() if line.startswith("| [")]
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert set(helps) == set(COMMANDS) and len(rows) == len(COMMANDS)
+    for name, row in zip(COMMANDS, rows):  # in the order of `convnets --help`
+        assert row == f"| [`convnets {name}`](cli.md#convnets-{name}) | {helps[name]} |"
+    assert "<!-- cli-commands -->" in (REPO / "docs" / "index.md").read_text(encoding="utf-8")
+
+
 def test_cli_help_is_wrapped_at_a_fixed_width(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "40")
     narrow_terminal = _cli_page()
