@@ -116,7 +116,8 @@ def main() -> int:
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             rows += bench_model(name, reference, batch_size, args.variants.split(","), args.rounds,
                                 args.warmup, args.calls, device)
-    print(f"{env['date']}; {env['device_name']}; {env['cpu_model']}, {env['cpu_count']} cores, {env['torch_threads']} threads; "
+    print(f"{env['date']}; {env['device_name']}; {env['cpu_model']}, {env['cpu_count']} cores, "
+          f"{env['torch_threads']} threads; "
           f"torch {env['torch']}, timm {timm.__version__}; median of {args.rounds} interleaved rounds")
     print()
     print("| model | batch | variant | img/s | vs timm fp32 (median, min-max) |")
@@ -126,7 +127,8 @@ def main() -> int:
         print(f"| {row['model']} | {row['batch_size']} | {row['variant']} | {row['img_per_s']:.2f} | "
               f"{row['speedup_vs_timm']:.2f}x ({lo:.2f}-{hi:.2f}) |")
     results.save(args.json, env, {"models": args.models.split(","), "batch_sizes": args.batch_sizes.split(","),
-                                  "image_size": 224, "device": args.device, "rounds": args.rounds, "warmup": args.warmup, "calls": args.calls,
+                                  "image_size": 224, "device": args.device, "rounds": args.rounds,
+                                  "warmup": args.warmup, "calls": args.calls,
                                   "timm": timm.__version__, "rows": rows})
     return 0
 

@@ -169,7 +169,8 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "bench_fast_decode_cuda": (
         {"images": 96, "image_mb": 3.41, "model": "se_resnext101_32x4d", "precision": "bf16", "batch_size": 8,
          "device": "cuda", "compile": False, "workers": 4, "rounds": 3, "pixels": [], "model_cpu_ms": [],
-         "end_to_end": {"exact": [41.2, 40.8, 41.9], "fast": [98.1, 97.5, 99.0], "model only": [2100.0, 2080.5, 2110.2]},
+         "end_to_end": {"exact": [41.2, 40.8, 41.9], "fast": [98.1, 97.5, 99.0],
+                        "model only": [2100.0, 2080.5, 2110.2]},
          "speedup": [2.381, 2.39, 2.363], "speedup_median": 2.381},
         ["| exact | 41.20 | 41.20, 40.80, 41.90 |", "| fast | 98.10 | 98.10, 97.50, 99.00 |",
          "Speed-up fast / exact: 2.38x (2.36-2.39)."]),

@@ -58,7 +58,8 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
                        help="processes that decode and preprocess the next batches while the model runs (a "
                             "PyTorch DataLoader; same tensors, same order); 0: decode in this process, between "
                             f"batches (default: min(4, cores - 2) for a model on the CPU, here {default_workers()} "
-                            f"of {usable_cores()} cores; min(16, cores - 1) on a GPU, where decoding is the bottleneck)")
+                            f"of {usable_cores()} cores; min(16, cores - 1) on a GPU, where decoding is the "
+                            "bottleneck)")
     add_image_size_argument(group, default=None,
                             help="center-crop size; the shorter side is resized to PX*256/224 first (default: "
                                  "what the weights were trained for, 224 for the NGC weights)")
