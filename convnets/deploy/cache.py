@@ -188,6 +188,11 @@ def _key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
+def _entry(fields: dict[str, Any]) -> Entry:
+    """The entry that ``fields`` (:func:`key_fields`) name: ``ENGINE-KEY`` under :func:`cache_root`."""
+    return Entry(cache_root() / f"{fields['engine']}-{_key(fields)[:32]}", fields)
+
+
 @dataclass(frozen=True)
 class Entry:
     """A cache entry that a runner came from: its directory and key fields."""
@@ -235,8 +240,7 @@ def recorded_verdict(source: nn.Module, *, engine: str, precision: str, shape: S
     """
     if not _enabled.get():
         return None
-    fields = key_fields(source, engine=engine, precision=precision, shape=shape, runtimes=runtimes)
-    return Entry(cache_root() / f"{engine}-{_key(fields)[:32]}", fields).verdict(check)
+    return _entry(key_fields(source, engine=engine, precision=precision, shape=shape, runtimes=runtimes)).verdict(check)
 
 
 def entry_of(module: object) -> Entry | None:
@@ -332,9 +336,8 @@ def cached_runner(source: nn.Module, *, engine: str, precision: str, shape: Sequ
             write(Path(scratch))
             return CachedRunner(load(Path(scratch)), None)
     fields = key_fields(source, engine=engine, precision=precision, shape=shape, runtimes=runtimes)
-    key = _key(fields)
-    root = cache_root()
-    entry = Entry(root / f"{engine}-{key[:32]}", fields)
+    key, entry = _key(fields), _entry(fields)
+    root = entry.path.parent
     if entry.path.exists():
         problem = _problem(entry.path, key, files)
         if problem is None:
