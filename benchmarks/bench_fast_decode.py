@@ -79,8 +79,9 @@ def make_large_photos(folder: Path, count: int) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"large{i:03d}.jpg" for i in range(count)]
     missing = [(p, i) for i, p in enumerate(paths) if not p.exists()]
-    with ProcessPoolExecutor(usable_cores()) as pool:
-        list(pool.map(make_large_photo, *zip(*missing))) if missing else None
+    if missing:
+        with ProcessPoolExecutor(usable_cores()) as pool:
+            list(pool.map(make_large_photo, *zip(*missing)))
     return paths
 
 
@@ -224,7 +225,7 @@ def main() -> int:
                                                          "bench_fast_decode_cuda.json with --device cuda")
     args = parser.parse_args()
     device = torch.device(args.device)
-    args.json = args.json or results.default_path("bench_fast_decode" + ("_cuda" if device.type == "cuda" else ""))
+    args.json = args.json or results.default_path("bench_fast_decode", args.device)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     folder = args.folder / f"{args.images}"

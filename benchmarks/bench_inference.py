@@ -42,18 +42,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import convnets  # noqa: E402
 from convnets.deploy.benchmark import environment  # noqa: E402
+from convnets.runtime import AMP_DTYPES, PRECISIONS, precision_dtype  # noqa: E402
 import results  # noqa: E402  (benchmarks/results.py)
 from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/interleave.py)
 
 REFERENCE = "timm fp32"
 
 
-HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def _autocast(model: Runner, precision: str, device: torch.device) -> Runner:
     def run(x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=HALF[precision]):
+        with torch.autocast(device.type, dtype=precision_dtype(precision)):
             return model(x)
     return run
 
@@ -69,10 +67,10 @@ def _variants(name: str, timm_model: torch.nn.Module, wanted: list[str], device:
         return convnets.optimize_for_inference(model, precision, device, compile=compile)
 
     builders: dict[str, Callable[[], Runner]] = {"eager fp32": lambda: model}
-    for p in ("fp32", "bf16", "fp16"):
+    for p in PRECISIONS:
         builders[f"optimized {p}"] = lambda p=p: optimized(p)
         builders[f"optimized {p} no-compile"] = lambda p=p: optimized(p, compile=False)
-    for p in HALF:
+    for p in AMP_DTYPES:
         builders[f"eager {p}"] = lambda p=p: _autocast(model, p, device)
         builders[f"timm {p}"] = lambda p=p: timm_half(p)
     unknown = [v for v in wanted if v not in builders]
@@ -103,7 +101,7 @@ def main() -> int:
                                                          "bench_inference_cuda.json with --device cuda")
     args = parser.parse_args()
     device = torch.device(args.device)
-    args.json = args.json or results.default_path("bench_inference" + ("_cuda" if device.type == "cuda" else ""))
+    args.json = args.json or results.default_path("bench_inference", args.device)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     import timm

@@ -47,10 +47,10 @@ def main() -> int:
     parser.add_argument("--amp-dtype", choices=["fp16", "bf16"],
                         help="AMP dtype (default: fp16 on CUDA, bf16 on CPU)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
-    results.add_output_option(parser, None, default_help="benchmarks/results/bench_train.json, bench_train_cuda.json on a GPU")
+    results.add_output_option(parser, None, default_help="benchmarks/results/bench_train.json, "
+                                                         "bench_train_cuda.json on a GPU")
     args = parser.parse_args()
-    args.json = args.json or results.default_path("bench_train_cuda" if args.device.startswith("cuda")
-                                                  else "bench_train")
+    args.json = args.json or results.default_path("bench_train", args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     amp = args.amp_dtype or ("fp16" if args.device.startswith("cuda") else "bf16")

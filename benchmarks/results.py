@@ -21,9 +21,10 @@ from convnets.fileio import atomic_write  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def default_path(name: str) -> Path:
-    """``benchmarks/results/<name>.json``: where a run's results go unless ``--json`` says otherwise."""
-    return RESULTS / f"{name}.json"
+def default_path(name: str, device: str = "cpu") -> Path:
+    """``benchmarks/results/<name>.json`` (``<name>_cuda.json`` for a run on a GPU): where a run's
+    results go unless ``--json`` says otherwise."""
+    return RESULTS / f"{name}{'_cuda' if device.startswith('cuda') else ''}.json"
 
 
 def add_output_option(parser: argparse.ArgumentParser, name: str | None, *, default_help: str | None = None) -> None:
