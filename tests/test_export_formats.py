@@ -189,7 +189,8 @@ def test_verification_batch_is_the_packaged_photos(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "skimage", None)  # scikit-image plays no part any more
     assert [p.name for p in example_images()] == PHOTOS
     assert EXAMPLES_DIR == REPO / "convnets" / "assets" / "examples"
-    assert (REPO / "examples").resolve() == EXAMPLES_DIR  # the README's `convnets predict examples/`
+    for name in PHOTOS:  # the README's `convnets predict examples/`
+        assert (REPO / "examples" / name).resolve() == EXAMPLES_DIR / name
     batch, description = sample_batch(image_size=SIZE)
     assert description == "3 photos: chelsea.png, coffee.png, rocket.jpg"
     preset = EvalPreset.for_image_size(SIZE)
