@@ -1,4 +1,4 @@
-"""The persistent engine cache (convnets/deploy/cache.py), ``convnets cache``, ``--engine``'s default, and
+"""The persistent engine cache (convnets/deploy/cache/), ``convnets cache``, ``--engine``'s default, and
 ``embed`` through the engines.
 
 Tiny models (conftest.TINY) at 64 px. Each test has its own TORCH_HOME, so its own cache
@@ -151,7 +151,7 @@ def test_a_damaged_entry_is_rebuilt_with_the_same_logits(damage: str, conversion
     assert conversions[engine] == 2
     torch.testing.assert_close(again, first, rtol=1e-5, atol=1e-5)
     (rebuilt,) = entries()
-    assert engine_cache._problem(rebuilt, json.loads((rebuilt / "entry.json").read_text())["key"],
+    assert engine_cache.damage(rebuilt, json.loads((rebuilt / "entry.json").read_text())["key"],
                                  ("model.bin", "model.xml") if engine == "openvino" else ("model.onnx",)) is None
 
 
@@ -162,7 +162,7 @@ def test_a_version_change_misses_the_cache(conversions: dict[str, int], monkeypa
     monkeypatch.setattr(convnets, "__version__", "999.0")
     optimize_for_inference(model, engine="onnxruntime")
     assert conversions["onnxruntime"] == 2 and len(entries()) == 2
-    monkeypatch.setattr(engine_cache, "versions", lambda runtimes: {"convnets": "999.0", "onnxruntime": "0.0"})
+    monkeypatch.setattr(engine_cache.keys, "versions", lambda runtimes: {"convnets": "999.0", "onnxruntime": "0.0"})
     optimize_for_inference(model, engine="onnxruntime")
     assert conversions["onnxruntime"] == 3
 
