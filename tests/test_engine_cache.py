@@ -23,7 +23,6 @@ from strict_skips import require_module
 import convnets
 from convnets.cli import main
 from convnets.deploy import cache as engine_cache
-from convnets.deploy.formats.onnx import OnnxFormat
 from convnets.deploy.formats.openvino import OpenVinoFormat
 from convnets.deploy.optimize import optimize_for_inference
 
@@ -45,23 +44,6 @@ def tiny(seed: int = 0) -> torch.nn.Module:
 
 def images(n: int = 3) -> torch.Tensor:
     return torch.randn(n, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
-
-
-@pytest.fixture
-def conversions(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many times each engine converted a model (OnnxFormat.write / OpenVinoFormat.convert)."""
-    counts = {"onnxruntime": 0, "openvino": 0}
-
-    def counting(cls: type, attr: str, engine: str) -> None:
-        original = getattr(cls, attr)
-
-        def wrapper(*args: object, **kwargs: object) -> object:
-            counts[engine] += 1
-            return original(*args, **kwargs)
-        monkeypatch.setattr(cls, attr, wrapper)
-    counting(OnnxFormat, "write", "onnxruntime")
-    counting(OpenVinoFormat, "convert", "openvino")
-    return counts
 
 
 def entries() -> list[Path]:

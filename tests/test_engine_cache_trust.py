@@ -5,7 +5,7 @@ link, a FIFO, another user's entry, a writable cache directory, a bad verdict, e
 a cache that a real conversion filled, and checks what the package then reads, uses and removes.
 "Another user" is a real ``os.chown`` to ``nobody`` (65534), so those cases need root; group and
 others' write permission is a real ``chmod``. Tiny models (conftest.TINY) at 64 px, as in
-test_engine_cache.py, whose helpers these tests share.
+test_engine_cache.py, whose helpers these tests share (``conversions``: conftest.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 import torch
 from conftest import REPO, TINY
 from strict_skips import require_module
-from test_engine_cache import SIZE, conversions, entries, images, tiny  # noqa: F401 - conversions: a fixture
+from test_engine_cache import SIZE, entries, images, tiny
 
 from convnets.cli import main
 from convnets.deploy import cache as engine_cache

@@ -53,7 +53,8 @@ def _shown(value: object) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets cache``."""
     from convnets.deploy.cache import cache_root, clear, list_entries, max_size, trim
-    from convnets.deploy.cache.disk import format_size, root_problem
+    from convnets.deploy.cache.disk import root_problem
+    from convnets.deploy.cache.store import format_size
 
     root = cache_root()
     if args.max_size is not None and args.action != "trim":

@@ -61,10 +61,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.constants import CACHE_DIR_ENV, CACHE_MAX_SIZE_ENV
-from convnets.deploy.cache.disk import (MANIFEST, VERDICT, EntryInfo, cache_root, clear, damage, evict, file_digest,
-                                        ignore, list_entries, max_size, parse_size, read_verdict, remove, seal,
-                                        touch, trim, untrusted, usable_root, write_private)
+from convnets.deploy.cache.disk import (MANIFEST, VERDICT, cache_root, damage, file_digest, ignore, read_verdict,
+                                        remove, seal, touch, untrusted, usable_root, write_private)
 from convnets.deploy.cache.keys import digests, entry_key, key_fields, model_digest, versions
+from convnets.deploy.cache.store import EntryInfo, clear, evict, list_entries, max_size, parse_size, trim
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
