@@ -106,8 +106,7 @@ def root_problem(root: Path) -> str | None:
 
 def refusal(root: Path, problem: str) -> str:
     """Why ``root`` is not used, and what to do, in one line."""
-    return (f"the engine cache {root} {problem}, so what it holds could be someone else's; set {CACHE_DIR_ENV} "
-            "to a directory that only you can write")
+    return f"the engine cache {root} {problem}; set {CACHE_DIR_ENV} to a directory that only you can write"
 
 
 def usable_root(root: Path) -> bool:
@@ -143,7 +142,7 @@ def untrusted(path: Path) -> str | None:
 def ignore(path: Path, reason: str) -> None:
     """Say (once) that the entry ``path`` is ignored for ``reason`` (:func:`untrusted`)."""
     warn_once(f"engine cache: ignoring {path}: it {reason} (the cache uses only what you wrote and no one else "
-              "can change)")
+              "can change; delete it to have it rebuilt)")
 
 
 def read_json(path: Path) -> Any:
@@ -294,19 +293,16 @@ def remove(path: Path, files: Iterable[str] = ()) -> None:
     records or ``files`` names, its verdict and manifest, then the directory if nothing else is in it.
     An entry is renamed away first, so that no process sees it half removed."""
     doomed = path
-    if ENTRY_NAME.fullmatch(path.name):
-        doomed = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.old")
-        try:
-            os.rename(path, doomed)  # renames a link itself, never its target
-        except FileNotFoundError:
-            return  # another process removed it first
     try:
-        if not stat.S_ISDIR(os.lstat(doomed).st_mode):
-            return
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return  # a link or a file: not an entry, not ours to remove
+        if ENTRY_NAME.fullmatch(path.name):
+            doomed = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.old")
+            os.rename(path, doomed)
         names = {*files, VERDICT, MANIFEST, *(n for n in os.listdir(doomed) if _WRITER_TEMP.fullmatch(n))}
-    except OSError:
+    except OSError:  # FileNotFoundError: another process removed it first
         return
-    with contextlib.suppress(OSError, ValueError, TypeError):
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         names.update(name for name in read_json(doomed / MANIFEST)["files"] if isinstance(name, str))
     for name in names:
         if FILE_NAME.fullmatch(name) or _WRITER_TEMP.fullmatch(name):  # never a path: nothing outside it
