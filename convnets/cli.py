@@ -54,7 +54,8 @@ COMMANDS: dict[str, Command] = {
                         "top-1/top-5, per-class precision/recall/F1 and the confusion matrix on a labelled image set "
                         "(class folders or ImageNet's validation layouts)"),
     "cache": Command("convnets.commands.cache",
-                     "list or clear the engine cache (graphs converted for ONNX Runtime / OpenVINO, and auto's checks)"),
+                     "list, trim or clear the engine cache (graphs converted for ONNX Runtime / OpenVINO, "
+                     "and auto's checks)"),
     "plot": Command("convnets.commands.plot",
                     "draw a training run's loss and top-1 curves (OUT/curves.png) from its metrics.jsonl"),
 }

@@ -7,9 +7,9 @@ anything.
 
 from __future__ import annotations
 
-__all__ = ["BACKENDS", "CACHE_DIR_ENV", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK",
-           "IMAGE_SUFFIXES", "LAYERS", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV",
-           "PRIVATE_URLS_OPTION"]
+__all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_IMAGE_SIZE",
+           "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK", "IMAGE_SUFFIXES", "LAYERS", "MAX_BATCH_SIZE",
+           "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
@@ -53,6 +53,16 @@ MIRROR_ENV = "CONVNETS_WEIGHTS_MIRROR"
 #: Environment variable naming the engine cache's directory (:mod:`convnets.deploy.cache`; default:
 #: ``convnets-engines`` under ``torch.hub.get_dir()``, beside the weights).
 CACHE_DIR_ENV = "CONVNETS_CACHE_DIR"
+
+#: Environment variable setting the engine cache's size limit (``4GiB``, ``500M``, bytes); past it the
+#: least recently used entries are removed.
+CACHE_MAX_SIZE_ENV = "CONVNETS_CACHE_MAX_SIZE"
+
+#: The engine cache's default size limit: 4 GiB. An entry is one converted graph, about the size of
+#: the weights in fp32 (SE-ResNeXt101: 173 MiB); 4 GiB holds some 24 such, e.g. the three models on
+#: both engines in fp32 and bf16 at two image sizes, so a user's usual runs never convert twice,
+#: while a machine that tries many weights or sizes stops growing at a size that matters on no disk.
+DEFAULT_CACHE_MAX_SIZE = 4 << 30
 
 #: ``convnets train --data-backend`` choices (see :mod:`convnets.data`).
 BACKENDS: tuple[str, ...] = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")

@@ -36,6 +36,9 @@ __all__ = ["ChosenModel", "choose_model", "fetch_pretrained", "get_model", "list
 
 log = logging.getLogger(__name__)
 
+#: The seed of :func:`choose_model`'s random weights: one set of weights per architecture, every run.
+RANDOM_INIT_SEED = 0
+
 # Upstream's model keywords. ``trt`` switched upstream's SE block to 1x1 convolutions so that
 # TensorRT could import it; our SE block exports to ONNX / TensorRT as it is, so it is accepted and
 # has nothing to change.
@@ -266,6 +269,9 @@ def choose_model(name: str | None = None, *, path: str | os.PathLike[str] | None
     * otherwise ``name`` with NVIDIA's weights (``pretrained=True``) or random weights whose
       BatchNorm statistics are measured on random ``image_size`` inputs (meaningless outputs, for
       trying the tools offline and timing); ``arch_kwargs`` changes the architecture of the latter.
+      Random weights are the same on every call (seed :data:`RANDOM_INIT_SEED`, the global random
+      state left as it was), so that the engine cache reuses their entry; their ``input_size`` is
+      ``image_size``.
 
     Args:
         name: a registered model (:func:`list_models`); required without ``path``.
@@ -304,7 +310,11 @@ def choose_model(name: str | None = None, *, path: str | os.PathLike[str] | None
         return ChosenModel(get_model(name, pretrained=True, device=device).eval(), name, "pretrained")
     log.warning("using randomly initialised weights: the outputs mean nothing")
     try:
-        model = get_model(name, **(arch_kwargs or {}))
+        # The same weights on every run (the caller's random state untouched): the engine cache's key
+        # is the weights' digest, so each run would otherwise convert anew and add an entry.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(RANDOM_INIT_SEED)
+            model = get_model(name, **(arch_kwargs or {}))
     except (TypeError, ValueError) as e:  # an unknown field name, or a value the spec refuses
         if isinstance(e, UnknownModelError):
             raise
@@ -313,6 +323,7 @@ def choose_model(name: str | None = None, *, path: str | os.PathLike[str] | None
     from convnets.deploy.calibrate import calibrate_batchnorm  # torch only; keeps deploy out of model building
 
     calibrate_batchnorm(model, image_size=image_size)
+    model.input_size = image_size  # measured there; engines build their graph for it (one, not also 224)
     if device is not None:
         model = model.to(device)
     return ChosenModel(model.eval(), name, "random-init")

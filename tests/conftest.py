@@ -81,6 +81,27 @@ def cold_engine_cache(isolated_cache: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("CONVNETS_CACHE_DIR")
 
 
+@pytest.fixture
+def conversions(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many times each engine converted a model (OnnxFormat.write / OpenVinoFormat.convert):
+    for the engine cache's tests, which count what it spares."""
+    from convnets.deploy.formats.onnx import OnnxFormat
+    from convnets.deploy.formats.openvino import OpenVinoFormat
+
+    counts = {"onnxruntime": 0, "openvino": 0}
+
+    def counting(cls: type, attr: str, engine: str) -> None:
+        original = getattr(cls, attr)
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            counts[engine] += 1
+            return original(*args, **kwargs)
+        monkeypatch.setattr(cls, attr, wrapper)
+    counting(OnnxFormat, "write", "onnxruntime")
+    counting(OpenVinoFormat, "convert", "openvino")
+    return counts
+
+
 @dataclass
 class Route:
     """What the loopback server answers for one path."""

@@ -1,4 +1,4 @@
-"""The persistent engine cache (convnets/deploy/cache.py), ``convnets cache``, ``--engine``'s default, and
+"""The persistent engine cache (convnets/deploy/cache/), ``convnets cache``, ``--engine``'s default, and
 ``embed`` through the engines.
 
 Tiny models (conftest.TINY) at 64 px. Each test has its own TORCH_HOME, so its own cache
@@ -23,7 +23,6 @@ from strict_skips import require_module
 import convnets
 from convnets.cli import main
 from convnets.deploy import cache as engine_cache
-from convnets.deploy.formats.onnx import OnnxFormat
 from convnets.deploy.formats.openvino import OpenVinoFormat
 from convnets.deploy.optimize import optimize_for_inference
 
@@ -45,23 +44,6 @@ def tiny(seed: int = 0) -> torch.nn.Module:
 
 def images(n: int = 3) -> torch.Tensor:
     return torch.randn(n, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
-
-
-@pytest.fixture
-def conversions(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many times each engine converted a model (OnnxFormat.write / OpenVinoFormat.convert)."""
-    counts = {"onnxruntime": 0, "openvino": 0}
-
-    def counting(cls: type, attr: str, engine: str) -> None:
-        original = getattr(cls, attr)
-
-        def wrapper(*args: object, **kwargs: object) -> object:
-            counts[engine] += 1
-            return original(*args, **kwargs)
-        monkeypatch.setattr(cls, attr, wrapper)
-    counting(OnnxFormat, "write", "onnxruntime")
-    counting(OpenVinoFormat, "convert", "openvino")
-    return counts
 
 
 def entries() -> list[Path]:
@@ -151,7 +133,7 @@ def test_a_damaged_entry_is_rebuilt_with_the_same_logits(damage: str, conversion
     assert conversions[engine] == 2
     torch.testing.assert_close(again, first, rtol=1e-5, atol=1e-5)
     (rebuilt,) = entries()
-    assert engine_cache._problem(rebuilt, json.loads((rebuilt / "entry.json").read_text())["key"],
+    assert engine_cache.damage(rebuilt, json.loads((rebuilt / "entry.json").read_text())["key"],
                                  ("model.bin", "model.xml") if engine == "openvino" else ("model.onnx",)) is None
 
 
@@ -162,7 +144,7 @@ def test_a_version_change_misses_the_cache(conversions: dict[str, int], monkeypa
     monkeypatch.setattr(convnets, "__version__", "999.0")
     optimize_for_inference(model, engine="onnxruntime")
     assert conversions["onnxruntime"] == 2 and len(entries()) == 2
-    monkeypatch.setattr(engine_cache, "versions", lambda runtimes: {"convnets": "999.0", "onnxruntime": "0.0"})
+    monkeypatch.setattr(engine_cache.keys, "versions", lambda runtimes: {"convnets": "999.0", "onnxruntime": "0.0"})
     optimize_for_inference(model, engine="onnxruntime")
     assert conversions["onnxruntime"] == 3
 

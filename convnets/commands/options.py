@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from convnets.constants import CACHE_DIR_ENV, DEFAULT_IMAGE_SIZE, MAX_BATCH_SIZE, MAX_IMAGE_SIZE
+from convnets.constants import CACHE_DIR_ENV, CACHE_MAX_SIZE_ENV, DEFAULT_IMAGE_SIZE, MAX_BATCH_SIZE, MAX_IMAGE_SIZE
 from convnets.errors import CheckpointError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
@@ -323,9 +323,9 @@ def add_cache_argument(parser: Parser) -> None:
     """Add ``--cache`` / ``--no-cache``: the engine cache (:mod:`convnets.deploy.cache`), on by default."""
     parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
                         help="keep the graphs that engines other than torch convert, and auto's check of them, in "
-                             f"the engine cache (${CACHE_DIR_ENV}, default $TORCH_HOME/hub/convnets-engines) and "
-                             "load them from there next time; --no-cache converts again (default: on; see "
-                             "convnets cache list|clear)")
+                             f"the engine cache (${CACHE_DIR_ENV}, default $TORCH_HOME/hub/convnets-engines; at most "
+                             f"${CACHE_MAX_SIZE_ENV}) and load them from there next time; --no-cache "
+                             "converts again (default: on; see convnets cache list|trim|clear)")
 
 
 def add_precision_argument(parser: Parser, *, choices: Sequence[str] = PRECISIONS, default: str | None = "fp32",

@@ -80,6 +80,22 @@ class Verification:
         """A JSON-friendly dict."""
         return dataclasses.asdict(self) | {"batch_sizes": list(self.batch_sizes)}
 
+    @classmethod
+    def from_dict(cls, data: object) -> Verification:
+        """The verification that :meth:`to_dict` gave ``data`` (e.g. as the engine cache recorded it).
+
+        Raises:
+            ValueError: ``data`` does not have exactly these fields, of these types.
+        """
+        numbers = ("max_abs_error", "max_rel_error", "min_cosine", "top1_agreement")
+        if not (isinstance(data, dict) and set(data) == {f.name for f in dataclasses.fields(cls)}
+                and isinstance(data["batch_sizes"], (list, tuple)) and all(type(b) is int for b in data["batch_sizes"])
+                and all(type(data[k]) in (int, float) for k in numbers)  # type(): a bool is no number here
+                and isinstance(data["tolerance"], str) and isinstance(data["inputs"], str)
+                and isinstance(data["passed"], bool)):
+            raise ValueError("not a verification record")
+        return cls(**{**data, "batch_sizes": tuple(data["batch_sizes"])})
+
 
 @dataclass(frozen=True)
 class ExportResult:

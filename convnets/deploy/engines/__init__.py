@@ -23,7 +23,6 @@ modules, still without PyTorch.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 from typing import TYPE_CHECKING
@@ -153,7 +152,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     size = int(getattr(model, "input_size", 224))
     batch, inputs = (None, "") if int8 else sample_batch(image_size=size)
     reasons = []
-    verdict: dict[str, object] | None = None
+    cached: Verification | None = None
     for name in auto_order(precision, device):
         engine = get_engine(name)
         if name == "torch":
@@ -166,9 +165,9 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
             log.debug("engine='auto': %s is not installed or does not run %s on %s", name, precision, device)
             reasons.append(f"{name} does not run {precision} here")
             continue
-        earlier = None if int8 else recorded_verdict(model, engine=name, precision=precision,
-                                                     shape=(3, size, size), runtimes=engine.requires)
-        if earlier is not None and not earlier["passed"]:
+        earlier = None if int8 else _cached_check(recorded_verdict(model, engine=name, precision=precision,
+                                                                   shape=(3, size, size), runtimes=engine.requires))
+        if earlier is not None and not earlier.passed:
             # Warned about when it was checked; not loaded again only to be rejected.
             log.info("engine='auto': skipping %s, which disagreed with the model when it was checked "
                      "(engine cache)", name)
@@ -178,14 +177,14 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
             built = engine.build(model, precision, device, compile=compile,
                                  calibration_data=calibration_data if int8 else None)
             entry = entry_of(built)  # an engine-cache entry that may hold this check's earlier result
-            verdict = entry.verdict() if entry is not None else None
-            if verdict is not None:
-                check = _cached_check(verdict)
+            cached = _cached_check(entry.verdict()) if entry is not None else None
+            if cached is not None:
+                check = cached
             else:
                 check = (check_int8(built, model, calibration_data or []) if batch is None
                          else verify_runner(built, model, batch, precision, inputs))
                 if entry is not None:
-                    entry.record_verdict(dataclasses.asdict(check))
+                    entry.record_verdict(check.to_dict())
         except Exception as e:  # noqa: BLE001 - any engine failure: try the next engine
             log.warning("engine='auto': %s failed (%s); trying the next engine", name, error_summary(e))
             reasons.append(f"{name} failed ({error_summary(e)})")
@@ -203,17 +202,19 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
         raise UnsupportedPrecisionError(f"engine='auto' found no engine that runs precision={precision!r} faithfully: "
                                         f"{'; '.join(reasons)}; use precision='bf16' (or 'fp32')")
     CHOICE_LOG.info("engine='auto' picked %s for %s on %s%s", built.engine, precision, device,
-             " (its check read from the engine cache)" if built.engine != "torch" and verdict is not None else "")
+             " (its check read from the engine cache)" if built.engine != "torch" and cached is not None else "")
     return built
 
 
-def _cached_check(verdict: dict[str, object]) -> Verification:
-    """The :class:`~convnets.deploy.export.Verification` that an engine-cache entry recorded."""
+def _cached_check(verdict: dict[str, object] | None) -> Verification | None:
+    """The :class:`~convnets.deploy.export.Verification` that an engine-cache entry recorded; ``None``
+    when there is none or it is not one (checked again and recorded anew, never trusted as it is)."""
     from convnets.deploy.export import Verification
 
-    fields = {f.name for f in dataclasses.fields(Verification)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in verdict.items() if k in fields}
-    return Verification(**values)  # type: ignore[arg-type]
+    try:
+        return None if verdict is None else Verification.from_dict(verdict)
+    except ValueError:
+        return None
 
 
 def check_int8(built: nn.Module, model: nn.Module, batches: list[torch.Tensor]) -> Verification:

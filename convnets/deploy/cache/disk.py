@@ -1,0 +1,314 @@
+"""The engine cache on disk: its directory, what in it to trust, and reading, writing and removing an entry.
+
+The cache uses only what the current user wrote and no one else can change (the digests in
+``entry.json`` cannot tell a planted entry from ours, since whoever plants the graph writes them):
+
+* the root (:func:`cache_root`) must belong to the current user and be writable by no one else,
+  since whoever can write it can swap an entry between its check and its use; otherwise the cache
+  is neither read nor written (:func:`usable_root`: one warning naming ``$CONVNETS_CACHE_DIR``),
+  and ``convnets cache clear`` refuses it. The root itself may be a symbolic link (the user's own
+  choice); nothing under it is followed;
+* an entry is a directory (not a link) directly under the root, named ``ENGINE-KEY``, that
+  belongs to the current user, as does everything in it, none of it writable by group or others
+  (:func:`untrusted`); any other is ignored with one warning line and never removed;
+* ``entry.json`` and ``verdict.json`` are read as regular files only (no link followed, no FIFO
+  waited on, 1 MiB at most) and checked against their schema; a bad one makes the entry damaged
+  (:func:`damage`: removed and rebuilt) or its verdict missing. The names an entry's files have
+  are plain names (:data:`FILE_NAME`: no ``/``, no ``..``), regular files checked by size and digest;
+* removing an entry (:func:`remove`) unlinks plain names inside it, never anything elsewhere.
+
+The cache as a whole (listing, size limit, eviction, clearing) is :mod:`convnets.deploy.cache.store`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import mmap
+import os
+import re
+import secrets
+import stat
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from convnets.constants import CACHE_DIR_ENV
+from convnets.deploy.cache.keys import digest, entry_key
+from convnets.fileio import atomic_write
+
+__all__ = ["cache_root", "damage", "file_digest", "ignore", "read_manifest", "read_verdict", "remove", "root_problem",
+           "seal", "touch", "untrusted", "usable_root", "write_private"]
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "entry.json"
+VERDICT = "verdict.json"
+_ENGINE = re.compile(r"[a-z0-9_]+")
+ENTRY_NAME = re.compile(r"[a-z0-9_]+-[0-9a-f]{32}")
+TEMP_NAME = re.compile(r"\.([a-z0-9_]+-[0-9a-f]{32})\.(\d+)-[0-9a-f]{8}\.(tmp|old)")
+#: A file of an entry: a plain name in its directory (no path, no ``..``, not hidden).
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+_WRITER_TEMP = re.compile(r"\.[A-Za-z0-9_][A-Za-z0-9_.-]*\.tmp")  # atomic_write's, left by a killed writer
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_MAX_JSON = 1 << 20  # entry.json and verdict.json are a few KiB
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_FIELDS = {"layout": int, "model": str, "weights": str, "engine": str, "precision": str, "shape": list,
+           "versions": dict}
+_warned: set[str] = set()
+
+
+def cache_root() -> Path:
+    """The cache directory: ``$CONVNETS_CACHE_DIR``, else ``torch.hub.get_dir()/convnets-engines``
+    (``$TORCH_HOME/hub/convnets-engines``; worked out without importing PyTorch when it is not loaded)."""
+    explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    torch_module = sys.modules.get("torch")
+    if torch_module is not None and hasattr(torch_module, "hub"):
+        hub = Path(torch_module.hub.get_dir())
+    else:  # torch.hub.get_dir()'s rule
+        home = os.environ.get("TORCH_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME", os.path.join("~", ".cache")), "torch")
+        hub = Path(os.path.expanduser(home)) / "hub"
+    return hub / "convnets-engines"
+
+
+def warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time this process meets it (a run asks about one entry more than once)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+def _foreign(st: os.stat_result) -> str | None:
+    """Why a file with status ``st`` is not the current user's alone, or ``None``."""
+    user = os.geteuid() if hasattr(os, "geteuid") else None  # Windows: no owners to compare
+    if user is not None and st.st_uid != user:
+        return f"belongs to user id {st.st_uid}, not {user}"
+    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+        return "can be written by group or others"
+    return None
+
+
+def root_problem(root: Path) -> str | None:
+    """Why the cache directory ``root`` must not be used, or ``None`` (also when it does not exist yet)."""
+    try:
+        st = root.stat()  # the root may be a link: the user chose it; nothing under it is followed
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    return "is not a directory" if not stat.S_ISDIR(st.st_mode) else _foreign(st)
+
+
+def refusal(root: Path, problem: str) -> str:
+    """Why ``root`` is not used, and what to do, in one line."""
+    return f"the engine cache {root} {problem}; set {CACHE_DIR_ENV} to a directory that only you can write"
+
+
+def usable_root(root: Path) -> bool:
+    """Whether the cache may read and write ``root``; when not, says so once per process (a warning)."""
+    problem = root_problem(root)
+    if problem is not None:
+        warn_once(f"{refusal(root, problem)}; running without the cache")
+    return problem is None
+
+
+def untrusted(path: Path) -> str | None:
+    """Why the entry (or fill) directory ``path`` is not to be trusted, or ``None`` (also when it is gone):
+    it is not a directory, or it or anything in it belongs to another user or can be written by others."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            return "is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a directory"
+        problem = _foreign(st)
+        if problem is not None:
+            return problem
+        with os.scandir(path) as children:
+            for child in children:
+                problem = _foreign(child.stat(follow_symlinks=False))
+                if problem is not None:
+                    return f"holds {child.name!r}, which {problem}"
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    return None
+
+
+def ignore(path: Path, reason: str) -> None:
+    """Say (once) that the entry ``path`` is ignored for ``reason`` (:func:`untrusted`)."""
+    warn_once(f"engine cache: ignoring {path}: it {reason} (the cache uses only what you wrote and no one else "
+              "can change; delete it to have it rebuilt)")
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value in the small regular file ``path``, read without following a link or waiting on a FIFO.
+
+    Raises:
+        OSError: it is missing, a symbolic link (``ELOOP``) or unreadable.
+        ValueError: it is not a regular file, larger than 1 MiB, or not JSON.
+    """
+    with open(os.open(path, _READ), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        data = f.read(_MAX_JSON + 1)
+    if len(data) > _MAX_JSON:
+        raise ValueError(f"{path.name} is larger than {_MAX_JSON} bytes")
+    return json.loads(data)
+
+
+def file_digest(path: Path) -> str:
+    """:func:`~convnets.deploy.cache.keys.digest` of the regular file ``path`` (not followed if a link).
+
+    Raises:
+        OSError: it is missing, a link or unreadable.  ValueError: it is not a regular file.
+    """
+    fd = os.open(path, _READ)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        if st.st_size == 0:
+            return digest([])
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                return digest([view])
+            finally:
+                view.release()
+    finally:
+        os.close(fd)
+
+
+def _check(ok: object, what: str) -> None:
+    if not ok:
+        raise ValueError(what)
+
+
+def _valid_fields(fields: object) -> bool:
+    return (isinstance(fields, dict) and set(fields) == set(_FIELDS)
+            and all(type(fields[k]) is t for k, t in _FIELDS.items())  # type(): a bool is no layout
+            and _ENGINE.fullmatch(fields["engine"]) is not None
+            and all(type(s) is int for s in fields["shape"])
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in fields["versions"].items()))
+
+
+def _valid_record(record: object) -> bool:
+    return (isinstance(record, dict) and set(record) == {"size", "sha256"} and type(record["size"]) is int
+            and record["size"] >= 0 and isinstance(record["sha256"], str) and bool(_HEX64.fullmatch(record["sha256"])))
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The ``entry.json`` of the entry directory ``path``, checked against its schema: ``key`` (SHA-256 of
+    ``fields``, which name ``path``), ``fields`` (:func:`~convnets.deploy.cache.keys.key_fields`), ``files``
+    (plain name -> ``{"size": int, "sha256": hex}``) and ``created`` (text).
+
+    Raises:
+        OSError: it is missing or unreadable.  ValueError: anything else (the message says what).
+    """
+    data = read_json(path / MANIFEST)
+    _check(isinstance(data, dict) and set(data) == {"key", "fields", "files", "created"},
+           "not an object of key, fields, files and created")
+    _check(_valid_fields(data["fields"]), "its fields are not an entry's")
+    key = entry_key(data["fields"])
+    _check(data["key"] == key, "its key is not its fields'")
+    _check(path.name == f"{data['fields']['engine']}-{key[:32]}", "it describes another entry")
+    files = data["files"]
+    _check(isinstance(files, dict) and all(FILE_NAME.fullmatch(name) and _valid_record(record)
+                                           for name, record in files.items()),
+           "its files are not plain names with a size and a SHA-256")
+    _check(isinstance(data["created"], str), "its creation time is not text")
+    return data
+
+
+def damage(path: Path, key: str, files: Sequence[str]) -> str | None:
+    """Why the trusted entry ``path`` cannot be used, or ``None`` when it is complete and intact: a valid
+    ``entry.json`` naming ``key`` and exactly ``files``, each a regular file of its recorded size and digest."""
+    try:
+        manifest = read_manifest(path)
+    except FileNotFoundError:
+        return f"{MANIFEST} is missing"
+    except (OSError, ValueError) as e:
+        return f"{MANIFEST} is not valid ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    if manifest["key"] != key:
+        return f"{MANIFEST} names another key"
+    if set(manifest["files"]) != set(files):
+        return f"{MANIFEST} lists other files"
+    for name in files:
+        recorded = manifest["files"][name]
+        try:
+            st = os.lstat(path / name)
+            if not stat.S_ISREG(st.st_mode):
+                return f"{name} is not a regular file"
+            if st.st_size != recorded["size"]:
+                return f"{name} has {st.st_size} bytes, not {recorded['size']}"
+            if file_digest(path / name) != recorded["sha256"]:
+                return f"{name} does not match its digest"
+        except FileNotFoundError:
+            return f"{name} is missing"
+        except (OSError, ValueError) as e:
+            return f"{name} is unreadable ({type(e).__name__})"
+    return None
+
+
+def read_verdict(path: Path, key: str, check: str) -> dict[str, Any] | None:
+    """What ``check`` recorded in the entry ``path``'s ``verdict.json`` for ``key`` (a dict with a bool
+    ``passed``); ``None``: none, or not one of this schema (a bad record counts as none)."""
+    try:
+        found = read_json(path / VERDICT)
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(found, dict) and found.get("key") == key and isinstance(found.get(check), dict)
+            and isinstance(found[check].get("passed"), bool)):
+        return None
+    return dict(found[check])
+
+
+def seal(path: Path) -> None:
+    """Take group's and others' write permission from the file ``path`` (written with the umask's
+    permissions): :func:`untrusted` would refuse the entry otherwise."""
+    mode = stat.S_IMODE(os.lstat(path).st_mode)
+    if mode & 0o022:
+        os.chmod(path, mode & ~0o022)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`convnets.fileio.atomic_write`), then :func:`seal` it."""
+    atomic_write(path, lambda f: f.write(data))
+    seal(path)
+
+
+def touch(path: Path) -> None:
+    """Record a use of the entry ``path`` (its directory's modification time) for the eviction order."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def remove(path: Path, files: Iterable[str] = ()) -> None:
+    """Remove the trusted entry or fill directory ``path``: the plain-named files its ``entry.json``
+    records or ``files`` names, its verdict and manifest, then the directory if nothing else is in it.
+    An entry is renamed away first, so that no process sees it half removed."""
+    doomed = path
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return  # a link or a file: not an entry, not ours to remove
+        if ENTRY_NAME.fullmatch(path.name):
+            doomed = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.old")
+            os.rename(path, doomed)
+        names = {*files, VERDICT, MANIFEST, *(n for n in os.listdir(doomed) if _WRITER_TEMP.fullmatch(n))}
+    except OSError:  # FileNotFoundError: another process removed it first
+        return
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        names.update(name for name in read_json(doomed / MANIFEST)["files"] if isinstance(name, str))
+    for name in names:
+        if FILE_NAME.fullmatch(name) or _WRITER_TEMP.fullmatch(name):  # never a path: nothing outside it
+            with contextlib.suppress(OSError):
+                os.unlink(doomed / name)
+    try:
+        doomed.rmdir()
+    except OSError:
+        log.warning("engine cache: left %s in place: it holds files the cache did not write", doomed)
