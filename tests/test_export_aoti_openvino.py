@@ -62,7 +62,7 @@ def export(tmp_path: Path, checkpoint: Path, *args: str) -> dict:
 
 
 def test_the_new_formats_are_registered() -> None:
-    assert [f.name for f in export_formats()] == ["onnx", "openvino", "aoti", "torchscript"]
+    assert [f.name for f in export_formats()] == ["onnx", "openvino", "aoti", "torchscript", "timm"]
     aoti, ov = get_format("aoti"), get_format("openvino")
     assert aoti.file_names == ("model.pt2",) and not aoti.serves_on_triton and aoti.requires == ()
     assert ov.file_names == ("model.xml", "model.bin") and (ov.triton_platform, ov.triton_backend) == (
