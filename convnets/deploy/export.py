@@ -133,12 +133,10 @@ class _Exportable(nn.Module):
         return self.module(INPUT__0.to(self.dtype)).float()
 
 
-def _exportable(model: nn.Module, precision: str, fold: bool = True) -> nn.Module:
-    module = copy.deepcopy(model).eval().cpu().float()
-    if not fold:  # a format that stores the training layout (its precisions are fp32 only)
-        return module.requires_grad_(False)
+def _exportable(model: nn.Module, precision: str) -> nn.Module:
+    module = fold_batchnorm(copy.deepcopy(model).eval().cpu().float())
     dtype = precision_dtype(precision)
-    return _Exportable(fold_batchnorm(module).to(dtype), dtype).eval().requires_grad_(False)
+    return _Exportable(module.to(dtype), dtype).eval().requires_grad_(False)
 
 
 def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
@@ -266,7 +264,8 @@ def export_model(
         batch, batch_description = sample_batch(image_size=image_size)
     batch = batch.detach().cpu().float()
     reference = copy.deepcopy(model).eval().cpu().float()
-    module = _exportable(model, precision, fold=fmt.folds_batchnorm)
+    # A format of the training layout (timm's; fp32 only) gets the model as it is, BatchNorm kept.
+    module = _exportable(model, precision) if fmt.folds_batchnorm else reference
     # Written into a hidden folder next to the target and moved into place only once verified, so
     # that a failed export leaves neither a partial file nor a stale companion file.
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
