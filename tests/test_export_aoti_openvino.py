@@ -185,7 +185,7 @@ def test_torchscript_is_marked_deprecated_in_help_and_on_export(tmp_path: Path,
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--format {onnx,openvino,aoti,torchscript}" in text
+    assert "--format {onnx,openvino,aoti,torchscript,timm}" in text
     assert ("[deprecated: PyTorch is retiring torch.jit; use --format aoti for deployment without Python, "
             "--format onnx or --format openvino for Triton]") in text
     with caplog.at_level(logging.WARNING, logger="convnets.deploy.export"):
