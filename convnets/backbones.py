@@ -96,8 +96,8 @@ def fpn_backbone(
             ``frozen_stages`` or ``features_only`` given (this function sets them).
     """
     if isinstance(trainable_layers, bool) or not isinstance(trainable_layers, int) or not 0 <= trainable_layers <= 5:
-        raise InvalidArgumentError(f"trainable_layers must be an integer from 0 to 5, got {short_repr(trainable_layers)}",
-                                   keyword="trainable_layers")
+        raise InvalidArgumentError(f"trainable_layers must be an integer from 0 to 5, got "
+                                   f"{short_repr(trainable_layers)}", keyword="trainable_layers")
     for taken in ("frozen_stages", "features_only", "out_indices", "num_classes"):
         if taken in kwargs:
             raise InvalidArgumentError(f"fpn_backbone sets {taken} itself; use trainable_layers and returned_layers",
@@ -105,8 +105,8 @@ def fpn_backbone(
     layers = (1, 2, 3, 4) if returned_layers is None else returned_layers
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not layers or not all(
             isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= 4 for i in layers):
-        raise InvalidArgumentError(f"returned_layers must be stages among 1, 2, 3, 4, got {short_repr(returned_layers)}",
-                                   keyword="returned_layers")
+        raise InvalidArgumentError(f"returned_layers must be stages among 1, 2, 3, 4, got "
+                                   f"{short_repr(returned_layers)}", keyword="returned_layers")
     if norm_layer is None:
         from torchvision.ops import FrozenBatchNorm2d
 

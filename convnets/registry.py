@@ -33,8 +33,8 @@ from convnets.weights.layouts import infer_spec
 from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict
 from convnets.weights.manifest import load_manifest
 
-__all__ = ["Builder", "ChosenModel", "check_classifier_kwargs", "choose_model", "fetch_pretrained", "get_model", "list_models", "load_model",
-           *list_models()]
+__all__ = ["Builder", "ChosenModel", "check_classifier_kwargs", "choose_model", "fetch_pretrained", "get_model",
+           "list_models", "load_model", *list_models()]
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,8 @@ def _build(
     for k in _IGNORED_KWARGS:
         kwargs.pop(k, None)
     if kwargs:
-        fields = (f"architecture fields are {list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}, "
-                  f"backbone options {list(_BACKBONE_KWARGS)}")
+        fields = (f"architecture fields are {list(ARCH_FIELDS)}, model options "
+                  f"{list(_MODEL_KWARGS + _IGNORED_KWARGS)}, backbone options {list(_BACKBONE_KWARGS)}")
         raise UnknownArgumentError(f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; {fields}",
                                    cli=f"unknown field(s) {sorted(kwargs)}; {fields}")
     if num_classes is not None:  # before any allocation: a head of 10**12 outputs would exhaust memory
@@ -244,7 +244,8 @@ class Builder(Protocol):
     @overload
     def __call__(self, pretrained: bool = False, *, features_only: Literal[True], **kwargs: Any) -> ResNetFeatures: ...
     @overload
-    def __call__(self, pretrained: bool = False, *, features_only: bool, **kwargs: Any) -> ResNet | ResNetFeatures: ...
+    def __call__(self, pretrained: bool = False, *, features_only: bool,
+                 **kwargs: Any) -> ResNet | ResNetFeatures: ...
 
 
 def _make_builder(info: ModelInfo) -> Builder:
@@ -278,9 +279,11 @@ if TYPE_CHECKING:
 def get_model(name: str, pretrained: bool = False, *, features_only: Literal[False] = False,
               **kwargs: Any) -> ResNet: ...
 @overload
-def get_model(name: str, pretrained: bool = False, *, features_only: Literal[True], **kwargs: Any) -> ResNetFeatures: ...
+def get_model(name: str, pretrained: bool = False, *, features_only: Literal[True],
+              **kwargs: Any) -> ResNetFeatures: ...
 @overload
-def get_model(name: str, pretrained: bool = False, *, features_only: bool, **kwargs: Any) -> ResNet | ResNetFeatures: ...
+def get_model(name: str, pretrained: bool = False, *, features_only: bool,
+              **kwargs: Any) -> ResNet | ResNetFeatures: ...
 def get_model(name: str, pretrained: bool = False, **kwargs: Any) -> ResNet | ResNetFeatures:
     """Build a registered model by name (see :func:`list_models`).
 

@@ -1,9 +1,10 @@
 """Export through the registered formats (:mod:`convnets.deploy.formats`), each file verified against PyTorch.
 
 The exported network is the BatchNorm-folded one (:func:`~convnets.deploy.folding.fold_batchnorm`;
-timm's format keeps the training layout instead) with a dynamic batch axis and float32 input and output; ``precision="fp16"`` stores fp16 weights
-and computes in fp16 between a cast of the input and a cast of the logits, so clients always send
-and receive float32. The ONNX file is also what TensorRT consumes (``trtexec --onnx=...``).
+timm's format keeps the training layout instead) with a dynamic batch axis and float32 input and
+output; ``precision="fp16"`` stores fp16 weights and computes in fp16 between a cast of the input
+and a cast of the logits, so clients always send and receive float32. The ONNX file is also what
+TensorRT consumes (``trtexec --onnx=...``).
 
 Verification runs the exported file (each format's runtime: ONNX Runtime, ``torch.jit.load``, ...)
 on a batch of real photos (by default the example photos shipped in the package) and on its first
@@ -221,7 +222,7 @@ def export_model(
     image_size: int = 224,
     **options: Any,
 ) -> ExportResult:
-    """Export ``model`` (BatchNorm folded unless the format keeps it, dynamic batch axis) and verify the file against it.
+    """Export ``model`` (BatchNorm folded unless the format keeps it) and verify the file against it.
 
     Args:
         model: the classifier; it is not modified (a folded copy is exported).

@@ -3,9 +3,9 @@
 A format says which files it writes, the names of its input and output tensors, how Triton serves
 it, which optional packages it needs (and the pip extra that brings them) and which options it
 takes; it writes a BatchNorm-folded module (or, for a format that keeps the training layout such as
-timm's, the model as it is) to a file and loads that file back as a callable for verification. Everything else (folding, the float32 casts, verification against PyTorch, atomic
-replacement of the files, Triton's config) is shared by :mod:`convnets.deploy.export` and
-:mod:`convnets.deploy.triton`.
+timm's, the model as it is) to a file and loads that file back as a callable for verification.
+Everything else (folding, the float32 casts, verification against PyTorch, atomic replacement of the
+files, Triton's config) is shared by :mod:`convnets.deploy.export` and :mod:`convnets.deploy.triton`.
 
 This module imports no PyTorch, so that the command line can list the formats and their options
 before anything heavy is loaded; formats import their exporters inside :meth:`ExportFormat.write`.
