@@ -8,8 +8,12 @@ registered model's ``hub_names`` (e.g. ``nvidia_resnext101_32x4d`` and upstream'
 ``nvidia_resneXt``) forward to the ``convnets`` builder of the same architecture; all logic lives in
 the package. Keywords: ``pretrained_from_file``, ``num_classes``, ``progress``, ``memory_format``,
 ``device``, ``state_dict_key_map_fn``, ``use_ema``, architecture overrides (``layers``,
-``widths``, ``expansion``, ``cardinality``, ``se_squeeze``, ``stem_width``) and upstream's
-``last_bn_0_init``, ``conv_init``, ``trt``, ``fused_se``.
+``widths``, ``expansion``, ``cardinality``, ``se_squeeze``, ``stem_width``), upstream's
+``last_bn_0_init``, ``conv_init``, ``trt``, ``fused_se``, and the backbone options
+(``features_only``, ``out_indices``, ``output_stride``, ``frozen_stages``, ``norm_eval``,
+``norm_layer``)::
+
+    backbone = torch.hub.load("<owner>/<repo>", "nvidia_resnext101_32x4d", features_only=True)
 """
 
 dependencies = ["torch", "torchvision", "numpy", "PIL", "requests", "validators", "filelock", "tqdm"]
@@ -26,11 +30,12 @@ from convnets.models.specs import ModelInfo as _ModelInfo  # noqa: E402
 from convnets.weights.manifest import load_manifest as _load_manifest  # noqa: E402
 
 
-def _entry_point(info: _ModelInfo, hub_name: str, has_weights: bool) -> _Callable[..., "convnets.ResNet"]:
+def _entry_point(info: _ModelInfo, hub_name: str,
+                 has_weights: bool) -> _Callable[..., "convnets.ResNet | convnets.ResNetFeatures"]:
     """The hub entry point ``hub_name`` for one registered model (upstream: ``pretrained=True``)."""
     name = info.name
 
-    def entry(pretrained: bool = has_weights, **kwargs: _Any) -> "convnets.ResNet":
+    def entry(pretrained: bool = has_weights, **kwargs: _Any) -> "convnets.ResNet | convnets.ResNetFeatures":
         return getattr(convnets, name)(pretrained=pretrained, **kwargs)
 
     title = info.summary.splitlines()[0]
@@ -41,7 +46,8 @@ def _entry_point(info: _ModelInfo, hub_name: str, has_weights: bool) -> _Callabl
     entry.__doc__ = (
         f"{title}\n\n    {alias}Builds it {weights}: the same as\n"
         f"    ``convnets.{name}(pretrained={has_weights}, **kwargs)``. ``help(convnets.{name})`` lists the "
-        "keywords;\n    ``pretrained_from_file=PATH`` loads a local checkpoint of any supported layout.\n    ")
+        "keywords;\n    ``pretrained_from_file=PATH`` loads a local checkpoint of any supported layout;\n"
+        "    ``features_only=True`` returns the backbone alone (timm's spelling).\n    ")
     return entry
 
 

@@ -54,6 +54,8 @@ setup(
     ],
     extras_require={
         "export": ["onnx>=1.15", "onnxruntime>=1.17"],
+        # --format timm: verification loads the written folder with timm
+        "timm": ["timm>=1.0"],
         # nncf: precision="int8" (post-training quantization of the OpenVINO graph)
         "openvino": ["openvino>=2025.0", "nncf>=2.16"],
         "dali": ["nvidia-dali-cuda130>=1.40"],

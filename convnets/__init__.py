@@ -6,6 +6,7 @@ Quick start::
     model = convnets.se_resnext101_32x4d(pretrained=True)   # or get_model("resnext101_32x4d", ...)
     model = convnets.load_model("checkpoint.pth.tar")        # any supported checkpoint, self-describing
     convnets.predict(model, "photos/")                       # top-5 per image; a table in Jupyter
+    backbone = convnets.resnext101_32x4d(pretrained=True, features_only=True)  # timm's spelling
 
 Upstream's torch.hub calls work unchanged against this repository (see ``hubconf.py``).
 
@@ -40,9 +41,11 @@ from convnets.errors import (
 from convnets.models.specs import ArchSpec, list_models
 
 if TYPE_CHECKING:
+    from convnets.backbones import fpn_backbone
     from convnets.deploy.optimize import optimize_for_inference
     from convnets.inference.embed import embed
     from convnets.inference.predict import Predictions, predict
+    from convnets.models.features import ResNetFeatures
     from convnets.models.resnet import ResNet
     from convnets.registry import get_model, load_model, resnet50, resnext101_32x4d, se_resnext101_32x4d
     from convnets.evaluation.loop import evaluate_model
@@ -53,6 +56,8 @@ __version__ = "0.1.0"
 #: model's builder (``convnets.resnet50``, ...) comes from the registry.
 _LAZY: dict[str, str] = {
     "ResNet": "convnets.models.resnet",
+    "ResNetFeatures": "convnets.models.features",
+    "fpn_backbone": "convnets.backbones",
     "embed": "convnets.inference.embed",
     "predict": "convnets.inference.predict",
     "Predictions": "convnets.inference.predict",
@@ -79,6 +84,7 @@ __all__ = [
     "MissingDependencyError",
     "Predictions",
     "ResNet",
+    "ResNetFeatures",
     "TrainingDivergedError",
     "UnknownArgumentError",
     "UnknownModelError",
@@ -86,6 +92,7 @@ __all__ = [
     "WeightsUnavailableError",
     "embed",
     "evaluate_model",
+    "fpn_backbone",
     "get_model",
     "list_models",
     "load_model",

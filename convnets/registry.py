@@ -13,16 +13,18 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 import torch
+from torch import nn
 
 from convnets.errors import (InvalidArgumentError, UnknownArgumentError, UnknownModelError, WeightsUnavailableError,
-                             message_for)
-from convnets.models.resnet import ResNet
+                             message_for, short_repr)
+from convnets.models.features import DEFAULT_OUT_INDICES, ResNetFeatures, resolve_out_indices
+from convnets.models.resnet import ResNet, check_backbone_options, freeze_batchnorm
 from convnets.models.specs import (ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, ModelInfo, check_num_classes, list_models,
                                    registered_name)
 from convnets.weights.record import ModelRecord
@@ -31,19 +33,24 @@ from convnets.weights.layouts import infer_spec
 from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict
 from convnets.weights.manifest import load_manifest
 
-__all__ = ["ChosenModel", "choose_model", "fetch_pretrained", "get_model", "list_models", "load_model",
-           *list_models()]
+__all__ = ["Builder", "ChosenModel", "check_classifier_kwargs", "choose_model", "fetch_pretrained", "get_model",
+           "list_models", "load_model", *list_models()]
 
 log = logging.getLogger(__name__)
 
 #: The seed of :func:`choose_model`'s random weights: one set of weights per architecture, every run.
 RANDOM_INIT_SEED = 0
 
+_Model = TypeVar("_Model", bound=nn.Module)
+
 # Upstream's model keywords. ``trt`` switched upstream's SE block to 1x1 convolutions so that
 # TensorRT could import it; our SE block exports to ONNX / TensorRT as it is, so it is accepted and
 # has nothing to change.
 _MODEL_KWARGS = ("last_bn_0_init", "conv_init", "fused_se")
 _IGNORED_KWARGS = ("trt",)
+# Backbone options, as timm, torchvision and mmdetection spell them (see convnets.models.features).
+_BACKBONE_MODEL_KWARGS = ("output_stride", "frozen_stages", "norm_eval")
+_BACKBONE_KWARGS = ("features_only", "out_indices", "norm_layer", *_BACKBONE_MODEL_KWARGS)
 
 
 def _canonical_name(name: str) -> str:
@@ -65,20 +72,38 @@ def _build(
     device: torch.device | str | None = None,
     state_dict_key_map_fn: Callable[[str], str] | None = None,
     use_ema: bool = False,
+    features_only: bool = False,
+    out_indices: Sequence[int] | int | None = None,
+    norm_layer: object = None,
     **kwargs: Any,
-) -> ResNet:
+) -> ResNet | ResNetFeatures:
     overrides = {k: kwargs.pop(k) for k in ARCH_FIELDS if k in kwargs}
-    model_kwargs = {k: kwargs.pop(k) for k in _MODEL_KWARGS if k in kwargs}
+    model_kwargs = {k: kwargs.pop(k) for k in _MODEL_KWARGS + _BACKBONE_MODEL_KWARGS if k in kwargs}
     for k in _IGNORED_KWARGS:
         kwargs.pop(k, None)
     if kwargs:
-        fields = f"architecture fields are {list(ARCH_FIELDS)}, model options {list(_MODEL_KWARGS + _IGNORED_KWARGS)}"
+        fields = (f"architecture fields are {list(ARCH_FIELDS)}, model options "
+                  f"{list(_MODEL_KWARGS + _IGNORED_KWARGS)}, backbone options {list(_BACKBONE_KWARGS)}")
         raise UnknownArgumentError(f"{name}() got unexpected keyword argument(s) {sorted(kwargs)}; {fields}",
                                    cli=f"unknown field(s) {sorted(kwargs)}; {fields}")
     if num_classes is not None:  # before any allocation: a head of 10**12 outputs would exhaust memory
         check_num_classes(num_classes)
     published = MODEL_SPECS[name]
     spec = published.replace(**overrides)
+    # Before anything is downloaded or allocated: a mistaken backbone option costs nothing.
+    check_backbone_options(spec, **{k: model_kwargs[k] for k in _BACKBONE_MODEL_KWARGS if k in model_kwargs})
+    frozen_bn = _is_frozen_norm(norm_layer)
+    if not isinstance(features_only, bool):
+        raise InvalidArgumentError(f"features_only must be True or False, got {short_repr(features_only)}",
+                                   keyword="features_only")
+    if features_only:
+        out_indices = resolve_out_indices(DEFAULT_OUT_INDICES if out_indices is None else out_indices,
+                                          len(spec.layers) + 1)
+        if num_classes is not None:
+            raise InvalidArgumentError("num_classes does not apply to features_only=True: the backbone has no "
+                                       "classifier", keyword="num_classes")
+    elif out_indices is not None:
+        raise InvalidArgumentError("out_indices applies to features_only=True only", keyword="out_indices")
 
     if pretrained_from_file is not None:
         source = Path(pretrained_from_file)
@@ -90,13 +115,38 @@ def _build(
     else:
         with torch.device(device or "cpu"):
             model = ResNet(spec, 1000 if num_classes is None else num_classes, **model_kwargs)
-        return _place(model, device, memory_format)
+        return _place(_backbone(model, features_only, out_indices, frozen_bn), device, memory_format)
 
     state_dict, metadata, layout = read_state_dict(source, key_map_fn=state_dict_key_map_fn, use_ema=use_ema)
     model = build_model(spec, state_dict, num_classes=num_classes, model_kwargs=model_kwargs,
                         model_name=name, source=str(source), layout=layout)
     _apply_metadata(model, ModelRecord.from_metadata(metadata))
-    return _place(model, device, memory_format)
+    return _place(_backbone(model, features_only, out_indices, frozen_bn), device, memory_format)
+
+
+def _is_frozen_norm(norm_layer: object) -> bool:
+    """Whether ``norm_layer`` asks for torchvision's FrozenBatchNorm2d (else plain BatchNorm2d)."""
+    if norm_layer is None or norm_layer is nn.BatchNorm2d or norm_layer == "batchnorm2d":
+        return False
+    if norm_layer == "frozenbatchnorm2d":
+        return True
+    from torchvision.ops import FrozenBatchNorm2d  # torchvision only when a class is passed
+
+    if norm_layer is FrozenBatchNorm2d:
+        return True
+    raise InvalidArgumentError(f"norm_layer must be torch.nn.BatchNorm2d (the default) or "
+                               f"torchvision.ops.FrozenBatchNorm2d (or timm's names 'batchnorm2d', "
+                               f"'frozenbatchnorm2d'), got {short_repr(norm_layer)}", keyword="norm_layer")
+
+
+def _backbone(model: ResNet, features_only: bool, out_indices: Sequence[int] | int | None,
+              frozen_bn: bool) -> ResNet | ResNetFeatures:
+    """The built classifier as asked: with frozen BatchNorm, and without its head (``features_only``)."""
+    if frozen_bn:
+        freeze_batchnorm(model)
+    if not features_only:
+        return model
+    return ResNetFeatures(model, DEFAULT_OUT_INDICES if out_indices is None else out_indices)
 
 
 def fetch_pretrained(name: str, *, progress: bool = True,
@@ -128,7 +178,7 @@ def _validate(path: Path, *, name: str, spec: ArchSpec, key_map_fn: Callable[[st
     check_fits(meta_model(spec, state_dict), state_dict, model_name=name, source=path.name, layout=layout)
 
 
-def _place(model: ResNet, device: torch.device | str | None, memory_format: torch.memory_format | None) -> ResNet:
+def _place(model: _Model, device: torch.device | str | None, memory_format: torch.memory_format | None) -> _Model:
     if device is not None:
         model = model.to(device)
     if memory_format is not None:
@@ -158,13 +208,26 @@ _BUILDER_DOC = """
         device: where the model's tensors go.
         state_dict_key_map_fn: upstream's hook, applied to each checkpoint key before conversion.
         use_ema: load ``state_dict_ema`` from a training checkpoint.
+        features_only: return the backbone alone (a ``ResNetFeatures``: ``model(x)`` is a list of
+            feature maps, ``model.feature_info`` describes them), as timm's ``features_only``; the
+            weights load as for the classifier and its head is dropped.
+        out_indices: with ``features_only``, the feature maps to return: 0 the stem's (stride 2),
+            1 .. 4 the stages' (C2 .. C5); default ``(1, 2, 3, 4)``; an int N: the last N.
+        output_stride: 32 (default), 16 or 8: the last stages dilate instead of striding.
+        frozen_stages: -1 (default) nothing, 0 the stem, N the stem and the first N stages get no
+            gradient and stay in eval mode (mmdetection's meaning).
+        norm_eval: BatchNorm statistics stay fixed when the model is put in train mode.
+        norm_layer: ``torchvision.ops.FrozenBatchNorm2d`` (or ``"frozenbatchnorm2d"``) replaces
+            every BatchNorm with a frozen one, as torchvision's and detectron2's detectors do;
+            default ``torch.nn.BatchNorm2d``.
         **kwargs: architecture overrides (``layers``, ``widths``, ``expansion``, ``cardinality``,
             ``se_squeeze``, ``stem_width``) and upstream's model options (``last_bn_0_init``,
             ``conv_init``, ``fused_se``, ``trt``). Anything else raises ``UnknownArgumentError``
             (a ``TypeError``).
 
     Returns:
-        The model; in eval mode when weights were loaded, in train mode otherwise.
+        The model (a ``ResNet``; with ``features_only``, a ``ResNetFeatures``); in eval mode when
+        weights were loaded, in train mode otherwise.
 
     Raises:
         WeightsUnavailableError: the weights could not be downloaded and are not cached, or this
@@ -174,17 +237,31 @@ _BUILDER_DOC = """
 """
 
 
-def _make_builder(info: ModelInfo) -> Callable[..., ResNet]:
+class Builder(Protocol):
+    """What type checkers know of every generated builder (``convnets.resnet50``, ...): a ``ResNet``,
+    or with ``features_only=True`` a ``ResNetFeatures``."""
+
+    @overload
+    def __call__(self, pretrained: bool = False, *, features_only: Literal[False] = False,
+                 **kwargs: Any) -> ResNet: ...
+    @overload
+    def __call__(self, pretrained: bool = False, *, features_only: Literal[True], **kwargs: Any) -> ResNetFeatures: ...
+    @overload
+    def __call__(self, pretrained: bool = False, *, features_only: bool,
+                 **kwargs: Any) -> ResNet | ResNetFeatures: ...
+
+
+def _make_builder(info: ModelInfo) -> Builder:
     """The public builder of one registered model, e.g. :func:`resnet50`."""
     name = info.name
 
-    def builder(pretrained: bool = False, **kwargs: Any) -> ResNet:
+    def builder(pretrained: bool = False, **kwargs: Any) -> ResNet | ResNetFeatures:
         return _build(name, pretrained, **kwargs)
 
     builder.__name__ = builder.__qualname__ = name
     builder.__module__ = __name__
     builder.__doc__ = info.summary + "\n" + _BUILDER_DOC
-    return builder
+    return builder  # type: ignore[return-value]  # its overloads are the keywords' documented meaning
 
 
 # One builder per registration (``from convnets.registry import resnet50`` and
@@ -196,17 +273,28 @@ del _info
 if TYPE_CHECKING:
     # What the loop above defines, spelled out for type checkers and IDEs (which do not run it).
     # One line per register_model call; tests/test_typing.py checks it and prints the line to add.
-    def resnet50(pretrained: bool = False, **kwargs: Any) -> ResNet: ...
-    def resnext101_32x4d(pretrained: bool = False, **kwargs: Any) -> ResNet: ...
-    def se_resnext101_32x4d(pretrained: bool = False, **kwargs: Any) -> ResNet: ...
+    resnet50: Builder
+    resnext101_32x4d: Builder
+    se_resnext101_32x4d: Builder
 
 
-def get_model(name: str, pretrained: bool = False, **kwargs: Any) -> ResNet:
+@overload
+def get_model(name: str, pretrained: bool = False, *, features_only: Literal[False] = False,
+              **kwargs: Any) -> ResNet: ...
+@overload
+def get_model(name: str, pretrained: bool = False, *, features_only: Literal[True],
+              **kwargs: Any) -> ResNetFeatures: ...
+@overload
+def get_model(name: str, pretrained: bool = False, *, features_only: bool,
+              **kwargs: Any) -> ResNet | ResNetFeatures: ...
+def get_model(name: str, pretrained: bool = False, **kwargs: Any) -> ResNet | ResNetFeatures:
     """Build a registered model by name (see :func:`list_models`).
 
     Args:
         name: e.g. ``"se_resnext101_32x4d"`` (upstream's ``"se-resnext101-32x4d"`` also works).
-        pretrained, **kwargs: as for the builders, e.g. ``help(convnets.se_resnext101_32x4d)``.
+        pretrained, **kwargs: as for the builders, e.g. ``help(convnets.se_resnext101_32x4d)``;
+            ``features_only=True`` returns the backbone (a ``ResNetFeatures``), as timm's
+            ``create_model`` does.
 
     Raises:
         UnknownModelError: ``name`` is not registered; the message lists the valid names.
@@ -242,6 +330,18 @@ def load_model(path: str | os.PathLike[str], *, device: torch.device | str | Non
     model = build_model(spec, state_dict, model_name=name, source=str(path), layout=layout)
     _apply_metadata(model, record)
     return _place(model, device, memory_format)
+
+
+def check_classifier_kwargs(kwargs: Mapping[str, Any], option: str = "arch_kwargs") -> None:
+    """Raise :class:`InvalidArgumentError` if ``kwargs`` would build a backbone where a classifier is needed.
+
+    Args:
+        kwargs: keywords for :func:`get_model` (e.g. ``--arch-kwargs``).
+        option: how the caller's interface spells them, for the message.
+    """
+    if kwargs.get("features_only") or "out_indices" in kwargs:
+        problem = "features_only and out_indices build a backbone without a classifier; this needs the classifier"
+        raise InvalidArgumentError(f"{option}: {problem}", cli=f"--arch-kwargs: {problem}", keyword="arch_kwargs")
 
 
 @dataclass(frozen=True)
@@ -309,6 +409,7 @@ def choose_model(name: str | None = None, *, path: str | os.PathLike[str] | None
                                        f"{words['random_init']} or {words['path']}", keyword="arch_kwargs")
         return ChosenModel(get_model(name, pretrained=True, device=device).eval(), name, "pretrained")
     log.warning("using randomly initialised weights: the outputs mean nothing")
+    check_classifier_kwargs(arch_kwargs or {}, words["arch_kwargs"])
     try:
         # The same weights on every run (the caller's random state untouched): the engine cache's key
         # is the weights' digest, so each run would otherwise convert anew and add an entry.

@@ -167,16 +167,17 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="session")
-def full_se_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
-    """A full-size SE-ResNeXt101-32x4d checkpoint in NGC 20.06 layout (``module.`` prefix, 2-D SE).
+def ngc_checkpoint(name: str, folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A full-size checkpoint of ``name`` with random weights in NGC 20.06 layout (``module.`` prefix,
+    2-D SE), written to ``folder`` under its NGC file name (``weights_manifest.json``).
 
-    Returns the file (named as on NGC) and its state dict without the prefix.
+    Returns the file and its state dict without the prefix.
     """
     from convnets.models.resnet import MODEL_SPECS, Bottleneck, ResNet
+    from convnets.weights.manifest import load_manifest
 
     torch.manual_seed(0)
-    model = randomize_bn(ResNet(MODEL_SPECS["se_resnext101_32x4d"]))
+    model = randomize_bn(ResNet(MODEL_SPECS[name]))
     with torch.no_grad():
         # Small last-BN gammas, as in trained networks: with random ones the activations of 33
         # residual blocks grow to ~1e5 and float32 rounding alone changes the logits visibly.
@@ -184,10 +185,15 @@ def full_se_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
             if isinstance(block, Bottleneck):
                 block.bn3.weight.mul_(0.2)
     state = model.state_dict()
-    folder = tmp_path_factory.mktemp("ngc")
-    path = folder / "nvidia_se-resnext101-32x4d_200821.pth.tar"
+    path = folder / load_manifest()[name].file_name
     torch.save({f"module.{k}": v for k, v in state.items()}, path)
     return path, state
+
+
+@pytest.fixture(scope="session")
+def full_se_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A full-size SE-ResNeXt101-32x4d checkpoint in NGC 20.06 layout (see :func:`ngc_checkpoint`)."""
+    return ngc_checkpoint("se_resnext101_32x4d", tmp_path_factory.mktemp("ngc"))
 
 
 #: A log record as the command line formats them (``convnets.cli``: "LEVEL logger: message"), such

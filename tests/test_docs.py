@@ -2,9 +2,10 @@
 cannot (``<!-- not run: REASON -->``: a GPU, the network, a dataset).
 
 The blocks run in one fresh interpreter, each block in a fresh namespace and a fresh working
-directory that holds the repository's ``examples/``. NGC's SE-ResNeXt101-32x4d weights come
-from a local mirror (``CONVNETS_WEIGHTS_MIRROR``: the full-size checkpoint of conftest, random
-weights in NGC's layout), as in the README's main-job test; nothing is downloaded.
+directory that holds the repository's ``examples/``. NGC's SE-ResNeXt101-32x4d and
+ResNeXt101-32x4d weights come from a local mirror (``CONVNETS_WEIGHTS_MIRROR``: full-size
+checkpoints of conftest, random weights in NGC's layout), as in the README's main-job test;
+nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, ngc_checkpoint
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 NOT_RUN = re.compile(r"<!-- not run: (?P<reason>[^>]*?\S)\s*-->")
@@ -92,7 +93,11 @@ def test_the_python_blocks_of_every_page_run(full_se_checkpoint: tuple[Path, dic
     """All runnable blocks in one interpreter (a fresh namespace and directory each): one import of
     PyTorch instead of one per page. A failure names its block (``--- README.md:57``)."""
     checkpoint, _ = full_se_checkpoint
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CONVNETS_WEIGHTS_MIRROR": str(checkpoint.parent),
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / checkpoint.name).symlink_to(checkpoint)
+    ngc_checkpoint("resnext101_32x4d", mirror)  # docs/backbones.md: the backbone detectors use
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CONVNETS_WEIGHTS_MIRROR": str(mirror),
            "TORCH_HOME": str(isolated_cache.parents[1]), "CONVNETS_DOCS_EXAMPLES": str(REPO / "examples"),
            "MPLBACKEND": "Agg"}
     blocks = [{"where": b.where, "code": b.code} for page in PAGES for b in RUNNABLE[page]]

@@ -62,7 +62,7 @@ def export(tmp_path: Path, checkpoint: Path, *args: str) -> dict:
 
 
 def test_the_new_formats_are_registered() -> None:
-    assert [f.name for f in export_formats()] == ["onnx", "openvino", "aoti", "torchscript"]
+    assert [f.name for f in export_formats()] == ["onnx", "openvino", "aoti", "torchscript", "timm"]
     aoti, ov = get_format("aoti"), get_format("openvino")
     assert aoti.file_names == ("model.pt2",) and not aoti.serves_on_triton and aoti.requires == ()
     assert ov.file_names == ("model.xml", "model.bin") and (ov.triton_platform, ov.triton_backend) == (
@@ -185,7 +185,7 @@ def test_torchscript_is_marked_deprecated_in_help_and_on_export(tmp_path: Path,
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--format {onnx,openvino,aoti,torchscript}" in text
+    assert "--format {onnx,openvino,aoti,torchscript,timm}" in text
     assert ("[deprecated: PyTorch is retiring torch.jit; use --format aoti for deployment without Python, "
             "--format onnx or --format openvino for Triton]") in text
     with caplog.at_level(logging.WARNING, logger="convnets.deploy.export"):

@@ -75,7 +75,7 @@ def extra_formats(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- the registry --------------------------------------------------------------------------------
 
 def test_builtin_formats_declare_what_export_and_triton_need() -> None:
-    assert [f.name for f in export_formats()] == ["onnx", "openvino", "aoti", "torchscript"]
+    assert [f.name for f in export_formats()] == ["onnx", "openvino", "aoti", "torchscript", "timm"]
     onnx, ts = get_format("onnx"), get_format("torchscript")
     assert (onnx.file_names, onnx.input_name, onnx.output_name, onnx.triton_platform) == (
         ("model.onnx",), "input", "output", "onnxruntime_onnx")
@@ -91,16 +91,16 @@ def test_registry_import_loads_no_exporter() -> None:
     (PyTorch itself comes with ``convnets.deploy``'s ``__init__`` today.)
     """
     code = ("import sys, convnets.deploy.formats as f; print([x.name for x in f.export_formats()]); "
-            "print(sorted(m for m in ('onnx', 'onnxruntime', 'torch.onnx', 'openvino', 'torch._inductor') "
+            "print(sorted(m for m in ('onnx', 'onnxruntime', 'torch.onnx', 'openvino', 'torch._inductor', 'timm') "
             "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["['onnx', 'openvino', 'aoti', 'torchscript']", "[]"]
+    assert done.stdout.splitlines() == ["['onnx', 'openvino', 'aoti', 'torchscript', 'timm']", "[]"]
 
 
 def test_unknown_formats_and_options_are_argument_errors(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError,
-                       match=r"unknown export format 'tflite'; choose one of onnx, openvino, aoti, torchscript"):
+                       match=r"unknown export format 'tflite'; choose one of onnx, openvino, aoti, torchscript, timm"):
         get_format("tflite")
     with pytest.raises(InvalidArgumentError, match="tflite"):
         export_model(tiny_model(), tmp_path / "m", format="tflite", batch=verification_batch(), image_size=SIZE)
@@ -130,7 +130,7 @@ def test_a_registered_format_is_listed_in_help_with_its_options(extra_formats: N
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--format {onnx,openvino,aoti,torchscript,twofile,notriton}" in text
+    assert "--format {onnx,openvino,aoti,torchscript,timm,twofile,notriton}" in text
     assert "twofile (test format: TorchScript + JSON sidecar)" in text
     assert "notriton (test format without a Triton backend) [deprecated: use --format twofile]" in text
     assert "--format twofile options: --scale SCALE multiply the logits" in text

@@ -62,6 +62,9 @@ CASES: dict[str, tuple[Case, str]] = {
         f"unknown model 'resnet05'; choose one of: {', '.join(convnets.list_models())}"),
     "unknown architecture field": (
         lambda d, t: tiny_args(d, t / "out", 1, "--arch-kwargs", '{"depth": 18}'), "--arch-kwargs: "),
+    "a backbone instead of a classifier": (
+        lambda d, t: tiny_args(d, t / "out", 1, "--arch-kwargs", json.dumps(dict(TINY_ARCH, features_only=True))),
+        "--arch-kwargs: features_only and out_indices build a backbone without a classifier"),
     "resume from another architecture": (
         lambda d, t: tiny_args(d, t / "out", 1, "--resume", str(_training_checkpoint(t / "other.pth", **OTHER_ARCH))),
         "was trained as resnet50"),

@@ -45,14 +45,36 @@ def _type_checking_block(path: Path) -> list[ast.stmt]:
 
 def test_registry_declares_every_builder() -> None:
     block = _type_checking_block(REPO / "convnets" / "registry.py")
-    declared = {node.name: ast.unparse(node) for node in block if isinstance(node, ast.FunctionDef)}
-    wanted = {name: f"def {name}(pretrained: bool = False, **kwargs: Any) -> ResNet: ..." for name in MODELS}
+    declared = {node.target.id: ast.unparse(node) for node in block
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    wanted = {name: f"{name}: Builder" for name in MODELS}
     missing = [line for name, line in wanted.items() if declared.get(name) != ast.unparse(ast.parse(line))]
     extra = sorted(set(declared) - set(wanted))
     assert not missing and not extra, (
         "convnets/registry.py's `if TYPE_CHECKING:` block must declare one builder per registered model, "
         "for type checkers. " + (f"Paste into it:\n    " + "\n    ".join(missing) + "\n" if missing else "")
         + (f"Remove the declarations of {extra} (no such model is registered)." if extra else ""))
+
+
+@pytest.mark.slow
+def test_type_checkers_see_what_the_builders_return(tmp_path: Path) -> None:
+    """A classifier by default, the backbone with ``features_only=True``: through the builders, the
+    hub entry points and get_model (the declarations above and registry.Builder's overloads)."""
+    require_module("mypy")
+    snippet = tmp_path / "uses.py"
+    snippet.write_text(
+        "from typing_extensions import assert_type\n"
+        "import convnets, hubconf\n"
+        "from convnets.models.features import ResNetFeatures\n"
+        "from convnets.models.resnet import ResNet\n"
+        "assert_type(convnets.resnet50(), ResNet)\n"
+        "assert_type(convnets.resnext101_32x4d(True, features_only=True), ResNetFeatures)\n"
+        "assert_type(hubconf.nvidia_resneXt(features_only=True), ResNetFeatures)\n"
+        "assert_type(convnets.get_model('resnet50', features_only=False), ResNet)\n"
+        "assert_type(convnets.get_model('resnet50', features_only=True, out_indices=(2, 3)), ResNetFeatures)\n")
+    result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
+                             str(snippet)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_hubconf_declares_every_entry_point() -> None:

@@ -9,6 +9,7 @@ Examples::
     convnets export --model resnext101_32x4d --format openvino --triton --max-batch-size 64 --output models/
     convnets export --weights checkpoint.pth.tar --format aoti --output exported/
     convnets export --weights checkpoint.pth.tar --format onnx --precision fp16 --output exported/
+    convnets export --model resnext101_32x4d --format timm --output resnext101_32x4d.nvidia/
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from convnets.commands.options import (add_image_size_argument, add_json_argumen
 from convnets.constants import DEFAULT_IMAGE_SIZE
 from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError, message_for
+from convnets.models.specs import MODEL_SPECS
 
 if TYPE_CHECKING:
     from convnets.deploy.export import ExportResult
@@ -105,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise InvalidArgumentError(f"--name {args.name!r}: {message_for(e, 'cli')}") from e
     max_batch_size = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
+    fmt.check_precision(args.precision)
+    if args.model in MODEL_SPECS and not (args.weights or args.arch_kwargs):  # else checked once it is loaded
+        fmt.check_architecture(MODEL_SPECS[args.model])
     fmt.check_dependencies()  # before loading (or downloading) the model
     # --random-init measures its BatchNorm statistics at --image-size, else at 224, which is also
     # what a freshly built model records.

@@ -1,9 +1,10 @@
 """Export through the registered formats (:mod:`convnets.deploy.formats`), each file verified against PyTorch.
 
-The exported network is the BatchNorm-folded one (:func:`~convnets.deploy.folding.fold_batchnorm`)
-with a dynamic batch axis and float32 input and output; ``precision="fp16"`` stores fp16 weights
-and computes in fp16 between a cast of the input and a cast of the logits, so clients always send
-and receive float32. The ONNX file is also what TensorRT consumes (``trtexec --onnx=...``).
+The exported network is the BatchNorm-folded one (:func:`~convnets.deploy.folding.fold_batchnorm`;
+timm's format keeps the training layout instead) with a dynamic batch axis and float32 input and
+output; ``precision="fp16"`` stores fp16 weights and computes in fp16 between a cast of the input
+and a cast of the logits, so clients always send and receive float32. The ONNX file is also what
+TensorRT consumes (``trtexec --onnx=...``).
 
 Verification runs the exported file (each format's runtime: ONNX Runtime, ``torch.jit.load``, ...)
 on a batch of real photos (by default the example photos shipped in the package) and on its first
@@ -149,7 +150,7 @@ class _Exportable(nn.Module):
         return self.module(INPUT__0.to(self.dtype)).float()
 
 
-def _exportable(model: nn.Module, precision: str) -> _Exportable:
+def _exportable(model: nn.Module, precision: str) -> nn.Module:
     module = fold_batchnorm(copy.deepcopy(model).eval().cpu().float())
     dtype = precision_dtype(precision)
     return _Exportable(module.to(dtype), dtype).eval().requires_grad_(False)
@@ -237,7 +238,7 @@ def export_model(
     image_size: int = 224,
     **options: Any,
 ) -> ExportResult:
-    """Export ``model`` (BatchNorm folded, dynamic batch axis) and verify the file against it.
+    """Export ``model`` (BatchNorm folded unless the format keeps it) and verify the file against it.
 
     Args:
         model: the classifier; it is not modified (a folded copy is exported).
@@ -245,7 +246,8 @@ def export_model(
             exist. A format that writes several files puts the others next to it.
         format: a registered format name (:func:`~convnets.deploy.formats.export_formats`):
             ``"onnx"`` (checked with ONNX Runtime), ``"torchscript"`` (traced, checked after
-            ``torch.jit.load``), ...
+            ``torch.jit.load``), ``"timm"`` (a folder: ``path`` is its ``model.safetensors``,
+            ``config.json`` goes next to it; checked with timm), ...
         precision: ``"fp32"`` or ``"fp16"`` weights and arithmetic; input and output are float32.
         batch: verification inputs ``[N, 3, image_size, image_size]``; default
             :func:`sample_batch` (real photos).
@@ -259,6 +261,7 @@ def export_model(
     Raises:
         InvalidArgumentError: unknown format, a precision it cannot export, a bad option value.
         UnknownArgumentError: an option the format does not take.
+        ExportError: the format cannot hold this network (timm: SE-ResNeXt, changed architectures).
         ExportError: export failed, or the file's logits disagree with PyTorch (fp32: relative
             error above 1e-4; fp16: a per-sample cosine below 0.99); nothing is then left behind.
         MissingDependencyError: the format's packages (e.g. ``onnx`` / ``onnxruntime``) are not
@@ -269,6 +272,7 @@ def export_model(
         raise InvalidArgumentError(f"export precision must be one of {', '.join(EXPORT_PRECISIONS)}, got {precision!r}")
     fmt.check_precision(precision)
     options = fmt.resolve_options(options)
+    fmt.check_architecture(getattr(model, "spec", None))
     fmt.check_dependencies()  # fail before the slow part
     if fmt.deprecated:
         log.warning("the %s export format is deprecated: %s", fmt.name, fmt.deprecated)
@@ -277,7 +281,8 @@ def export_model(
         batch, batch_description = sample_batch(image_size=image_size)
     batch = batch.detach().cpu().float()
     reference = copy.deepcopy(model).eval().cpu().float()
-    module = _exportable(model, precision)
+    # A format of the training layout (timm's; fp32 only) gets the model as it is, BatchNorm kept.
+    module = _exportable(model, precision) if fmt.folds_batchnorm else reference
     # Written into a hidden folder next to the target and moved into place only once verified, so
     # that a failed export leaves neither a partial file nor a stale companion file.
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))

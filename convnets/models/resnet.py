@@ -15,16 +15,21 @@ References:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from convnets.errors import InvalidArgumentError
+from convnets.errors import InvalidArgumentError, short_repr
 from convnets.models.specs import ARCH_FIELDS, MODEL_SPECS, ArchSpec, registered_name
 
-__all__ = ["ARCH_FIELDS", "ArchSpec", "Bottleneck", "MODEL_SPECS", "ResNet", "SqueezeExcitation", "count_parameters",
-           "registered_name"]
+__all__ = ["ARCH_FIELDS", "ArchSpec", "Bottleneck", "MODEL_SPECS", "OUTPUT_STRIDES", "ResNet", "SqueezeExcitation",
+           "check_backbone_options", "count_parameters", "freeze_batchnorm", "registered_name", "set_frozen_modes"]
+
+#: Reductions of the last feature map that ``output_stride`` may ask for (timm's and torchvision's choices).
+OUTPUT_STRIDES: tuple[int, ...] = (8, 16, 32)
+
+_M = TypeVar("_M", bound=nn.Module)
 
 
 class SqueezeExcitation(nn.Module):
@@ -51,7 +56,8 @@ class Bottleneck(nn.Module):
     """1x1 reduce -> grouped 3x3 (carries the stride) -> 1x1 expand, optional SE, residual add.
 
     With SE the output is ``relu(residual + out * gate)``; upstream computes it with
-    ``torch.addcmul`` (``fused_se=True``), which is also what we do by default.
+    ``torch.addcmul`` (``fused_se=True``), which is also what we do by default. ``dilation`` spaces
+    the 3x3 convolution's taps (``output_stride`` below 32); it changes no weight.
     """
 
     def __init__(
@@ -63,12 +69,14 @@ class Bottleneck(nn.Module):
         cardinality: int = 1,
         se_squeeze: int | None = None,
         fused_se: bool = True,
+        dilation: int = 1,
     ) -> None:
         super().__init__()
         out_channels = width * expansion
         self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, groups=cardinality, bias=False)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=dilation, dilation=dilation, groups=cardinality,
+                               bias=False)
         self.bn2 = nn.BatchNorm2d(width)
         self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out_channels)
@@ -106,6 +114,20 @@ class ResNet(nn.Module):
         last_bn_0_init: start every block's last BatchNorm at gamma 0 (upstream option).
         conv_init: ``"fan_in"`` or ``"fan_out"`` mode of the Kaiming-normal convolution init.
         fused_se: compute the SE residual with ``torch.addcmul`` (same result, upstream option).
+        output_stride: 32 (the published network), 16 or 8: the last stages keep their input's
+            resolution and dilate their 3x3 convolutions instead of striding, as timm's
+            ``output_stride`` and torchvision's ``replace_stride_with_dilation`` do (the first
+            block of a dilated stage keeps the previous dilation). The weights are the same.
+        frozen_stages: mmdetection's meaning: -1 freezes nothing, 0 the stem (``conv1``, ``bn1``),
+            N the stem and the first N stages. Frozen parameters get ``requires_grad=False`` and
+            the frozen modules stay in eval mode when the model is put in train mode.
+        norm_eval: keep every BatchNorm in eval mode (running statistics fixed) when the model
+            is put in train mode (mmdetection's ``norm_eval``); their affine terms still train.
+
+    Attributes:
+        feature_info: what each feature map is, as in timm: a dict per map (``num_chs``,
+            ``reduction``, ``module``), the stem's output (before max pooling) first, then each
+            stage's.
     """
 
     def __init__(
@@ -116,28 +138,41 @@ class ResNet(nn.Module):
         last_bn_0_init: bool = False,
         conv_init: Literal["fan_in", "fan_out"] = "fan_in",
         fused_se: bool = True,
+        output_stride: int = 32,
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
     ) -> None:
         super().__init__()
         if conv_init not in ("fan_in", "fan_out"):
             raise InvalidArgumentError(f"conv_init must be 'fan_in' or 'fan_out', got {conv_init!r}")
         if not isinstance(num_classes, int) or num_classes < 0:
             raise InvalidArgumentError(f"num_classes must be a non-negative integer, got {num_classes!r}")
+        check_backbone_options(spec, output_stride=output_stride, frozen_stages=frozen_stages, norm_eval=norm_eval)
         self.spec = spec
         self.num_features = spec.num_features
+        self.output_stride = output_stride
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
         self.conv1 = nn.Conv2d(3, spec.stem_width, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(spec.stem_width)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         in_channels = spec.stem_width
         self.stage_names: tuple[str, ...] = tuple(f"layer{i + 1}" for i in range(len(spec.layers)))
+        self.feature_info: list[dict[str, Any]] = [dict(num_chs=spec.stem_width, reduction=2, module="relu")]
+        reduction, dilation = 4, 1  # after the stem
         for i, (name, blocks, width) in enumerate(zip(self.stage_names, spec.layers, spec.widths)):
+            stride, previous_dilation = (1 if i == 0 else 2), dilation
+            if reduction >= output_stride:  # dilate instead of striding, as timm's make_blocks does
+                dilation, stride = dilation * stride, 1
+            reduction *= stride
             stage = []
             for b in range(blocks):
-                stride = 2 if i > 0 and b == 0 else 1
-                stage.append(Bottleneck(in_channels, width, spec.expansion, stride, spec.cardinality,
-                                        spec.se_squeeze, fused_se))
+                stage.append(Bottleneck(in_channels, width, spec.expansion, stride if b == 0 else 1, spec.cardinality,
+                                        spec.se_squeeze, fused_se, dilation=previous_dilation if b == 0 else dilation))
                 in_channels = width * spec.expansion
             self.add_module(name, nn.Sequential(*stage))
+            self.feature_info.append(dict(num_chs=in_channels, reduction=reduction, module=name))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.num_classes = num_classes
         #: Names of the classifier's outputs when a checkpoint provides them (see load_model).
@@ -147,6 +182,13 @@ class ResNet(nn.Module):
         self.input_size: int = 224
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         self._init_weights(conv_init, last_bn_0_init)
+        set_frozen_modes(self, frozen_stages=frozen_stages, norm_eval=norm_eval)
+
+    def train(self, mode: bool = True) -> ResNet:
+        """Set train or eval mode; frozen stages (``frozen_stages``) and, with ``norm_eval``, every
+        BatchNorm stay in eval mode."""
+        super().train(mode)
+        return set_frozen_modes(self, frozen_stages=self.frozen_stages, norm_eval=self.norm_eval)
 
     def _init_weights(self, conv_init: Literal["fan_in", "fan_out"], last_bn_0_init: bool) -> None:
         if self.conv1.weight.is_meta:
@@ -237,6 +279,75 @@ class ResNet(nn.Module):
         self.num_classes = num_classes
         self.fc = (nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
                    if num_classes else nn.Identity())
+
+
+def check_backbone_options(spec: ArchSpec, *, output_stride: object = 32, frozen_stages: object = -1,
+                           norm_eval: object = False) -> None:
+    """Raise :class:`InvalidArgumentError` unless these are valid :class:`ResNet` options for ``spec``.
+
+    Called before any weights are fetched, so that a mistaken value costs no download.
+    """
+    if isinstance(output_stride, bool) or output_stride not in OUTPUT_STRIDES:
+        raise InvalidArgumentError(f"output_stride must be one of {', '.join(map(str, OUTPUT_STRIDES))}, got "
+                                   f"{short_repr(output_stride)}", keyword="output_stride")
+    stages = len(spec.layers)
+    if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= stages:
+        raise InvalidArgumentError(f"frozen_stages must be an integer from -1 (nothing frozen) to {stages} (every "
+                                   f"stage), got {short_repr(frozen_stages)}", keyword="frozen_stages")
+    if not isinstance(norm_eval, bool):
+        raise InvalidArgumentError(f"norm_eval must be True or False, got {short_repr(norm_eval)}",
+                                   keyword="norm_eval")
+
+
+def set_frozen_modes(module: _M, *, frozen_stages: int, norm_eval: bool) -> _M:
+    """Freeze as mmdetection's ResNet does: the stem and the first ``frozen_stages`` stages get
+    ``requires_grad=False`` and eval mode; with ``norm_eval`` every BatchNorm goes to eval mode too.
+
+    Args:
+        module: a :class:`ResNet`, or a module with its children (``conv1``, ``bn1``, ``layer1``, ...).
+        frozen_stages: -1: nothing; 0: the stem; N: the stem and ``layer1`` .. ``layerN``.
+        norm_eval: whether BatchNorm statistics stay fixed in train mode.
+
+    Returns:
+        ``module``.
+    """
+    if frozen_stages >= 0:
+        # A features-only model may stop before the last frozen stage: it has no such child.
+        names = ("conv1", "bn1", *(f"layer{i}" for i in range(1, frozen_stages + 1)))
+        for part in (getattr(module, name) for name in names if hasattr(module, name)):
+            part.eval()
+            part.requires_grad_(False)
+    if norm_eval and module.training:
+        for m in module.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+    return module
+
+
+def freeze_batchnorm(module: _M) -> _M:
+    """Replace every ``BatchNorm2d`` of ``module`` with torchvision's ``FrozenBatchNorm2d`` (in place).
+
+    The frozen layer keeps the statistics and affine terms as buffers (no gradient, no update in
+    train mode), as torchvision's detection backbones and detectron2's ``FrozenBN`` do.
+
+    Returns:
+        ``module``.
+    """
+    from torchvision.ops import FrozenBatchNorm2d
+
+    def convert(bn: nn.BatchNorm2d) -> nn.Module:
+        frozen = FrozenBatchNorm2d(bn.num_features, eps=bn.eps).to(bn.weight.device)
+        with torch.no_grad():
+            for name in ("weight", "bias", "running_mean", "running_var"):
+                getattr(frozen, name).copy_(getattr(bn, name))
+        return frozen
+
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            setattr(module, name, convert(child))
+        else:
+            freeze_batchnorm(child)
+    return module
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:

@@ -30,7 +30,7 @@ from convnets import dist
 from convnets.dist import DistContext
 from convnets.errors import CheckpointError, DataError, InvalidArgumentError, message_for
 from convnets.models.resnet import ResNet, count_parameters
-from convnets.registry import fetch_pretrained, get_model, load_model
+from convnets.registry import check_classifier_kwargs, fetch_pretrained, get_model, load_model
 from convnets.train.checkpoint import (BEST, BEST_SAFETENSORS, CHECKPOINT, TrainingCheckpoint, atomic_copy, get_rng_state,
                                        set_rng_state)
 from convnets.train.config import TrainConfig
@@ -102,6 +102,7 @@ def _output_lock(out: Path | None, ctx: DistContext) -> Iterator[None]:
 
 
 def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *, init_only: bool) -> ResNet:
+    check_classifier_kwargs(cfg.arch_kwargs)
     kwargs: dict[str, Any] = dict(cfg.arch_kwargs, num_classes=num_classes, progress=ctx.is_main)
     try:
         if init_only or not (cfg.pretrained or cfg.pretrained_from_file):

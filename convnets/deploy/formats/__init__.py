@@ -21,7 +21,7 @@ __all__ = ["EXPORT_PRECISIONS", "ExportFormat", "FormatOption", "Runner", "Signa
            "get_format", "quiet_export_warnings", "register_format", "require"]
 
 #: Built-in formats: module names in this package, in the order ``--help`` lists them.
-_BUILTIN: tuple[str, ...] = ("onnx", "openvino", "aoti", "torchscript")
+_BUILTIN: tuple[str, ...] = ("onnx", "openvino", "aoti", "torchscript", "timm")
 
 _REGISTRY: dict[str, ExportFormat] = {}
 

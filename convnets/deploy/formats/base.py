@@ -2,10 +2,10 @@
 
 A format says which files it writes, the names of its input and output tensors, how Triton serves
 it, which optional packages it needs (and the pip extra that brings them) and which options it
-takes; it writes a BatchNorm-folded module to a file and loads that file back as a callable for
-verification. Everything else (folding, the float32 casts, verification against PyTorch, atomic
-replacement of the files, Triton's config) is shared by :mod:`convnets.deploy.export` and
-:mod:`convnets.deploy.triton`.
+takes; it writes a BatchNorm-folded module (or, for a format that keeps the training layout such as
+timm's, the model as it is) to a file and loads that file back as a callable for verification.
+Everything else (folding, the float32 casts, verification against PyTorch, atomic replacement of the
+files, Triton's config) is shared by :mod:`convnets.deploy.export` and :mod:`convnets.deploy.triton`.
 
 This module imports no PyTorch, so that the command line can list the formats and their options
 before anything heavy is loaded; formats import their exporters inside :meth:`ExportFormat.write`.
@@ -27,6 +27,8 @@ from convnets.errors import InvalidArgumentError, MissingDependencyError, Unknow
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
+
+    from convnets.models.specs import ArchSpec
 
 __all__ = ["EXPORT_PRECISIONS", "ExportFormat", "FormatOption", "Runner", "Signature", "quiet_export_warnings",
            "require"]
@@ -118,6 +120,8 @@ class ExportFormat(abc.ABC):
         options: format-specific options (:class:`FormatOption`).
         deprecated: why and what replaces it, when the format is deprecated; shown in ``--help``
             and logged as a warning on export.
+        folds_batchnorm: whether :meth:`write` receives the BatchNorm-folded network (the default)
+            or the float32 model itself, for a format that stores the training layout.
     """
 
     name: ClassVar[str]
@@ -134,6 +138,7 @@ class ExportFormat(abc.ABC):
     precisions: ClassVar[tuple[str, ...]] = EXPORT_PRECISIONS
     options: ClassVar[tuple[FormatOption, ...]] = ()
     deprecated: ClassVar[str | None] = None
+    folds_batchnorm: ClassVar[bool] = True
 
     def help_line(self) -> str:
         """What ``convnets export --help`` says about this format: its description, its precisions
@@ -148,7 +153,8 @@ class ExportFormat(abc.ABC):
 
     @abc.abstractmethod
     def write(self, module: nn.Module, path: Path, example: Tensor) -> None:
-        """Write ``module`` (folded, float32 in and out, dynamic batch axis) to ``path`` and its companions.
+        """Write ``module`` (folded unless :attr:`folds_batchnorm` is False; float32 in and out, dynamic
+        batch axis) to ``path`` and its companions.
 
         A format with :attr:`options` takes each as a keyword-only parameter with a default (e.g.
         ``*, opset: int = MIN_OPSET``); callers pass them checked, defaults filled in
@@ -178,6 +184,11 @@ class ExportFormat(abc.ABC):
         """
         out = runner(example[:1])
         return self.input_name, (-1, *example.shape[1:]), self.output_name, (-1, *out.shape[1:])
+
+    def check_architecture(self, spec: ArchSpec | None) -> None:
+        """Raise :class:`~convnets.errors.ExportError` unless this format can hold a network of ``spec``
+        (``None``: a module that is not a convnets ResNet). Called before anything slow (the command
+        line calls it before it downloads weights); the default accepts every network."""
 
     def triton_notes(self, *, input_name: str, max_batch_size: int, image_size: int) -> str:
         """Extra Markdown for the Triton repository's README (e.g. building a TensorRT engine)."""
