@@ -8,7 +8,7 @@ anything.
 from __future__ import annotations
 
 __all__ = ["BACKENDS", "CACHE_DIR_ENV", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES",
-           "LAYERS", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION"]
+           "LAYERS", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
@@ -52,3 +52,7 @@ CACHE_DIR_ENV = "CONVNETS_CACHE_DIR"
 
 #: ``convnets train --data-backend`` choices (see :mod:`convnets.data`).
 BACKENDS: tuple[str, ...] = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")
+
+#: ``convnets export --triton-backend`` choices: the format's own Triton backend, or Triton's Python
+#: backend running the file (see :mod:`convnets.deploy.triton`).
+TRITON_BACKENDS: tuple[str, ...] = ("native", "python")
