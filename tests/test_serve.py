@@ -388,6 +388,21 @@ def test_health_and_metrics(served: Server, photos: list[Path]) -> None:
     assert refused.value.code in (401, 403)
 
 
+def test_the_serving_page_snippet_classifies_a_jpeg(served: Server, checkpoint: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from test_docs import python_blocks
+
+    (block,) = [b for b in python_blocks(REPO / "docs" / "serving.md") if "tritonclient" in b.code]
+    assert block.not_run and "tests/test_serve.py" in block.not_run
+    code = block.code.replace("localhost:8000", f"127.0.0.1:{served.http_port}").replace('"se_resnext101_32x4d"',
+                                                                                          '"tiny"')
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert main(["predict", "--weights", str(checkpoint), "--engine", "torch", "--json", "examples/rocket.jpg"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert done.stdout.splitlines() == [f"{100 * t['probability']:6.2f}%  {t['label']}" for t in record["top"]]
+
+
 def test_sigterm_stops_the_server_and_every_process_it_started(served: Server) -> None:
     assert served.children and all(psutil.pid_exists(pid) for pid in served.children)  # tritonserver and its stub
     status, seconds = served.stop(signal.SIGTERM)
@@ -396,6 +411,35 @@ def test_sigterm_stops_the_server_and_every_process_it_started(served: Server) -
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert seconds < 30
     assert all(port_is_free(p) for p in (served.http_port, served.grpc_port, served.metrics_port))
+
+
+# --- the backend's model, in this process --------------------------------------------------------
+
+def test_the_embedding_output_is_the_embed_command_s_vector(checkpoint: Path, photos: list[Path]) -> None:
+    """--embedding: the pooled layer4 features (``convnets.embed``'s), and the probabilities computed from
+    them equal the model's; the config declares the output with the features' length."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from convnets.serve.backend import Classifier
+    from convnets.serve.repository import ServedModel, model_config
+
+    model = convnets.load_model(checkpoint)
+    served = ServedModel(name="tiny", model="tiny", weights=str(checkpoint), pretrained=False, image_size=224,
+                         engine="torch", precision="fp32", device="cpu", topk=3, threads=2, max_batch_size=8,
+                         max_queue_delay_us=0, max_image_bytes=2**20, labels=tuple(NAMES),
+                         num_features=model.num_features, embedding=True)
+    classifier = Classifier(served)
+    decoded = classifier.decode([p.read_bytes() for p in photos[:4]])
+    assert not decoded.errors and list(decoded.rows) == [0, 1, 2, 3]
+    outputs = classifier.run(decoded.tensor)
+    vectors = [v for _, v in convnets.embed(model, [str(p) for p in photos[:4]])]
+    np.testing.assert_allclose(outputs["embedding"], np.stack(vectors), rtol=1e-4, atol=1e-5)
+    batch = prepare_batch([str(p) for p in photos[:4]]).tensor
+    with torch.no_grad():
+        np.testing.assert_allclose(outputs["probabilities"], torch.softmax(model(batch), 1).numpy(), atol=1e-5)
+    config = text_format.Parse(model_config(served), model_config_pb2.ModelConfig())
+    assert [(o.name, list(o.dims)) for o in config.output][-1] == ("embedding", [model.num_features])
 
 
 # --- exported Python-backend repositories --------------------------------------------------------
