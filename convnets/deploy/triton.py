@@ -127,9 +127,14 @@ def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
         runtime = (f'platform: "{fmt.triton_platform}"' if fmt.triton_platform
                    else f'backend: "{fmt.triton_backend}"')
         instances = f"instance_group [ {{ kind: {fmt.triton_instance_kind} }} ]\n" if fmt.triton_instance_kind else ""
+    serve = ("convnets serve --repository DIR (the Triton of convnets-hub[serve]), or a Triton with the Python "
+             f"backend and numpy + {fmt.triton_python_runtime}" if backend == "python"
+             else "tritonserver --model-repository=DIR (NGC's nvcr.io/nvidia/tritonserver, CPU or GPU)")
     return f"""\
 # Written by `convnets export --triton` ({export.format}, {export.precision} weights; float32 in and out;
-# {backend} backend).
+# {backend} backend). Serve: {serve}.
+# At scale: the same KServe v2 clients (HTTP/gRPC); on Kubernetes, a KServe InferenceService with the
+# Triton runtime (modelFormat triton) whose storageUri holds this repository.
 name: "{check_model_name(name)}"
 {runtime}
 max_batch_size: {max_batch_size}

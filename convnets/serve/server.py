@@ -47,6 +47,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -179,12 +180,11 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
-    """In the server process before exec: a new session (a terminal's Ctrl-C reaches this process,
-    which stops the server in order), and SIGTERM when this process dies (prctl PR_SET_PDEATHSIG)."""
-    os.setsid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _die_with_parent() -> Callable[[], None]:
+    """What the server process runs before exec: ask for SIGTERM when this process dies (Linux's prctl
+    PR_SET_PDEATHSIG). The function is looked up here, before the fork: the child only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGTERM)
 
 
 def _descendants(pid: int) -> set[int]:
@@ -291,8 +291,10 @@ class TritonServer:
         else:
             self._log = output = self.log_path.open("wb")
         log.debug("starting %s", " ".join(command))
+        # A session of its own: a terminal's Ctrl-C reaches this process only, which stops the server in order.
         self.process = subprocess.Popen(command, env=_environment(), stdin=subprocess.DEVNULL, stdout=output,
-                                        stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_die_with_parent())
         self._wait_ready()
         self._started = _descendants(self.process.pid) | {self.process.pid}
 
