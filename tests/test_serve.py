@@ -388,6 +388,22 @@ def test_health_and_metrics(served: Server, photos: list[Path]) -> None:
     assert refused.value.code in (401, 403)
 
 
+def test_the_backend_runs_on_the_server_interpreter_s_libpython(served: Server, serve_python: str) -> None:
+    """Triton's Python-backend stub links libpython3.X.so by name: it must load the running interpreter's,
+    not another copy on the system (whose standard library would not match: PyTriton issue #51)."""
+    query = "import sysconfig; print(sysconfig.get_config_var('Py_ENABLE_SHARED'), sysconfig.get_config_var('LIBDIR'))"
+    shared, libdir = subprocess.run([serve_python, "-c", query], capture_output=True, text=True,
+                                    check=True).stdout.split()
+    if shared != "1":
+        pytest.skip("this interpreter links no shared libpython: the stub can only load another one")
+    stubs = [pid for pid in served.children if "python_backend_stub" in psutil.Process(pid).name()
+             + " ".join(psutil.Process(pid).cmdline())]
+    assert stubs
+    for pid in stubs:
+        mapped = {m.path for m in psutil.Process(pid).memory_maps() if "libpython" in Path(m.path).name}
+        assert mapped and all(Path(path).resolve().parent == Path(libdir).resolve() for path in mapped), mapped
+
+
 def test_the_serving_page_snippet_classifies_a_jpeg(served: Server, checkpoint: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from test_docs import python_blocks
@@ -440,6 +456,21 @@ def test_the_embedding_output_is_the_embed_command_s_vector(checkpoint: Path, ph
         np.testing.assert_allclose(outputs["probabilities"], torch.softmax(model(batch), 1).numpy(), atol=1e-5)
     config = text_format.Parse(model_config(served), model_config_pb2.ModelConfig())
     assert [(o.name, list(o.dims)) for o in config.output][-1] == ("embedding", [model.num_features])
+
+
+def test_a_model_that_cannot_load_in_the_backend_says_why(tmp_path: Path) -> None:
+    """The backend writes the reason, in command-line words, where the server reads it to report it."""
+    from convnets.serve.backend import LOAD_ERROR_FILE, TritonPythonModel
+    from convnets.serve.repository import ServedModel, write_repository
+
+    gone = tmp_path / "gone.pth.tar"
+    served = ServedModel(name="tiny", model="tiny", weights=str(gone), pretrained=False, image_size=224,
+                         engine="torch", precision="fp32", device="cpu", topk=3, threads=1, max_batch_size=8,
+                         max_queue_delay_us=0, max_image_bytes=2**20, labels=tuple(NAMES), num_features=64)
+    model_dir = write_repository(tmp_path, served)
+    with pytest.raises(convnets.CheckpointError):
+        TritonPythonModel().initialize({"model_repository": str(model_dir)})
+    assert (model_dir / LOAD_ERROR_FILE).read_text() == f"checkpoint {gone} does not exist or is not a file"
 
 
 # --- exported Python-backend repositories --------------------------------------------------------
