@@ -109,13 +109,13 @@ def run(args: argparse.Namespace) -> int:
     from convnets.serve.server import Endpoints, TritonServer, stop_on_signals, triton_distribution
 
     endpoints = Endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port).resolved()
-    if args.repository is not None:
-        repository = _check_repository(args)
-    elif args.name is not None:
+    given = _check_repository(args) if args.repository is not None else None
+    if args.name is not None:
         _check_name(args.name)
     triton_distribution()  # the serve extra is installed: checked before a model loads
     with tempfile.TemporaryDirectory(prefix="convnets-serve-") as workspace:
-        if args.repository is not None:
+        if given is not None:
+            repository = given
             names = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
         else:
             from convnets.serve.repository import write_repository
