@@ -225,7 +225,8 @@ def test_wheel_ships_the_example_photos(tmp_path: Path) -> None:
     # makes in the checkout (copying it took 30 s of each CI run).
     source = tmp_path / "src"
     shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "tests", "benchmarks"))
+        ".git", ".venv", ".venv-serve", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "tests",
+        "benchmarks"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path), str(source)], check=True, capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("convnets_hub-*.whl")  # the distribution is convnets-hub
