@@ -268,8 +268,8 @@ def render_serve(r: Mapping[str, Any]) -> str:
              f"({_range(row['vs_in_process_min_max'])})", ms(row["p50_ms"]), ms(row["p99_ms"]),
              "" if row["mean_batch"] is None else f"{row['mean_batch']:.1f}"] for row in r["rows"]]
     worst = r["worst_ratio_from_8_clients"]
-    verdict = "" if worst is None else (f"\n\nFrom 8 clients on, the served throughput is at least {worst:.2f}x "
-                                        f"in-process (target {r['target_ratio']}x: "
+    verdict = "" if worst is None else (f"\n\nFrom 8 clients on, the median served throughput is at least "
+                                        f"{worst:.2f}x in-process (target {r['target_ratio']}x: "
                                         f"{'met' if worst >= r['target_ratio'] else 'not met'}).")
     load = ", ".join(f"{v:.1f}" for v in r["load_average"])
     return (f"{r['model']} {r['precision']}, engine {r['engine']}, {r['requests']} {r['image']} images per "
