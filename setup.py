@@ -62,6 +62,9 @@ setup(
         # convnets train: OUT/tensorboard/ event files; OUT/curves.png and `convnets plot`.
         "tensorboard": ["tensorboard>=2.14"],
         "plots": ["matplotlib>=3.7"],
+        # `convnets serve`: PyTriton ships the Triton Inference Server binary and its Python backend (Linux
+        # wheels only); it needs numpy < 2. tritonclient is the client of the docs' examples.
+        "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50"],
         # `convnets evaluate` on ImageNet's devkit layout (meta.mat; torchvision's devkit parser needs it too)
         "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`, `convnets embed --output FILE.parquet`
@@ -79,7 +82,10 @@ setup(
             "onnxruntime>=1.17",
             "openvino>=2025.0",
             "nncf>=2.16",
-            "tritonclient>=2.40",  # its ModelConfig protobuf parses the generated config.pbtxt back
+            # its ModelConfig protobuf parses the generated config.pbtxt back; tests/test_serve.py's clients
+            # (the server itself runs in an environment with the serve extra, which pins numpy < 2: see there)
+            "tritonclient[http,grpc]>=2.50",
+            "psutil>=5.9",  # tests/test_serve.py: every process a server started is gone after it stops
             "protobuf>=4",
             "tensorboard>=2.14",  # its EventAccumulator reads the training run's event files back
             "matplotlib>=3.7",

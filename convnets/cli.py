@@ -56,6 +56,9 @@ COMMANDS: dict[str, Command] = {
     "cache": Command("convnets.commands.cache",
                      "list, trim or clear the engine cache (graphs converted for ONNX Runtime / OpenVINO, "
                      "and auto's checks)"),
+    "serve": Command("convnets.commands.serve",
+                     "serve a classifier on the Triton Inference Server: KServe v2 over HTTP and gRPC, dynamic "
+                     "batching, health and metrics (the serve extra)"),
     "plot": Command("convnets.commands.plot",
                     "draw a training run's loss and top-1 curves (OUT/curves.png) from its metrics.jsonl"),
 }
@@ -75,7 +78,7 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     selected = set(COMMANDS) if commands is None else set(commands)
     parser = argparse.ArgumentParser(
         prog="convnets",
-        description="NVIDIA's ResNet-family classifiers: predict, embed, train, export, benchmark, manage weights.")
+        description="NVIDIA's ResNet-family classifiers: predict, embed, train, export, serve, benchmark, manage weights.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_IMAGE_SIZE",
            "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK", "IMAGE_SUFFIXES", "LAYERS", "MAX_BATCH_SIZE",
-           "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION"]
+           "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
@@ -66,3 +66,7 @@ DEFAULT_CACHE_MAX_SIZE = 4 << 30
 
 #: ``convnets train --data-backend`` choices (see :mod:`convnets.data`).
 BACKENDS: tuple[str, ...] = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")
+
+#: ``convnets export --triton-backend`` choices: the format's own Triton backend, or Triton's Python
+#: backend running the file (see :mod:`convnets.deploy.triton`).
+TRITON_BACKENDS: tuple[str, ...] = ("native", "python")

@@ -28,7 +28,7 @@ from typing import Literal
 
 __all__ = ["CheckpointError", "ConvnetsError", "DataError", "ExportError", "ImageDecodeError", "ImageDownloadError",
            "ImageLoadError", "ImageNotFoundError", "Interface", "InvalidArgumentError", "ManifestError",
-           "MissingDependencyError", "TrainingDivergedError", "UnknownArgumentError", "UnknownModelError",
+           "MissingDependencyError", "ServeError", "TrainingDivergedError", "UnknownArgumentError", "UnknownModelError",
            "UnsupportedPrecisionError", "WeightsUnavailableError", "message_for", "short_repr"]
 
 #: The interfaces a message can be written for: Python (keywords, calls) or the command line (options).
@@ -186,3 +186,8 @@ class ExportError(ConvnetsError, RuntimeError):
 
 class MissingDependencyError(ConvnetsError, ImportError):
     """An optional dependency is not installed; the message names the pip extra that brings it."""
+
+
+class ServeError(ConvnetsError, RuntimeError):
+    """The inference server could not start (a port taken, the model failed to load in it) or stopped
+    on its own; the message says which, with the server's own reason."""

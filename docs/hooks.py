@@ -266,6 +266,24 @@ def render_train(r: Mapping[str, Any]) -> str:
             + table(["precision", "layout", "img/s", "median step (ms)", "vs fp32 nchw"], rows, "llrrr"))
 
 
+def render_serve(r: Mapping[str, Any]) -> str:
+    def ms(value: float | None) -> str:
+        return "" if value is None else f"{value:.0f}"
+    rows = [[row["variant"], f"{row['img_per_s']:.2f}", f"{row['vs_in_process']:.2f}x "
+             f"({_range(row['vs_in_process_min_max'])})", ms(row["p50_ms"]), ms(row["p99_ms"]),
+             "" if row["mean_batch"] is None else f"{row['mean_batch']:.1f}"] for row in r["rows"]]
+    worst = r["worst_ratio_from_8_clients"]
+    verdict = "" if worst is None else (f"\n\nFrom 8 clients on, the median served throughput is at least "
+                                        f"{worst:.2f}x in-process (target {r['target_ratio']}x: "
+                                        f"{'met' if worst >= r['target_ratio'] else 'not met'}).")
+    load = ", ".join(f"{v:.1f}" for v in r["load_average"])
+    return (f"{r['model']} {r['precision']}, engine {r['engine']}, {r['requests']} {r['image']} images per "
+            f"measurement, --max-batch-size {r['max_batch_size']}, --max-queue-delay-ms {r['queue_delay_ms']:g}; "
+            f"median of {r['rounds']} interleaved rounds (load average before and after: {load}):\n\n"
+            + table(["variant", "img/s", "vs in process (median, min-max)", "p50 ms", "p99 ms", "mean batch"], rows,
+                    "lrrrrr") + verdict)
+
+
 #: results name (``benchmarks/results/NAME.json``) -> (renderer of its ``results``, the command that makes it)
 RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_first_prediction": (render_first_prediction, "python benchmarks/bench_first_prediction.py"),
@@ -280,6 +298,7 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_load": (render_load, "python benchmarks/bench_load.py"),
     "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
     "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),
+    "bench_serve": (render_serve, "python benchmarks/bench_serve.py"),
     "bench_train": (render_train, "python benchmarks/bench_train.py"),
     "bench_train_cuda": (render_train, "python benchmarks/bench_train.py --device cuda"),
 }

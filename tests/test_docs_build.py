@@ -236,6 +236,16 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
          "speedup_median": 1.947, "speedup_best": 1.915, "max_abs_diff": 0.0, "bitwise_equal": True},
         ["| `upstream loop` | 4.568 | 4.401 | 4.500 |", "| `prepare_input_from_uri()` | 2.346 | 2.299 | 4.610 |",
          "Speed-up (median): 1.95x (best/best 1.92x)"]),
+    "bench_serve": (
+        {"model": "se_resnext101_32x4d", "engine": "openvino", "precision": "fp32", "requests": 64,
+         "image": "500x375 JPEG", "max_batch_size": 16, "queue_delay_ms": 5.0, "rounds": 3, "target_ratio": 0.8,
+         "worst_ratio_from_8_clients": 0.912, "load_average": [3.1, 4.2],
+         "rows": [{"variant": "in process", "img_per_s": 9.81, "img_per_s_all_rounds": [9.81], "vs_in_process": 1.0,
+                   "vs_in_process_min_max": [1.0, 1.0], "p50_ms": None, "p99_ms": None, "mean_batch": None},
+                  {"variant": "8 clients", "img_per_s": 8.95, "img_per_s_all_rounds": [8.95], "vs_in_process": 0.912,
+                   "vs_in_process_min_max": [0.88, 0.95], "p50_ms": 801.4, "p99_ms": 1210.9, "mean_batch": 6.2}]},
+        ["| in process | 9.81 | 1.00x (1.00-1.00) |  |  |  |", "| 8 clients | 8.95 | 0.91x (0.88-0.95) | 801 | 1211 | 6.2 |",
+         "the median served throughput is at least 0.91x in-process (target 0.8x: met)"]),
     "bench_train": (
         {"arch": "resnext101_32x4d", "tiny_kwargs": {"layers": [1, 1, 1, 1]}, "device": "cpu",
          "device_name": "CPU, 2 threads", "batch_size": 32, "image_size": 128, "steps": 8, "warmup": 3,

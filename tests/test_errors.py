@@ -246,6 +246,9 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         2, "a download's deadline passed: both callers (preprocessing.io, weights.download) catch it and "
            "raise ImageDownloadError / WeightsUnavailableError naming the URL and the limit"),
     ("hubconf.py", "RuntimeError"): (1, "two registered models claim one hub name: a developer's mistake"),
+    ("convnets/deploy/triton_python.py", "ValueError"): (
+        1, "the model.py that export copies into Python-backend repositories imports nothing from convnets; "
+           "a config naming no known runtime fails the model's load, which Triton reports"),
 }
 
 

@@ -119,7 +119,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     source = out / "src"
     shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "tests", "benchmarks"))
+        ".git", ".venv", ".venv-serve", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "tests",
+        "benchmarks"))
     # No build isolation: the test must not need the network to fetch setuptools.
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(out), str(source)], check=True, capture_output=True, timeout=300)

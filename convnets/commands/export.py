@@ -7,6 +7,7 @@ Examples::
 
     convnets export --model se_resnext101_32x4d --format onnx --output exported/
     convnets export --model resnext101_32x4d --format openvino --triton --max-batch-size 64 --output models/
+    convnets export --weights checkpoint.pth.tar --format onnx --triton --triton-backend python --output models/
     convnets export --weights checkpoint.pth.tar --format aoti --output exported/
     convnets export --weights checkpoint.pth.tar --format onnx --precision fp16 --output exported/
     convnets export --model resnext101_32x4d --format timm --output resnext101_32x4d.nvidia/
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from convnets.commands.batch_options import add_private_urls_argument
 from convnets.commands.options import (add_image_size_argument, add_json_argument, add_model_arguments,
                                        add_output_argument, add_precision_argument, batch_size, load_from_args)
-from convnets.constants import DEFAULT_IMAGE_SIZE
+from convnets.constants import DEFAULT_IMAGE_SIZE, TRITON_BACKENDS
 from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS
@@ -51,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--triton", action="store_true",
                         help="write DIR/<name>/config.pbtxt and DIR/<name>/1/<the format's files> for Triton "
                              "(formats: " + ", ".join(f.name for f in formats if f.serves_on_triton) + ")")
+    parser.add_argument("--triton-backend", choices=TRITON_BACKENDS, default=None,
+                        help="with --triton: native (default) uses the format's own Triton backend, as NGC's Triton "
+                             "containers run it; python writes a model.py that runs the file with ONNX Runtime or "
+                             "OpenVINO in Triton's Python backend (formats: "
+                             + ", ".join(f.name for f in formats if f.triton_python_runtime)
+                             + "), which the Triton of the serve extra runs: convnets serve --repository DIR")
     parser.add_argument("--name", help="Triton model name (default: the model name)")
     parser.add_argument("--max-batch-size", type=batch_size, metavar="N",
                         help=f"Triton max_batch_size (default: {DEFAULT_MAX_BATCH_SIZE})")
@@ -97,10 +104,11 @@ def run(args: argparse.Namespace) -> int:
 
     fmt = get_format(args.format)
     options = fmt.resolve_options(_format_options(args, fmt))  # bad values fail before the model loads
-    if (args.name or args.max_batch_size is not None) and not args.triton:
-        raise InvalidArgumentError("--name and --max-batch-size apply to --triton")
+    if (args.name or args.max_batch_size is not None or args.triton_backend) and not args.triton:
+        raise InvalidArgumentError("--name, --max-batch-size and --triton-backend apply to --triton")
+    backend = args.triton_backend or TRITON_BACKENDS[0]
     if args.triton:
-        check_triton_format(fmt.name)
+        check_triton_format(fmt.name, backend)
     if args.name is not None:  # before the model loads, and named as the option
         try:
             check_model_name(args.name)
@@ -128,14 +136,14 @@ def run(args: argparse.Namespace) -> int:
     if args.triton:
         triton_files = write_triton_files(output, name, result, max_batch_size=max_batch_size,
                                           class_names=getattr(loaded.model, "class_names", None),
-                                          image_size=image_size)
+                                          image_size=image_size, backend=backend)
     if args.json:
         report = {"model": loaded.name, "weights": loaded.weights, **result.to_dict()}
         if args.precision == "fp16":
             report["note"] = _FP16_NOTE
         if args.triton:
             report["triton"] = {"repository": str(output), "name": name, "max_batch_size": max_batch_size,
-                                "files": [str(p) for p in triton_files]}
+                                "backend": backend, "files": [str(p) for p in triton_files]}
         print(json.dumps(report, indent=2))
         return 0
     _print_summary(loaded.name, loaded.weights, result)
@@ -144,7 +152,10 @@ def run(args: argparse.Namespace) -> int:
     if args.triton:
         print(f"Triton model repository {output}: model {name!r}, max_batch_size {max_batch_size}; "
               f"see {output / name / 'README.md'}")
-        print(f"  serve: tritonserver --model-repository={output.resolve()}")
+        if backend == "python":
+            print(f"  serve: convnets serve --repository {output.resolve()}")
+        else:
+            print(f"  serve: tritonserver --model-repository={output.resolve()}")
     return 0
 
 

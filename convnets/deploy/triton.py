@@ -6,9 +6,22 @@ Layout (https://github.com/triton-inference-server/server/blob/main/docs/user_gu
     DIR/<name>/config.pbtxt       platform, max_batch_size, input/output, dynamic batching
     DIR/<name>/labels.txt         class names, when the model has them (Triton's classification extension)
     DIR/<name>/1/model.onnx       the format's file(s): model.onnx, model.xml + model.bin (OpenVINO), model.pt, ...
+    DIR/<name>/1/model.py         the Python-backend variant only: runs the file (convnets.deploy.triton_python)
 
-Each export format (:mod:`convnets.deploy.formats`) names its Triton ``platform`` or ``backend``
-and its file names; a format with neither cannot be served this way.
+Two variants (``backend``, ``convnets export --triton-backend``), with the same tensors, so the
+same client works with either:
+
+* ``native`` (default): the format's own Triton backend, named by its ``platform`` or ``backend``
+  (``onnxruntime_onnx``, ``openvino``, ``pytorch_libtorch``): what NGC's Triton containers run, on
+  GPUs too; a format with neither cannot be served this way;
+* ``python``: Triton's Python backend running ``model.py`` (:mod:`convnets.deploy.triton_python`),
+  which loads ``model.onnx`` with ONNX Runtime or ``model.xml`` with OpenVINO on the CPU. The Triton
+  that ``pip install 'convnets-hub[serve]'`` installs has only this backend: ``convnets serve
+  --repository DIR`` serves this variant on the machine that exported it.
+
+At scale, either variant is served the same way: Triton's KServe v2 protocol over HTTP and gRPC
+(the same client code), and on Kubernetes as a KServe ``InferenceService`` whose Triton runtime
+reads the repository from storage (the README written with it shows both).
 
 Upstream's Triton flow imported a module that was removed in 2021; this one writes the files from
 the export itself, so names and shapes always match the model file.
@@ -21,12 +34,18 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from convnets.constants import TRITON_BACKENDS
 from convnets.deploy.export import ExportResult
 from convnets.preprocessing.presets import EvalPreset
 from convnets.deploy.formats import ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError
 
-__all__ = ["check_model_name", "check_triton_format", "model_version_dir", "triton_config", "write_triton_files"]
+__all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_version_dir", "triton_config",
+           "write_labels", "write_triton_files"]
+
+#: The config parameters that tell the Python variant's model.py which runtime loads which file
+#: (convnets.deploy.triton_python reads them under the same names).
+RUNTIME_PARAMETER, FILE_PARAMETER = "runtime", "model_file"
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -38,13 +57,23 @@ def check_model_name(name: str) -> str:
     return name
 
 
-def check_triton_format(name: str) -> ExportFormat:
-    """The registered format ``name`` if Triton can serve it.
+def check_triton_format(name: str, backend: str = "native") -> ExportFormat:
+    """The registered format ``name`` if Triton can serve it as the ``backend`` variant says.
 
     Raises:
-        InvalidArgumentError: unknown format, or one that has no Triton platform or backend.
+        InvalidArgumentError: unknown format or variant, or a format that has no Triton platform or
+            backend (``native``) or no runtime for the Python backend (``python``).
     """
     fmt = get_format(name)
+    if backend not in TRITON_BACKENDS:
+        raise InvalidArgumentError(f"backend must be one of {', '.join(TRITON_BACKENDS)}, got {backend!r}",
+                                   cli=f"--triton-backend must be one of {', '.join(TRITON_BACKENDS)}, got {backend!r}")
+    if backend == "python":
+        if fmt.triton_python_runtime is None:
+            runnable = [f"--format {f.name}" for f in export_formats() if f.triton_python_runtime]
+            raise InvalidArgumentError(f"Triton's Python backend runs no {fmt.name} files here; use "
+                                       f"{' or '.join(runnable)} with --triton-backend python")
+        return fmt
     if not fmt.serves_on_triton:
         servable = [f"--format {f.name}" for f in export_formats() if f.serves_on_triton]
         raise InvalidArgumentError(f"Triton has no backend for the {fmt.name} format; use {' or '.join(servable)} "
@@ -62,7 +91,7 @@ def _dims(shape: Sequence[int]) -> str:
 
 
 def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
-                  has_labels: bool = False) -> str:
+                  has_labels: bool = False, backend: str = "native") -> str:
     """The text of ``config.pbtxt`` (protobuf text format of Triton's ``ModelConfig``).
 
     Args:
@@ -71,6 +100,7 @@ def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
         max_batch_size: largest batch Triton forms; the leading batch axis is implicit in the
             ``dims`` (Triton's convention when ``max_batch_size > 0``).
         has_labels: reference ``labels.txt`` from the output.
+        backend: ``"native"`` (the format's Triton backend) or ``"python"`` (``model.py`` runs it).
 
     Returns:
         The configuration text.
@@ -83,14 +113,28 @@ def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
         raise InvalidArgumentError(f"max_batch_size must be at least 1, got {max_batch_size}")
     if export.input_shape[0] != -1 or export.output_shape[0] != -1:
         raise InvalidArgumentError("the exported model has no dynamic batch axis; Triton batching needs one")
-    fmt = check_triton_format(export.format)
+    fmt = check_triton_format(export.format, backend)
     label = '\n    label_filename: "labels.txt"' if has_labels else ""
-    # Triton names a model's runtime either by platform (onnxruntime_onnx, pytorch_libtorch) or by
-    # backend (openvino, python).
-    runtime = f'platform: "{fmt.triton_platform}"' if fmt.triton_platform else f'backend: "{fmt.triton_backend}"'
-    instances = f"instance_group [ {{ kind: {fmt.triton_instance_kind} }} ]\n" if fmt.triton_instance_kind else ""
+    parameters = ""
+    if backend == "python":
+        # model.py (convnets.deploy.triton_python) reads what to load from these; it runs on the CPU.
+        runtime, instances = 'backend: "python"', "instance_group [ { kind: KIND_CPU } ]\n"
+        parameters = "".join(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n' for key, value in
+                             ((RUNTIME_PARAMETER, fmt.triton_python_runtime), (FILE_PARAMETER, fmt.file_names[0])))
+    else:
+        # Triton names a model's runtime either by platform (onnxruntime_onnx, pytorch_libtorch) or by
+        # backend (openvino).
+        runtime = (f'platform: "{fmt.triton_platform}"' if fmt.triton_platform
+                   else f'backend: "{fmt.triton_backend}"')
+        instances = f"instance_group [ {{ kind: {fmt.triton_instance_kind} }} ]\n" if fmt.triton_instance_kind else ""
+    serve = ("convnets serve --repository DIR (the Triton of convnets-hub[serve]), or a Triton with the Python "
+             f"backend and numpy + {fmt.triton_python_runtime}" if backend == "python"
+             else "tritonserver --model-repository=DIR (NGC's nvcr.io/nvidia/tritonserver, CPU or GPU)")
     return f"""\
-# Written by `convnets export --triton` ({export.format}, {export.precision} weights; float32 in and out).
+# Written by `convnets export --triton` ({export.format}, {export.precision} weights; float32 in and out;
+# {backend} backend). Serve: {serve}.
+# At scale: the same KServe v2 clients (HTTP/gRPC); on Kubernetes, a KServe InferenceService with the
+# Triton runtime (modelFormat triton) whose storageUri holds this repository.
 name: "{check_model_name(name)}"
 {runtime}
 max_batch_size: {max_batch_size}
@@ -113,10 +157,42 @@ output [
 dynamic_batching {{
   max_queue_delay_microseconds: 100
 }}
-{instances}"""
+{instances}{parameters}"""
 
 
-def _readme(repository: Path, name: str, export: ExportResult, max_batch_size: int, image_size: int) -> str:
+def _serve_section(repository: Path, backend: str, fmt: ExportFormat) -> str:
+    """How to serve the repository: on this machine (Python variant), in NGC's container, on Kubernetes."""
+    docker = f"""    docker run --gpus all --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 \\
+        -v {repository.resolve()}:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 \\
+        tritonserver --model-repository=/models"""
+    if backend == "python":
+        here = f"""Here, with the Triton that the `serve` extra installs (Linux; its Python backend runs `1/model.py`,
+which loads the file with {fmt.triton_python_runtime}):
+
+    pip install 'convnets-hub[serve]'
+    convnets serve --repository {repository.resolve()}
+
+In NGC's Triton container, whose Python backend needs `pip install numpy {fmt.triton_python_runtime}` first
+(or, faster and on GPUs, export the native variant: `convnets export --triton` without
+`--triton-backend python`):
+
+{docker}"""
+    else:
+        here = f"""With NGC's Triton container (its {fmt.triton_platform or fmt.triton_backend} backend; `convnets export --triton
+--triton-backend python` writes a variant that `convnets serve --repository` runs without a container):
+
+{docker}"""
+    return f"""## Serve
+
+{here}
+
+At scale the client does not change: every Triton speaks the KServe v2 (Open Inference) protocol
+over HTTP and gRPC. On Kubernetes, serve the repository as a KServe `InferenceService` with the
+Triton runtime (`modelFormat: {{name: triton}}`, `storageUri` pointing at a copy of this directory)."""
+
+
+def _readme(repository: Path, name: str, export: ExportResult, max_batch_size: int, image_size: int,
+            backend: str) -> str:
     fmt = get_format(export.format)
     files = ", ".join(f"`{name}/1/{p.name}`" for p in export.files)
     resize_size = EvalPreset.for_image_size(image_size).resize_size
@@ -129,11 +205,7 @@ Input `{export.input_name}`: float32 `[N, {", ".join(str(d) for d in export.inpu
 RGB (resize {resize_size}, center crop {image_size}, ImageNet mean/std); output `{export.output_name}`:
 float32 logits `[N, {", ".join(str(d) for d in export.output_shape[1:])}]`; N up to {max_batch_size}.
 
-## Serve
-
-    docker run --gpus all --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 \\
-        -v {repository.resolve()}:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 \\
-        tritonserver --model-repository=/models
+{_serve_section(repository, backend, fmt)}
 
 ## Query (pip install 'tritonclient[http]')
 
@@ -141,7 +213,7 @@ float32 logits `[N, {", ".join(str(d) for d in export.output_shape[1:])}]`; N up
 import numpy as np
 import tritonclient.http as httpclient
 
-client = httpclient.InferenceClient("localhost:8000")
+client = httpclient.InferenceServerClient("localhost:8000")
 batch = np.zeros((1, 3, {image_size}, {image_size}), dtype=np.float32)  # your preprocessed images
 inp = httpclient.InferInput({json.dumps(export.input_name)}, list(batch.shape), "FP32")
 inp.set_data_from_numpy(batch)
@@ -152,9 +224,22 @@ print(logits.argmax(1))
 {notes}"""
 
 
+def write_labels(model_dir: Path, labels: Sequence[str]) -> Path:
+    """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names).
+
+    Returns:
+        The file written.
+    """
+    path = model_dir / "labels.txt"
+    path.write_text("\n".join(labels) + "\n", encoding="utf-8")
+    return path
+
+
 def write_triton_files(repository: str | Path, name: str, export: ExportResult, *, max_batch_size: int,
-                       class_names: Sequence[str] | None = None, image_size: int = 224) -> list[Path]:
-    """Write ``config.pbtxt``, ``labels.txt`` (if ``class_names``) and ``README.md`` for ``export``.
+                       class_names: Sequence[str] | None = None, image_size: int = 224,
+                       backend: str = "native") -> list[Path]:
+    """Write ``config.pbtxt``, ``labels.txt`` (if ``class_names``) and ``README.md`` for ``export``,
+    and ``1/model.py`` for the ``"python"`` backend variant (a copy of :mod:`convnets.deploy.triton_python`).
 
     The model file itself must already be at ``model_version_dir(repository, name) /`` the
     format's first file name (``model.onnx``, ``model.pt``, ...), which is where the export command
@@ -169,7 +254,7 @@ def write_triton_files(repository: str | Path, name: str, export: ExportResult, 
     """
     repository = Path(repository)
     model_dir = repository / check_model_name(name)
-    expected = model_version_dir(repository, name) / check_triton_format(export.format).file_names[0]
+    expected = model_version_dir(repository, name) / check_triton_format(export.format, backend).file_names[0]
     if export.path.resolve() != expected.resolve():
         raise InvalidArgumentError(f"the model file must be {expected} for Triton, not {export.path}")
     written = []
@@ -177,11 +262,19 @@ def write_triton_files(repository: str | Path, name: str, export: ExportResult, 
     if labels and len(labels) != export.output_shape[-1]:
         raise InvalidArgumentError(f"{len(labels)} class names for {export.output_shape[-1]} outputs")
     if labels:
-        written.append(model_dir / "labels.txt")
-        written[-1].write_text("\n".join(labels) + "\n", encoding="utf-8")
+        written.append(write_labels(model_dir, labels))
     written.append(model_dir / "config.pbtxt")
-    written[-1].write_text(triton_config(name, export, max_batch_size=max_batch_size, has_labels=bool(labels)),
-                           encoding="utf-8")
+    written[-1].write_text(triton_config(name, export, max_batch_size=max_batch_size, has_labels=bool(labels),
+                                         backend=backend), encoding="utf-8")
+    if backend == "python":
+        written.append(expected.parent / "model.py")
+        written[-1].write_text(triton_python_source().read_text(encoding="utf-8"), encoding="utf-8")
     written.append(model_dir / "README.md")
-    written[-1].write_text(_readme(repository, name, export, max_batch_size, image_size), encoding="utf-8")
+    written[-1].write_text(_readme(repository, name, export, max_batch_size, image_size, backend), encoding="utf-8")
     return written
+
+
+def triton_python_source() -> Path:
+    """The file that the Python-backend variant copies as ``model.py``: :mod:`convnets.deploy.triton_python`
+    (found, not imported: it imports Triton's backend module, which exists only where Triton runs it)."""
+    return Path(__file__).with_name("triton_python.py")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from convnets.errors import MissingDependencyError
 from convnets.fileio import atomic_write
@@ -30,7 +31,7 @@ DPI = 100
 MAX_SHOWN = 25
 
 
-def shown_classes(confusion: np.ndarray, pairs: list[tuple[int, int]], limit: int = MAX_SHOWN) -> list[int]:
+def shown_classes(confusion: npt.NDArray[Any], pairs: list[tuple[int, int]], limit: int = MAX_SHOWN) -> list[int]:
     """The classes the figure shows, in class order.
 
     Args:
@@ -52,7 +53,7 @@ def shown_classes(confusion: np.ndarray, pairs: list[tuple[int, int]], limit: in
     return sorted(chosen)
 
 
-def plot_confusion(confusion: np.ndarray, names: Sequence[str], path: str | Path, *, summary: str = "") -> Path:
+def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str | Path, *, summary: str = "") -> Path:
     """Draw a confusion (sub-)matrix into the PNG ``path``.
 
     Args:

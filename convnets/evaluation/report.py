@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from convnets.errors import InvalidArgumentError
 from convnets.fileio import atomic_write
@@ -61,7 +62,7 @@ class EvalTotals:
     top5: int
     images: int
     unreadable: int
-    confusion: np.ndarray | None = None
+    confusion: npt.NDArray[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,13 @@ class Counts:
 
     totals: EvalTotals
     images: int
-    confusion: np.ndarray
-    support: np.ndarray
-    predicted: np.ndarray
-    precision: np.ndarray
-    recall: np.ndarray
-    f1: np.ndarray
-    present: np.ndarray
+    confusion: npt.NDArray[Any]
+    support: npt.NDArray[Any]
+    predicted: npt.NDArray[Any]
+    precision: npt.NDArray[Any]
+    recall: npt.NDArray[Any]
+    f1: npt.NDArray[Any]
+    present: npt.NDArray[Any]
 
     @classmethod
     def of(cls, totals: EvalTotals) -> Counts:
@@ -185,7 +186,7 @@ class EvaluationReport:
     unreadable: int
     metrics: dict[str, float]
     classes: list[ClassMetrics]
-    confusion: np.ndarray
+    confusion: npt.NDArray[Any]
     confused_pairs: list[ConfusedPair]
     source: dict[str, Any] = field(default_factory=dict)
 

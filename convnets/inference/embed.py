@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
@@ -127,7 +128,7 @@ class Embedding(Result):
     """The result for one input: its vector, or why it could not be read (``ok``: see :class:`Result`)."""
 
     input: str
-    vector: np.ndarray | None = None
+    vector: npt.NDArray[Any] | None = None
     error: ImageLoadError | None = None
 
 
@@ -149,7 +150,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
     Yields:
         An :class:`Embedding` per input: a float32 vector, or the input's error.
     """
-    def vectors(batch: Tensor) -> np.ndarray:
+    def vectors(batch: Tensor) -> npt.NDArray[Any]:
         out = features(batch).float()
         return (nn.functional.normalize(out, dim=1) if normalize else out).cpu().numpy()
     chosen = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private)
@@ -179,7 +180,7 @@ def embed(
     on_error: Literal["skip", "raise"] = "skip",
     allow_private: bool = True,
     fast_decode: bool = False,
-) -> Iterator[tuple[str, np.ndarray]]:
+) -> Iterator[tuple[str, npt.NDArray[Any]]]:
     """Embed images: yields ``(input, vector)`` per readable input, in input order.
 
     Args:

@@ -10,8 +10,10 @@ import csv
 import functools
 import io
 from importlib import resources
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["NUM_CLASSES", "get_imgnet_classes", "get_imgnet_synsets"]
 
@@ -32,7 +34,7 @@ def _table() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(row["synset"] for row in rows), tuple(row["names"] for row in rows)
 
 
-def get_imgnet_classes() -> np.ndarray:
+def get_imgnet_classes() -> npt.NDArray[Any]:
     """The ImageNet-1k class names in label order, e.g. ``"tench, Tinca tinca"`` at index 0.
 
     Returns:
@@ -44,7 +46,7 @@ def get_imgnet_classes() -> np.ndarray:
     return np.array(_table()[1])
 
 
-def get_imgnet_synsets() -> np.ndarray:
+def get_imgnet_synsets() -> npt.NDArray[Any]:
     """The WordNet synset ids of the ImageNet-1k classes in label order, e.g. ``"n01440764"``.
 
     Returns:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from convnets.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -12,7 +15,7 @@ from .classes import _table
 __all__ = ["pick_n_best"]
 
 
-def pick_n_best(predictions: torch.Tensor | np.ndarray, n: int = 5, *,
+def pick_n_best(predictions: torch.Tensor | npt.NDArray[Any], n: int = 5, *,
                 verbose: bool = True) -> list[list[tuple[str, str]]]:
     """The ``n`` most probable classes of each sample, best first, printed as upstream prints them.
 

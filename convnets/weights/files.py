@@ -8,6 +8,7 @@ before it is needed; legacy (pre-1.6) files fall back to a normal read.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import re
@@ -27,7 +28,10 @@ __all__ = ["read_checkpoint"]
 # Upstream training checkpoints store metrics such as best_prec1 as numpy scalars; these
 # reconstructors only rebuild numbers and dtypes, so allowing them keeps weights_only safe.
 # Pickles name the scalar reconstructor by the module path of the numpy that wrote them.
-_np_scalar = (np._core if hasattr(np, "_core") else np.core).multiarray.scalar
+try:  # numpy >= 1.26 (1.26's numpy._core is an alias, importable but no attribute of numpy until imported)
+    _np_scalar = importlib.import_module("numpy._core.multiarray").scalar
+except ImportError:  # numpy < 1.26
+    _np_scalar = importlib.import_module("numpy.core.multiarray").scalar
 _SAFE_NUMPY: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
     (_np_scalar, "numpy.core.multiarray.scalar"), (_np_scalar, "numpy._core.multiarray.scalar"),
     np.dtype, *{type(np.dtype(t)) for t in "?bBhHiIlLqQefdgFD"}]

@@ -114,6 +114,8 @@ class ExportFormat(abc.ABC):
         triton_backend: Triton's ``backend`` when it is named by backend instead (``"openvino"``), or None.
         triton_instance_kind: Triton's ``instance_group`` kind when the backend runs on one kind of
             device only (``"KIND_CPU"``), or None for Triton's default (GPUs when there are any).
+        triton_python_runtime: the module that runs the file in a Triton Python-backend repository
+            (``"onnxruntime"``; :mod:`convnets.deploy.triton_python`), or None: no such variant.
         extra: the pip extra that brings :attr:`requires`.
         requires: modules that must import before export starts.
         precisions: the precisions it can export.
@@ -133,6 +135,7 @@ class ExportFormat(abc.ABC):
     triton_platform: ClassVar[str | None] = None
     triton_backend: ClassVar[str | None] = None
     triton_instance_kind: ClassVar[str | None] = None
+    triton_python_runtime: ClassVar[str | None] = None
     extra: ClassVar[str] = "export"
     requires: ClassVar[tuple[str, ...]] = ()
     precisions: ClassVar[tuple[str, ...]] = EXPORT_PRECISIONS

@@ -35,6 +35,7 @@ class OnnxFormat(ExportFormat):
     output_name = "output"
     runtime = "ONNX Runtime"
     triton_platform = "onnxruntime_onnx"
+    triton_python_runtime = "onnxruntime"
     requires = ("onnx", "onnxruntime")
     options = (FormatOption("opset", int, MIN_OPSET, f"ONNX opset ({MIN_OPSET} or newer)", _check_opset),)
 

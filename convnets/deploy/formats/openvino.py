@@ -65,6 +65,7 @@ class OpenVinoFormat(ExportFormat):
     runtime = "OpenVINO Runtime (CPU, f32)"
     triton_backend = "openvino"
     triton_instance_kind = "KIND_CPU"  # the backend runs on the CPU only
+    triton_python_runtime = "openvino"
     extra = "openvino"
     requires = ("openvino",)
 
@@ -117,7 +118,8 @@ Triton's [openvino backend](https://github.com/triton-inference-server/openvino_
 hence `instance_group [ {{ kind: KIND_CPU }} ]` in `config.pbtxt` (the server needs no `--gpus`).
 The IR's batch axis is dynamic (`[?, 3, {image_size}, {image_size}]`), which the backend uses for
 batches up to `max_batch_size` ({max_batch_size}). (No Triton server was run where this was
-written: the configuration is checked against Triton's ModelConfig schema and the IR, not served.)
+written: this configuration is checked against Triton's ModelConfig schema and the IR, not served;
+`--triton-backend python` writes a variant that the Triton of `pip install 'convnets-hub[serve]'` serves.)
 
 OpenVINO computes in bfloat16 by default on CPUs that support it (AVX512-BF16, AMX): faster, but
 the logits then move away from the fp32 ones verified here (by about 5e-3 relative on a small

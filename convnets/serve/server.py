@@ -1,0 +1,400 @@
+"""Run the Triton Inference Server that the ``serve`` extra installs on a model repository.
+
+``nvidia-pytriton`` ships a ``tritonserver`` binary (Triton 2.51 in PyTriton 0.7), Triton's Python
+backend and its stub process built for each Python version. This module runs that binary itself,
+rather than through PyTriton's ``Triton`` class: PyTriton's readiness wait does not notice a server
+that exited (a model that failed to load costs its full 120 s timeout), its server log goes to
+standard output, and a model bound with ``Triton.bind`` runs behind a proxy that fails every request
+of a dynamically formed batch when one of them is bad. A Python-backend repository
+(:mod:`convnets.serve.repository`, or ``convnets export --triton --triton-backend python``) answers
+each request on its own.
+
+:class:`TritonServer` starts the binary with
+
+* the interpreter's own ``libpython`` first on ``LD_LIBRARY_PATH``: the backend's stub links
+  ``libpython3.X.so`` by name, and would otherwise load the system's copy, which can be another
+  patch release than the standard library this interpreter runs (PyTriton issue #51:
+  ``'_thread.RLock' object has no attribute '_recursion_count'``);
+* this interpreter's ``bin`` first on ``PATH``: the stub finds its environment (its
+  ``site-packages``) there; it ignores ``PYTHONPATH``;
+* HTTP, gRPC and metrics on the host and ports asked for (port 0: a free port, picked here);
+* readiness only once every model is loaded, and a server that stops if one fails to load;
+* the APIs that change the server (model repository, shared memory, trace, logging settings)
+  closed to clients: they need a random token that only this process knew.
+
+It waits until ``/v2/health/ready`` answers, or the server exits (then :class:`ServeError` says why:
+the model's load error, else the server's last error lines). Stopping sends Triton ``SIGINT``: it
+finishes the requests in flight, for :data:`EXIT_TIMEOUT_S` seconds at most, unloads the models
+(their stub processes exit) and exits; anything left after that is killed, so every process it
+started is gone and the ports are free. The server is also given ``PR_SET_PDEATHSIG``: if this
+process is killed outright, the kernel sends it ``SIGTERM``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import IO, Any
+
+from convnets.errors import InvalidArgumentError, MissingDependencyError, ServeError
+
+__all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "EXIT_TIMEOUT_S", "Endpoints",
+           "TritonServer", "stop_on_signals", "triton_distribution"]
+
+log = logging.getLogger(__name__)
+
+#: Triton's own default ports.
+DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 8000, 8001, 8002
+#: Seconds Triton waits for requests in flight when told to stop (its ``--exit-timeout-secs``).
+EXIT_TIMEOUT_S = 5
+#: Seconds allowed for the server to load its models and answer ready.
+STARTUP_TIMEOUT_S = 600.0
+#: What clients cannot call: changing the server's models, shared memory, tracing and logging.
+_RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
+_TOKEN_HEADER = "convnets-admin-token"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the server listens.
+
+    Attributes:
+        host: the address every endpoint binds (``127.0.0.1``: this machine only; ``0.0.0.0``: all).
+        http_port, grpc_port, metrics_port: the ports; 0 picks a free one (:meth:`resolved`).
+    """
+
+    host: str = "127.0.0.1"
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_port: int = DEFAULT_GRPC_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+
+    def ports(self) -> dict[str, int]:
+        """Option name (``--http-port``, ...) -> port."""
+        return {"--http-port": self.http_port, "--grpc-port": self.grpc_port, "--metrics-port": self.metrics_port}
+
+    def resolved(self) -> Endpoints:
+        """These endpoints with each port 0 replaced by a free port, all checked to be free.
+
+        Raises:
+            InvalidArgumentError: a port that is taken, the same port twice, or a host that cannot be bound.
+        """
+        chosen: dict[str, int] = {}
+        for option, port in self.ports().items():
+            if port and port in chosen.values():
+                raise InvalidArgumentError(f"{option} {port}: the port is also another endpoint's; give each its own")
+            chosen[option] = _free_port(self.host, port, option)
+        return replace(self, http_port=chosen["--http-port"], grpc_port=chosen["--grpc-port"],
+                       metrics_port=chosen["--metrics-port"])
+
+    def probe_host(self) -> str:
+        """The address a client on this machine reaches the server at (the host, or loopback for any-address)."""
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+
+    def urls(self) -> dict[str, str]:
+        """``http``, ``grpc`` and ``metrics`` URLs (gRPC as ``host:port``, as gRPC clients take it)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return {"http": f"http://{host}:{self.http_port}", "grpc": f"{host}:{self.grpc_port}",
+                "metrics": f"http://{host}:{self.metrics_port}/metrics"}
+
+
+def _free_port(host: str, port: int, option: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Triton binds with SO_REUSEADDR too: a port in TIME_WAIT after a previous server is usable.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if port and e.errno in (98, 48):  # EADDRINUSE (Linux, macOS)
+                raise InvalidArgumentError(f"{option} {port}: {host}:{port} is already in use; choose another "
+                                           "port (0: any free port)") from e
+            raise InvalidArgumentError(f"--host {host}: cannot listen there ({e.strerror or e})") from e
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class _Distribution:
+    server: Path
+    libraries: Path
+    backend: Path
+    stub: Path
+
+
+def triton_distribution() -> _Distribution:
+    """Where the ``serve`` extra's Triton is: the server binary, its libraries, the Python backend and
+    the backend's stub for this Python version.
+
+    Raises:
+        MissingDependencyError: ``nvidia-pytriton`` is not installed, or has no stub for this Python.
+    """
+    try:
+        import pytriton
+    except ImportError as e:
+        raise MissingDependencyError(f"the Triton Inference Server comes with nvidia-pytriton, which cannot be "
+                                     f"imported ({e}); install the 'serve' extra: pip install "
+                                     "'convnets-hub[serve]' (Linux)") from e
+    root = Path(pytriton.__file__).parent
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    # The wheel's layout: pytriton/tritonserver/{bin,backends/python,python_backend_stubs/3.X} and the
+    # libraries auditwheel put beside the package (an editable install keeps them in external_libs).
+    libraries = root.parent / "nvidia_pytriton.libs"
+    found = _Distribution(server=root / "tritonserver" / "bin" / "tritonserver",
+                          libraries=libraries if libraries.is_dir() else root / "tritonserver" / "external_libs",
+                          backend=root / "tritonserver" / "backends" / "python",
+                          stub=root / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub")
+    if not found.stub.is_file():
+        raise MissingDependencyError(f"nvidia-pytriton {getattr(pytriton, '__version__', '')} has no Triton Python "
+                                     f"backend for Python {version}; use a Python it supports (3.8 to 3.13 in 0.7)")
+    if not found.server.is_file():
+        raise MissingDependencyError(f"nvidia-pytriton is installed without its server binary ({found.server}); "
+                                     "reinstall the 'serve' extra")
+    return found
+
+
+def _environment() -> dict[str, str]:
+    """The server's environment: this interpreter's libpython and bin first (see the module doc)."""
+    env = dict(os.environ)
+    distribution = triton_distribution()
+    libraries = [str(distribution.libraries)]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        libraries.insert(0, str(sysconfig.get_config_var("LIBDIR")))
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*libraries, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+    return env
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """What the server process runs before exec: ask for SIGTERM when this process dies (Linux's prctl
+    PR_SET_PDEATHSIG). The function is looked up here, before the fork: the child only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGTERM)
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` (Linux: /proc), found now."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it exited meanwhile
+            continue
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])  # the field after the state
+        children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # a zombie has exited; its parent has not reaped it yet
+
+
+class TritonServer:
+    """The Triton Inference Server on a model repository, as a context manager (stopped on exit).
+
+    Args:
+        repository: the model repository (every model in it is loaded).
+        endpoints: where to listen; ports 0 are picked when the server starts.
+        verbose: Triton's log on this process's stderr (default: in a file, shown when it fails).
+        workspace: where the backend directory and the log go (default: a new temporary directory,
+            removed when the server stops).
+    """
+
+    def __init__(self, repository: str | Path, endpoints: Endpoints = Endpoints(), *, verbose: bool = False,
+                 workspace: str | Path | None = None) -> None:
+        self.repository = Path(repository).resolve()
+        self.endpoints = endpoints
+        self.verbose = verbose
+        self._own_workspace = workspace is None
+        self.workspace = Path(tempfile.mkdtemp(prefix="convnets-serve-") if workspace is None else workspace)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._started: set[int] = set()
+
+    @property
+    def log_path(self) -> Path:
+        """Triton's log (without ``verbose``)."""
+        return self.workspace / "triton.log"
+
+    def __enter__(self) -> TritonServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start the server and wait until it is ready (its models loaded).
+
+        Raises:
+            ServeError: the server exited while starting (a model failed to load, ...), or was not
+                ready in time.
+            InvalidArgumentError: a port is taken.
+            MissingDependencyError: the ``serve`` extra is not installed.
+        """
+        distribution = triton_distribution()
+        self.endpoints = self.endpoints.resolved()
+        # The backend directory Triton loads: the Python backend with this Python's stub.
+        backend = self.workspace / "backends" / "python"
+        backend.mkdir(parents=True)
+        for source in (*distribution.backend.iterdir(), distribution.stub):
+            if source.is_file():
+                shutil.copy2(source, backend / source.name)
+        e = self.endpoints
+        restriction = f"{_RESTRICTED_APIS}:{_TOKEN_HEADER}={secrets.token_hex(16)}"
+        command = [str(distribution.server), f"--model-repository={self.repository}",
+                   f"--backend-directory={backend.parent}", "--model-control-mode=none",
+                   # The configs are complete: no stub process started just to ask model.py for one.
+                   "--disable-auto-complete-config",
+                   "--strict-readiness=true", "--exit-on-error=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+                   f"--http-address={e.host}", f"--http-port={e.http_port}", f"--grpc-address={e.host}",
+                   f"--grpc-port={e.grpc_port}", f"--metrics-address={e.host}", f"--metrics-port={e.metrics_port}",
+                   "--allow-gpu-metrics=false", f"--http-restricted-api={restriction}",
+                   f"--grpc-restricted-protocol={restriction}",
+                   # Shared memory names of its own, so that several servers on one machine do not collide.
+                   f"--backend-config=python,shm-region-prefix-name=convnets-{os.getpid()}-{secrets.token_hex(4)}-"]
+        if self.verbose:
+            output: Any = sys.stderr.fileno()  # stdout keeps only the line naming the endpoints
+        else:
+            self._log = output = self.log_path.open("wb")
+        log.debug("starting %s", " ".join(command))
+        # A session of its own: a terminal's Ctrl-C reaches this process only, which stops the server in order.
+        self.process = subprocess.Popen(command, env=_environment(), stdin=subprocess.DEVNULL, stdout=output,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_die_with_parent())
+        self._wait_ready()
+        self._started = _descendants(self.process.pid) | {self.process.pid}
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        url = f"http://{self.endpoints.probe_host()}:{self.endpoints.http_port}/v2/health/ready"
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None:
+                raise ServeError(f"the Triton server exited while starting (status {self.process.returncode}): "
+                                 f"{self._failure()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise ServeError(f"the Triton server was not ready after {STARTUP_TIMEOUT_S:g} s: {self._failure()}")
+            time.sleep(0.2)
+
+    def _failure(self) -> str:
+        """Why the server did not start: a model's load error, else Triton's error lines."""
+        from convnets.serve.backend import LOAD_ERROR_FILE
+
+        reasons = [f"model {path.parent.name!r} failed to load: {path.read_text(encoding='utf-8').strip()}"
+                   for path in sorted(self.repository.glob(f"*/{LOAD_ERROR_FILE}"))]
+        if reasons:
+            return "; ".join(reasons)
+        if self.verbose:
+            return "see its log above"
+        if self._log is not None:
+            self._log.flush()
+        lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        # Triton's error lines: 'E1126 10:07:51.479 15854 model_lifecycle.cc:642] "failed to load ...\n\nAt: ..."'
+        # (a Python traceback follows the first escaped newline).
+        errors = [line.split("] ", 1)[-1].split("\\n")[0].strip('" ') for line in lines if re.match(r"E\d{4} ", line)]
+        return " / ".join(dict.fromkeys(errors)) or "its log says nothing more"
+
+    def alive(self) -> bool:
+        """Whether the server process still runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def wait(self, interval_s: float = 0.5) -> int:
+        """Block until the server exits (or a signal's handler raises, see :func:`stop_on_signals`).
+
+        Returns:
+            The server's exit status.
+        """
+        assert self.process is not None
+        while True:
+            try:
+                return self.process.wait(timeout=interval_s)
+            except subprocess.TimeoutExpired:
+                continue
+
+    def stop(self) -> None:
+        """Stop the server (SIGINT: Triton finishes requests in flight) and every process it started;
+        then remove the workspace if it made one. Safe to call twice."""
+        process, self.process = self.process, None
+        if process is not None:
+            started = self._started | _descendants(process.pid) | {process.pid}
+            if process.poll() is None:
+                log.debug("stopping the Triton server (SIGINT)")
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=EXIT_TIMEOUT_S + 10)
+                except subprocess.TimeoutExpired:
+                    log.warning("the Triton server did not stop in %d s; killing it", EXIT_TIMEOUT_S + 10)
+                    process.kill()
+                    process.wait()
+            log.debug("the Triton server exited (status %s)", process.returncode)
+            # Its stub processes exit when their models unload or their parent goes; wait a little, then make sure.
+            deadline = time.monotonic() + 5
+            while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            log.debug("processes left: %s", [pid for pid in started if _alive(pid)])
+            for pid in started:
+                if _alive(pid):
+                    log.warning("killing process %d that the Triton server left", pid)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._own_workspace:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+
+
+class _Stop(Exception):
+    """Raised in the main thread by :func:`stop_on_signals`' handler."""
+
+
+def stop_on_signals() -> type[BaseException]:
+    """Make SIGINT and SIGTERM raise an exception in the main thread (returned, to catch), so that a
+    server's blocking waits end and its ``with`` block stops it."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise _Stop(signal.Signals(signum).name)
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return _Stop

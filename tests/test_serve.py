@@ -1,0 +1,560 @@
+"""``convnets serve`` on the real Triton Inference Server (the serve extra), queried by unmodified tritonclient.
+
+The serve extra (PyTriton, which ships Triton) pins numpy < 2, which other test dependencies do not
+run with (pyarrow 26 refuses numpy 1.x, NNCF's int8 quantization fails on it), so the servers run
+in an environment of their own: this interpreter's if it has the extra, else ``.venv-serve`` at
+the top of the repository, made on first use (:func:`serve_python`: a venv that sees this one's
+packages and adds ``pip install -e '.[serve]'``, i.e. PyTriton and numpy 1.x). The clients and
+``convnets predict`` run here; so the server's answers under numpy 1.x are compared with
+``predict``'s under this environment's numpy.
+
+Each server is ``python -m convnets serve`` in a subprocess on loopback with ports picked at start
+(``--http-port 0``: the ready line names them). One server per module serves a tiny checkpoint;
+its answers are compared with ``convnets predict`` on the same files. The last test of that server
+stops it with SIGTERM (tests are run in file order). A second server runs the Python-backend
+repositories that ``convnets export --triton --triton-backend python`` writes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, TINY, randomize_bn
+from PIL import Image, ImageOps
+from processing_support import png_declaring_size
+from strict_skips import require_module
+
+import convnets
+from convnets.cli import main
+from convnets.preprocessing.pipeline import prepare_batch
+
+
+
+def _client(name: str) -> ModuleType:
+    try:
+        return require_module(name)
+    except RuntimeError as e:  # tritonclient without its http / grpc extra raises this, not ImportError
+        pytest.skip(f"{name} is not installed with its extra ({e}; pip install -e .[test])", allow_module_level=True)
+
+
+httpclient = _client("tritonclient.http")
+grpcclient = _client("tritonclient.grpc")
+psutil = require_module("psutil")
+
+pytestmark = pytest.mark.slow
+
+SE = "se_resnext101_32x4d"
+NAMES = ["ant", "bee", "cat", "dog", "eel"]
+EXAMPLES = sorted(p for p in (REPO / "examples").iterdir() if p.suffix in (".png", ".jpg"))
+MAX_BATCH = 8
+_READY = re.compile(r"HTTP http://127\.0\.0\.1:(\d+), gRPC 127\.0\.0\.1:(\d+), metrics http://127\.0\.0\.1:(\d+)/metrics")
+
+
+SERVE_ENV = REPO / ".venv-serve"
+
+
+def _works(python: Path) -> bool:
+    check = "import numpy, pytriton, tritonclient.grpc; assert int(numpy.__version__.split('.')[0]) < 2"
+    return python.is_file() and subprocess.run([str(python), "-c", check], capture_output=True,
+                                               timeout=120).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def serve_python() -> str:
+    """An interpreter with the serve extra: this one's if it has it, else ``.venv-serve``'s (made here once)."""
+    if importlib.util.find_spec("pytriton") is not None:
+        return sys.executable
+    python = SERVE_ENV / "bin" / "python"
+    if not _works(python):
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(SERVE_ENV)], check=True, timeout=300)
+        # This environment's packages (torch, ...) are seen from there, after its own (numpy 1.x, PyTriton):
+        # its site-packages directories, also those that a .pth file of its own adds.
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        ours = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+        Path(site, "test-environment.pth").write_text("".join(f"{p}\n" for p in dict.fromkeys(ours)))
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", "constraints.txt", "-e", ".[serve]"],
+                              cwd=REPO, capture_output=True, text=True, timeout=1200)
+        if done.returncode or not _works(python):
+            pytest.skip(f"the serve extra is not installed and could not be installed in {SERVE_ENV}: "
+                        f"{done.stderr.strip()[-500:]}")
+    return str(python)
+
+
+@dataclass
+class Server:
+    """A running ``convnets serve``: its process, ports, and the processes below it while it served."""
+
+    process: subprocess.Popen[str]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    stderr: Path
+    children: list[int]
+
+    def http(self) -> object:
+        return httpclient.InferenceServerClient(f"127.0.0.1:{self.http_port}", network_timeout=120)
+
+    def grpc(self) -> object:
+        return grpcclient.InferenceServerClient(f"127.0.0.1:{self.grpc_port}")
+
+    def get(self, path: str, port: int | None = None) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{port or self.http_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def stop(self, sig: signal.Signals) -> tuple[int, float]:
+        """Send ``sig``; the exit status and the seconds until the process and all its children are gone."""
+        start = time.monotonic()
+        self.process.send_signal(sig)
+        status = self.process.wait(timeout=120)
+        while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                  for pid in self.children) and time.monotonic() - start < 120:
+            time.sleep(0.1)
+        return status, time.monotonic() - start
+
+
+def start_server(python: str, *args: str, tmp: Path, timeout: float = 300) -> Server:
+    """``python -m convnets serve ARGS`` on free loopback ports, once it says it is ready."""
+    stderr = tmp / f"serve-{time.monotonic_ns()}.err"
+    with stderr.open("w") as err:
+        process = subprocess.Popen([python, "-m", "convnets", "serve", *args, "--http-port", "0",
+                                    "--grpc-port", "0", "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=err,
+                                   text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for text in process.stdout:  # type: ignore[union-attr]
+            lines.put(text)
+        lines.put("")  # the end: the process closed its stdout
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout)
+    except queue.Empty:
+        line = ""
+    if not line:
+        process.kill()
+        raise AssertionError(f"not ready in {timeout} s: {stderr.read_text()}")
+    ready = _READY.search(line)
+    assert ready, (line, stderr.read_text())
+    children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+    return Server(process, *map(int, ready.groups()), stderr, children)
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a new server could listen on ``port`` (as servers do, with SO_REUSEADDR: the closed
+    connections' TIME_WAIT does not count, a listening socket does)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
+def encoded(image: Image.Image, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def images_input(module: object, datas: list[bytes]) -> object:
+    tensor = module.InferInput("image", [len(datas), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[d] for d in datas], dtype=object))
+    return tensor
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A self-describing 5-class tiny checkpoint, as `convnets train` writes it."""
+    torch.manual_seed(0)
+    model = randomize_bn(convnets.get_model(SE, num_classes=5, **TINY[SE]))
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.pth.tar"
+    torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict(), "class_names": NAMES},
+               path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Eight different image files (JPEG and PNG, crops, flips, a grayscale one) from the examples."""
+    folder = tmp_path_factory.mktemp("photos")
+    paths = []
+    for i in range(8):
+        image = Image.open(EXAMPLES[i % len(EXAMPLES)]).convert("RGB")
+        if i >= 3:
+            image = ImageOps.mirror(image) if i % 2 else image.crop((0, 0, image.width * 2 // 3, image.height))
+        if i == 7:
+            image = image.convert("L")
+        path = folder / f"photo{i}.{'jpg' if i % 2 else 'png'}"
+        image.save(path)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoint: Path, photos: list[Path]) -> dict[str, list[tuple[int, str, float]]]:
+    """What ``convnets predict`` answers for each photo: (index, label, probability), best first."""
+    import contextlib
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(["predict", "--weights", str(checkpoint), "--engine", "torch", "--topk", "5", "--json",
+                       *map(str, photos)])
+    assert status == 0
+    return {r["input"]: [(t["index"], t["label"], t["probability"]) for t in r["top"]] for r in json.loads(out.getvalue())}
+
+
+@pytest.fixture(scope="module")
+def served(serve_python: str, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_server(serve_python, "--weights", str(checkpoint), "--engine", "torch", "--name", "tiny", "--max-batch-size",
+                          str(MAX_BATCH), "--max-queue-delay-ms", "20", tmp=tmp_path_factory.mktemp("served"))
+    yield server
+    if server.process.poll() is None:
+        server.stop(signal.SIGINT)
+
+
+def assert_answer(top_labels: np.ndarray, top_indices: np.ndarray, top_probabilities: np.ndarray,
+                  probabilities: np.ndarray, expected: list[tuple[int, str, float]]) -> None:
+    """One image's outputs against predict's answer (ties may order differently: compared by probability)."""
+    assert probabilities.shape == (5,) and probabilities.dtype == np.float32
+    np.testing.assert_allclose(probabilities[[i for i, _, _ in expected]], [p for _, _, p in expected], atol=1e-5)
+    np.testing.assert_allclose(top_probabilities, [p for _, _, p in expected], atol=1e-5)
+    assert [NAMES[i] for i in top_indices] == [label.decode() for label in top_labels]
+    np.testing.assert_array_equal(probabilities[top_indices], top_probabilities)
+
+
+# --- the model server ----------------------------------------------------------------------------
+
+def test_http_and_grpc_answers_equal_predict(served: Server, photos: list[Path], expected: dict) -> None:
+    datas = [p.read_bytes() for p in photos[:MAX_BATCH]]
+    http = served.http()
+    result = http.infer("tiny", [images_input(httpclient, datas)])
+    for i, path in enumerate(photos[:MAX_BATCH]):
+        assert_answer(result.as_numpy("top_labels")[i], result.as_numpy("top_indices")[i],
+                      result.as_numpy("top_probabilities")[i], result.as_numpy("probabilities")[i],
+                      expected[str(path)])
+    grpc = served.grpc()
+    for path in photos[:3]:
+        one = grpc.infer("tiny", [images_input(grpcclient, [path.read_bytes()])])
+        assert_answer(one.as_numpy("top_labels")[0], one.as_numpy("top_indices")[0],
+                      one.as_numpy("top_probabilities")[0], one.as_numpy("probabilities")[0], expected[str(path)])
+    # Triton's classification extension reads the labels from the repository's labels.txt.
+    classes = http.infer("tiny", [images_input(httpclient, [datas[0]])],
+                         outputs=[httpclient.InferRequestedOutput("probabilities", class_count=2)])
+    best = [entry.decode().split(":") for entry in classes.as_numpy("probabilities")[0]]
+    assert [(int(i), label) for _, i, label in best] == [(i, label) for i, label, _ in expected[str(photos[0])][:2]]
+
+
+def test_metadata_and_config_name_the_tensors_and_labels(served: Server) -> None:
+    http = served.http()
+    metadata = http.get_model_metadata("tiny")
+    assert metadata["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1, 1]}]
+    shapes = {o["name"]: (o["datatype"], o["shape"]) for o in metadata["outputs"]}
+    assert shapes == {"probabilities": ("FP32", [-1, 5]), "top_labels": ("BYTES", [-1, 5]),
+                      "top_indices": ("INT64", [-1, 5]), "top_probabilities": ("FP32", [-1, 5])}
+    config = http.get_model_config("tiny")
+    assert json.loads(config["parameters"]["labels"]["string_value"]) == NAMES
+    assert config["parameters"]["engine"]["string_value"] == "torch"
+    assert config["max_batch_size"] == MAX_BATCH and config["dynamic_batching"]["max_queue_delay_microseconds"] == 20000
+
+
+def test_eight_concurrent_clients_get_their_own_answers_batched(served: Server, photos: list[Path],
+                                                                expected: dict) -> None:
+    before = json.loads(served.get("/v2/models/tiny/stats")[1])["model_stats"][0]
+
+    def client(path: Path) -> list[tuple[np.ndarray, ...]]:
+        http = served.http()  # one connection per client, as separate clients have
+        answers = []
+        for _ in range(4):
+            result = http.infer("tiny", [images_input(httpclient, [path.read_bytes()])])
+            answers.append(tuple(result.as_numpy(n)[0] for n in ("top_labels", "top_indices", "top_probabilities",
+                                                                 "probabilities")))
+        return answers
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(client, photos))
+    for path, answers in zip(photos, results):
+        for answer in answers:
+            assert_answer(*answer, expected[str(path)])
+    after = json.loads(served.get("/v2/models/tiny/stats")[1])["model_stats"][0]
+    inferences = int(after["inference_count"]) - int(before["inference_count"])
+    executions = int(after["execution_count"]) - int(before["execution_count"])
+    assert inferences == 32 and executions < inferences  # the dynamic batcher put requests together
+
+
+def _bad_requests(photos: list[Path]) -> list[tuple[str, object, str]]:
+    good = photos[0].read_bytes()
+    wrong_type = httpclient.InferInput("image", [1, 1], "FP32")
+    wrong_type.set_data_from_numpy(np.zeros((1, 1), dtype=np.float32))
+    wrong_shape = httpclient.InferInput("image", [1, 2], "BYTES")
+    wrong_shape.set_data_from_numpy(np.array([[good, good]], dtype=object))
+    return [
+        ("not an image", images_input(httpclient, [b"GIF89a? no, just text"]), "not a recognised image format"),
+        ("empty", images_input(httpclient, [b""]), "the data is empty"),
+        ("decompression bomb", images_input(httpclient, [png_declaring_size(40000, 40000)]), "decompression bomb"),
+        ("one bad image of two", images_input(httpclient, [good, b"junk"]), "image 1 of 2: Cannot load image"),
+        ("oversized image", images_input(httpclient, [b"\xff\xd8" + bytes(64 * 2**20)]),
+         "more than the server's limit of 67108864 bytes"),
+        ("wrong datatype", wrong_type, "data-type is 'FP32', but model 'tiny' expects 'BYTES'"),
+        ("wrong shape", wrong_shape, "unexpected shape for input 'image'"),
+        ("too many images", images_input(httpclient, [good] * (MAX_BATCH + 1)), f"batch-size must be <= {MAX_BATCH}"),
+    ]
+
+
+def test_each_bad_request_gets_one_error_and_the_next_request_is_served(served: Server, photos: list[Path],
+                                                                         expected: dict) -> None:
+    http = served.http()
+    for what, tensor, message in _bad_requests(photos):
+        with pytest.raises(httpclient.InferenceServerException) as error:
+            http.infer("tiny", [tensor])
+        assert error.value.status() == "400" and message in error.value.message(), (what, error.value.message())
+        result = http.infer("tiny", [images_input(httpclient, [photos[1].read_bytes()])])
+        assert_answer(*(result.as_numpy(n)[0] for n in ("top_labels", "top_indices", "top_probabilities",
+                                                        "probabilities")), expected[str(photos[1])])
+    grpc = served.grpc()
+    with pytest.raises(grpcclient.InferenceServerException) as error:
+        grpc.infer("tiny", [images_input(grpcclient, [b"not an image"])])
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT" and "not a recognised image" in error.value.message()
+    assert grpc.infer("tiny", [images_input(grpcclient, [photos[2].read_bytes()])]).as_numpy("top_labels").shape == (1, 5)
+
+
+def test_a_bad_request_batched_with_good_ones_costs_only_itself(served: Server, photos: list[Path],
+                                                                 expected: dict) -> None:
+    def client(i: int) -> list[str]:
+        http = served.http()
+        outcomes = []
+        for _ in range(4):
+            data = b"definitely not an image" if i == 0 else photos[i].read_bytes()
+            try:
+                result = http.infer("tiny", [images_input(httpclient, [data])])
+            except httpclient.InferenceServerException as e:
+                outcomes.append(f"error {e.status()}")
+                continue
+            assert_answer(*(result.as_numpy(n)[0] for n in ("top_labels", "top_indices", "top_probabilities",
+                                                            "probabilities")), expected[str(photos[i])])
+            outcomes.append("ok")
+        return outcomes
+    with ThreadPoolExecutor(5) as pool:
+        outcomes = list(pool.map(client, range(5)))
+    assert outcomes == [["error 400"] * 4] + [["ok"] * 4] * 4
+
+
+def test_health_and_metrics(served: Server, photos: list[Path]) -> None:
+    assert served.get("/v2/health/live")[0] == 200 and served.get("/v2/health/ready")[0] == 200
+    assert served.get("/v2/models/tiny/ready")[0] == 200
+    http = served.http()
+    http.infer("tiny", [images_input(httpclient, [photos[0].read_bytes()])])
+    with pytest.raises(httpclient.InferenceServerException):
+        http.infer("tiny", [images_input(httpclient, [b"not an image"])])
+    deadline = time.monotonic() + 30
+    while True:  # Triton's Prometheus text counts both requests above (an answer with an error is executed too)
+        status, text = served.get("/metrics", served.metrics_port)
+        success = re.search(r'^nv_inference_request_success\{model="tiny",version="1"\} (\d+)', text, re.M)
+        if status == 200 and success and int(success.group(1)) >= 2:
+            break
+        assert time.monotonic() < deadline, text[:3000]
+        time.sleep(1)
+    assert re.search(r'^nv_inference_exec_count\{model="tiny",version="1"\} [1-9]', text, re.M)
+    # The APIs that change the server are closed to clients.
+    request = urllib.request.Request(f"http://127.0.0.1:{served.http_port}/v2/repository/index", data=b"{}",
+                                     method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code in (401, 403)
+
+
+def test_the_backend_runs_on_the_server_interpreter_s_libpython(served: Server, serve_python: str) -> None:
+    """Triton's Python-backend stub links libpython3.X.so by name: it must load the running interpreter's,
+    not another copy on the system (whose standard library would not match: PyTriton issue #51)."""
+    query = "import sysconfig; print(sysconfig.get_config_var('Py_ENABLE_SHARED'), sysconfig.get_config_var('LIBDIR'))"
+    shared, libdir = subprocess.run([serve_python, "-c", query], capture_output=True, text=True,
+                                    check=True).stdout.split()
+    if shared != "1":
+        pytest.skip("this interpreter links no shared libpython: the stub can only load another one")
+    stubs = [pid for pid in served.children if "python_backend_stub" in psutil.Process(pid).name()
+             + " ".join(psutil.Process(pid).cmdline())]
+    assert stubs
+    for pid in stubs:
+        mapped = {m.path for m in psutil.Process(pid).memory_maps() if "libpython" in Path(m.path).name}
+        assert mapped and all(Path(path).resolve().parent == Path(libdir).resolve() for path in mapped), mapped
+
+
+def test_the_serving_page_snippet_classifies_a_jpeg(served: Server, checkpoint: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from test_docs import python_blocks
+
+    (block,) = [b for b in python_blocks(REPO / "docs" / "serving.md") if "tritonclient" in b.code]
+    assert block.not_run and "tests/test_serve.py" in block.not_run
+    code = block.code.replace("localhost:8000", f"127.0.0.1:{served.http_port}").replace('"se_resnext101_32x4d"',
+                                                                                          '"tiny"')
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert main(["predict", "--weights", str(checkpoint), "--engine", "torch", "--json", "examples/rocket.jpg"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert done.stdout.splitlines() == [f"{100 * t['probability']:6.2f}%  {t['label']}" for t in record["top"]]
+
+
+def test_sigterm_stops_the_server_and_every_process_it_started(served: Server) -> None:
+    assert served.children and all(psutil.pid_exists(pid) for pid in served.children)  # tritonserver and its stub
+    status, seconds = served.stop(signal.SIGTERM)
+    assert status == 0 and "convnets serve: stopped (SIGTERM)" in served.stderr.read_text()
+    assert not [pid for pid in served.children if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert seconds < 30
+    assert all(port_is_free(p) for p in (served.http_port, served.grpc_port, served.metrics_port))
+
+
+# --- the backend's model, in this process --------------------------------------------------------
+
+def test_the_embedding_output_is_the_embed_command_s_vector(checkpoint: Path, photos: list[Path]) -> None:
+    """--embedding: the pooled layer4 features (``convnets.embed``'s), and the probabilities computed from
+    them equal the model's; the config declares the output with the features' length."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from convnets.serve.backend import Classifier
+    from convnets.serve.repository import ServedModel, model_config
+
+    model = convnets.load_model(checkpoint)
+    served = ServedModel(name="tiny", model="tiny", weights=str(checkpoint), pretrained=False, image_size=224,
+                         engine="torch", precision="fp32", device="cpu", topk=3, threads=2, max_batch_size=8,
+                         max_queue_delay_us=0, max_image_bytes=2**20, labels=tuple(NAMES),
+                         num_features=model.num_features, embedding=True)
+    classifier = Classifier(served)
+    decoded = classifier.decode([p.read_bytes() for p in photos[:4]])
+    assert not decoded.errors and list(decoded.rows) == [0, 1, 2, 3]
+    outputs = classifier.run(decoded.tensor)
+    vectors = [v for _, v in convnets.embed(model, [str(p) for p in photos[:4]])]
+    np.testing.assert_allclose(outputs["embedding"], np.stack(vectors), rtol=1e-4, atol=1e-5)
+    batch = prepare_batch([str(p) for p in photos[:4]]).tensor
+    with torch.no_grad():
+        np.testing.assert_allclose(outputs["probabilities"], torch.softmax(model(batch), 1).numpy(), atol=1e-5)
+    config = text_format.Parse(model_config(served), model_config_pb2.ModelConfig())
+    assert [(o.name, list(o.dims)) for o in config.output][-1] == ("embedding", [model.num_features])
+
+
+def test_a_model_that_cannot_load_in_the_backend_says_why(tmp_path: Path) -> None:
+    """The backend writes the reason, in command-line words, where the server reads it to report it."""
+    from convnets.serve.backend import LOAD_ERROR_FILE, TritonPythonModel
+    from convnets.serve.repository import ServedModel, write_repository
+
+    gone = tmp_path / "gone.pth.tar"
+    served = ServedModel(name="tiny", model="tiny", weights=str(gone), pretrained=False, image_size=224,
+                         engine="torch", precision="fp32", device="cpu", topk=3, threads=1, max_batch_size=8,
+                         max_queue_delay_us=0, max_image_bytes=2**20, labels=tuple(NAMES), num_features=64)
+    model_dir = write_repository(tmp_path, served)
+    with pytest.raises(convnets.CheckpointError):
+        TritonPythonModel().initialize({"model_repository": str(model_dir)})
+    assert (model_dir / LOAD_ERROR_FILE).read_text() == f"checkpoint {gone} does not exist or is not a file"
+
+
+# --- exported Python-backend repositories --------------------------------------------------------
+
+def test_exported_python_backend_repositories_are_served(serve_python: str, checkpoint: Path, photos: list[Path],
+                                                          tmp_path: Path) -> None:
+    """``export --triton --triton-backend python`` for ONNX and OpenVINO into one repository; ``convnets
+    serve --repository`` serves both; their logits equal the checkpoint's in PyTorch; SIGINT stops it all."""
+    require_module("onnxruntime")
+    require_module("openvino")
+    repository = tmp_path / "models"
+    for fmt in ("onnx", "openvino"):
+        status = main(["export", "--weights", str(checkpoint), "--format", fmt, "--triton", "--triton-backend",
+                       "python", "--name", f"tiny_{fmt}", "--max-batch-size", "4", "--output", str(repository)])
+        assert status == 0
+        assert (repository / f"tiny_{fmt}" / "1" / "model.py").is_file()
+    model = convnets.load_model(checkpoint)
+    batch = prepare_batch([str(p) for p in photos[:3]]).tensor
+    with torch.no_grad():
+        logits = model(batch).numpy()
+
+    server = start_server(serve_python, "--repository", str(repository), tmp=tmp_path)
+    try:
+        http = server.http()
+        for fmt in ("onnx", "openvino"):
+            tensor = httpclient.InferInput("input", list(batch.shape), "FP32")
+            tensor.set_data_from_numpy(batch.numpy())
+            result = http.infer(f"tiny_{fmt}", [tensor]).as_numpy("output")
+            np.testing.assert_allclose(result, logits, rtol=1e-4, atol=1e-4)
+            config = http.get_model_config(f"tiny_{fmt}")
+            assert config["backend"] == "python" and config["output"][0]["label_filename"] == "labels.txt"
+        one = grpcclient.InferInput("input", [1, *batch.shape[1:]], "FP32")
+        one.set_data_from_numpy(batch[:1].numpy())
+        result = server.grpc().infer("tiny_onnx", [one]).as_numpy("output")
+        np.testing.assert_allclose(result, logits[:1], rtol=1e-4, atol=1e-4)
+    finally:
+        status, seconds = server.stop(signal.SIGINT)
+    assert status == 0 and seconds < 30
+    assert not [pid for pid in server.children if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+    # A repository whose model cannot load: one error line naming Triton's reason, nothing left running.
+    (repository / "tiny_onnx" / "1" / "model.onnx").unlink()
+    done = subprocess.run([serve_python, "-m", "convnets", "serve", "--repository", str(repository),
+                           "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert lines[-1].startswith("convnets serve: error: the Triton server exited while starting"), lines
+    assert "tiny_onnx" in lines[-1] and "model.onnx" in lines[-1]
+
+
+# --- errors before any server starts -------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--weights", "CK", "--repository", "."], "--repository serves the models it holds as they are; drop --weights"),
+    (["--name", "a/b"], "--name 'a/b': invalid Triton model name"),
+    (["--repository", "."], "--repository .: not a Triton model repository (no NAME/config.pbtxt in it)"),
+])
+def test_bad_options_are_one_line_errors(checkpoint: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                         message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    status = main(["serve", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+                   *[str(checkpoint) if a == "CK" else a for a in args]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(err) == 1 and err[0].startswith("convnets serve: error: ") and message in err[0], err
+
+
+def test_topk_above_the_classes_is_refused_before_serving(serve_python: str, checkpoint: Path) -> None:
+    done = subprocess.run([serve_python, "-m", "convnets", "serve", "--weights", str(checkpoint), "--topk", "6",
+                           "--engine", "torch", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1] == ("convnets serve: error: --topk 6 is more than the 5 classes of the "
+                                                    "model; use --topk 5 or less")
+
+
+def test_a_port_in_use_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = main(["serve", "--random-init", "--model", "resnet50", "--grpc-port", str(port),
+                       "--http-port", "0", "--metrics-port", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and err == [f"convnets serve: error: --grpc-port {port}: 127.0.0.1:{port} is already in use; "
+                                   "choose another port (0: any free port)"]
