@@ -377,3 +377,126 @@ def test_a_fifo_image_is_refused_without_blocking(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.startswith("ImageLoadError") and "not a regular file" in done.stdout, done.stdout + done.stderr
+
+
+# One bad input is one bad record, whatever its shape ---------------------------------------------------
+
+
+def _thin_png(path: Path, size: tuple[int, int] = (1, 100000)) -> Path:
+    """A valid PNG of one colour: a few hundred bytes, whose resize to 256 would take 20 GB."""
+    from PIL import Image
+
+    Image.new("RGB", size, (10, 20, 30)).save(path, optimize=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(state: dict[str, torch.Tensor], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny") / "tiny.pth"
+    torch.save({"state_dict": state, "arch_spec": TINY_SPEC}, path)
+    return path
+
+
+def _photos(folder: Path, count: int) -> list[Path]:
+    import numpy as np
+    from PIL import Image
+
+    paths = []
+    for i in range(count):
+        pixels = np.random.default_rng(i).integers(0, 255, (40, 50, 3), dtype=np.uint8)
+        paths.append(folder / f"photo{i}.png")
+        Image.fromarray(pixels).save(paths[-1])
+    return paths
+
+
+def test_a_thin_image_is_refused_before_it_is_decoded_or_resized(tmp_path: Path) -> None:
+    from convnets.errors import ImageDecodeError
+    from convnets.preprocessing.io import check_resize
+    from convnets.preprocessing.pipeline import prepare_batch
+
+    # The audit's image, by arithmetic only: decoding it here would take 20 GB in this process.
+    with pytest.raises(ImageDecodeError, match=r"'thin.png': image 1x100000 is too thin: .* 256x25600000 ") as info:
+        check_resize(1, 100000, 256, "'thin.png'")
+    assert info.value.message_for("cli").endswith("more than the limit of 89478485.")  # no Python advice
+    check_resize(30000, 2000, 256, "'panorama.png'")  # 3840x256: well inside the limit
+    # The same rule with a small limit, on files: the input passes the bomb check, its resize does not.
+    limit = 300_000
+    strip, flat = _thin_png(tmp_path / "strip.png", (10, 2000)), _thin_png(tmp_path / "flat.png", (2000, 10))
+    panorama = _thin_png(tmp_path / "panorama.png", (300, 200))
+    batch = prepare_batch([str(IMAGE), str(strip), str(flat), str(panorama)], on_error="collect", max_pixels=limit)
+    assert batch.indices == [0, 3] and [i for i, _ in batch.errors] == [1, 2]  # the photo: 640x427, resized 383x256
+    for (_, error), path, size in zip(batch.errors, (strip, flat), ("10x2000", "2000x10")):
+        assert isinstance(error, ImageDecodeError) and str(path) in str(error) and f"{size} is too thin" in str(error)
+        assert f"more than the limit of {limit}" in str(error)
+
+
+@pytest.mark.parametrize("command, suffix", [("predict", "jsonl"), ("embed", "npy")])
+def test_a_thin_image_among_photos_is_one_bad_record(command: str, suffix: str, tiny_weights: Path,
+                                                      tmp_path: Path) -> None:
+    """The audit's case: a 467-byte 1x100000 PNG in a batch of photos, under a 4 GB address-space limit
+    (resizing it to 256 would take 20 GB: before, the whole batch ended in "out of memory")."""
+    photos = _photos(tmp_path, 3)
+    thin = _thin_png(tmp_path / "thin.png")
+    inputs = [str(photos[0]), str(thin), str(photos[1]), str(photos[2])]
+    out = tmp_path / f"out.{suffix}"
+    result = _cli(command, "--weights", str(tiny_weights), "--batch-size", "8", "--workers", "0", "--no-progress",
+                  "--output", str(out), *inputs)
+    line = _one_error_line(result)
+    assert str(thin) in line and "1x100000 is too thin" in line, line
+    if command == "predict":
+        records = [json.loads(text) for text in out.read_text().splitlines()]
+        assert [r["input"] for r in records] == inputs
+        assert [("error" in r) for r in records] == [False, True, False, False]
+        assert "1x100000 is too thin" in records[1]["error"] and all(len(r["top"]) == 5 for r in records[::2])
+    else:
+        import numpy as np
+
+        assert np.load(out).shape[0] == 3
+        assert (tmp_path / "out.npy.inputs.txt").read_text().splitlines() == [str(p) for p in photos]
+
+
+def test_any_failure_of_one_input_is_that_inputs_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A MemoryError (or anything else) while decoding or preprocessing one image fails that image only."""
+    import convnets.preprocessing.pipeline as pipeline
+    from convnets.errors import ImageDecodeError
+
+    from PIL import Image
+
+    photos = _photos(tmp_path, 3)
+    big, odd = tmp_path / "big.png", tmp_path / "odd.png"
+    Image.new("RGB", (61, 47)).save(big)  # its resize runs out of memory
+    Image.new("RGB", (53, 41)).save(odd)  # its decoder has a bug
+    preprocess, to_rgb = pipeline.preprocess_image, pipeline.to_rgb
+
+    def preprocess_failing(image: Image.Image, **kwargs: object) -> torch.Tensor:
+        if image.size == (61, 47):
+            raise MemoryError()
+        return preprocess(image, **kwargs)  # type: ignore[arg-type]
+
+    def to_rgb_failing(image: Image.Image) -> Image.Image:
+        if image.size == (53, 41):
+            raise KeyError("a decoder's bug")
+        return to_rgb(image)
+    monkeypatch.setattr(pipeline, "preprocess_image", preprocess_failing)
+    monkeypatch.setattr(pipeline, "to_rgb", to_rgb_failing)
+    inputs = [str(photos[0]), str(big), str(photos[1]), str(odd), str(photos[2])]
+    for workers in (1, 3):
+        batch = pipeline.prepare_batch(inputs, on_error="collect", workers=workers)
+        assert batch.indices == [0, 2, 4]
+        (i, memory), (j, other) = batch.errors
+        assert (i, j) == (1, 3) and isinstance(memory, ImageDecodeError) and isinstance(other, ImageDecodeError)
+        assert str(big) in str(memory) and "ran out of memory" in str(memory) and "MemoryError" in str(memory)
+        assert str(odd) in str(other) and "KeyError" in str(other)
+    # On the command line (in this process, decoding here): a record per input, the run goes on.
+    out = tmp_path / "r.jsonl"
+    monkeypatch.delenv("CONVNETS_DEBUG", raising=False)
+    assert main(["predict", "--random-init", "--model", "resnet50", "--arch-kwargs", json.dumps(
+        {"layers": [1, 1, 1, 1], "widths": [8, 16, 32, 64]}), "--image-size", "32", "--workers", "0",
+                 "--no-progress", "--output", str(out), *inputs]) == 1
+    records = [json.loads(text) for text in out.read_text().splitlines()]
+    assert [r["input"] for r in records] == inputs
+    assert ["error" in r for r in records] == [False, True, False, True, False]
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 2 and errors[0].startswith(f"convnets predict: error: Cannot load image '{big}'")
+    assert "ran out of memory" in errors[0]
