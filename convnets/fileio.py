@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["LockHeldError", "atomic_output", "atomic_write", "exclusive_lock"]
+__all__ = ["LockHeldError", "atomic_output", "atomic_write", "exclusive_lock", "file_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,18 @@ def _naming(error: OSError, path: Path, tmp: Path, *, always: bool = False) -> O
     if code is None or type(error).__module__ != "builtins" or names_other or not (always or code in _WRITE_ERRNOS):
         return error
     return OSError(code, error.strerror or os.strerror(code), str(path))
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words for a message that refuses it as not a regular
+    file: ``"a FIFO (named pipe)"``, ``"a character device"``, ...; ``"a regular file"`` for one."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:

@@ -500,3 +500,67 @@ def test_any_failure_of_one_input_is_that_inputs_error(tmp_path: Path, monkeypat
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 2 and errors[0].startswith(f"convnets predict: error: Cannot load image '{big}'")
     assert "ran out of memory" in errors[0]
+
+
+# Resuming reads what it finds in bounded memory -----------------------------------------------------------
+
+
+def _no_newlines(path: Path, size: int = 50_000_000) -> Path:
+    with open(path, "wb") as f:
+        for _ in range(size // 1_000_000):
+            f.write(b"x" * 1_000_000)
+    return path
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "csv"])
+def test_resume_scans_a_file_without_newlines_in_bounded_memory(suffix: str, tmp_path: Path) -> None:
+    import tracemalloc
+
+    from convnets.inference.records import MAX_RECORD_BYTES, scan
+
+    path = _no_newlines(tmp_path / f"out.{suffix}")
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidArgumentError) as info:
+            scan(path, topk=5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_RECORD_BYTES < 50_000_000, peak  # about one record, not the file
+    cli = info.value.message_for("cli")
+    assert str(path) in cli and "--resume" in cli and f"more than {MAX_RECORD_BYTES} bytes" in cli, cli
+    assert path.stat().st_size == 50_000_000  # refused, not cut away as a torn tail
+
+
+def test_resume_refuses_a_spool_frame_longer_than_any_record(tmp_path: Path) -> None:
+    import struct
+
+    from convnets.inference.spool import SPOOL_MAGIC, scan_spool
+
+    spool = tmp_path / "v.npy.spool"
+    spool.write_bytes(SPOOL_MAGIC + struct.pack("<III", 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 30) + b"x" * 100)
+    with pytest.raises(InvalidArgumentError, match="more than any record convnets writes") as info:
+        scan_spool(tmp_path / "v.npy")
+    assert str(spool) in str(info.value) and "--resume" in str(info.value)
+    assert spool.stat().st_size == len(SPOOL_MAGIC) + 12 + 100  # not cut as a torn frame
+
+
+@pytest.mark.parametrize("kind", ["a link to /dev/zero", "a FIFO", "50 MB without a newline"])
+@pytest.mark.parametrize("command", ["predict", "embed"])
+def test_resume_of_an_output_that_no_run_left_is_one_clear_error(command: str, kind: str, tiny_weights: Path,
+                                                                   tmp_path: Path) -> None:
+    """Before, a link to /dev/zero grew the process until the kernel killed it (under this 4 GB limit: "out of
+    memory ... --batch-size"), a FIFO blocked, and a line without end was cut away as a torn record."""
+    out = tmp_path / ("out.jsonl" if command == "predict" else "out.npy")
+    odd = out if command == "predict" else out.with_name(out.name + ".spool")  # what --resume reads
+    if kind == "a link to /dev/zero":
+        odd.symlink_to("/dev/zero")
+    elif kind == "a FIFO":
+        os.mkfifo(odd)
+    else:
+        _no_newlines(odd)
+    line = _one_error_line(_cli(command, "--weights", str(tiny_weights), "--workers", "0", "--no-progress",
+                                "--resume", "--output", str(out), str(IMAGE)))
+    assert str(odd) in line and "--resume" in line and "--batch-size" not in line, line
+    if kind == "50 MB without a newline":
+        assert odd.stat().st_size == 50_000_000

@@ -45,18 +45,19 @@ import io
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from convnets.errors import InvalidArgumentError, MissingDependencyError
+from convnets.errors import InvalidArgumentError, MissingDependencyError, short_repr
 from convnets.inference.names import decode_name, encode_name, escape_json, safe_text
 
-__all__ = ["CSV_COLUMNS", "FORMATS", "RESUMABLE_FORMATS", "Record", "RecordWriter", "ScanResult", "Writer",
-           "check_destination", "cut_tail", "format_of", "import_pyarrow", "open_writer", "read_records",
-           "recorded_inputs", "scan", "suffix_format", "write_batches", "write_records"]
+__all__ = ["CSV_COLUMNS", "FORMATS", "MAX_RECORD_BYTES", "RESUMABLE_FORMATS", "Record", "RecordWriter", "ScanResult",
+           "Writer", "check_destination", "check_resumable", "cut_tail", "format_of", "import_pyarrow", "open_writer",
+           "read_records", "recorded_inputs", "scan", "suffix_format", "write_batches", "write_records"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,10 @@ FORMATS: dict[str, str] = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parque
 RESUMABLE_FORMATS = frozenset({"jsonl", "csv"})
 #: The CSV header.
 CSV_COLUMNS = ("input", "rank", "index", "label", "probability", "error")
+#: The longest line (a JSONL record, a CSV row) that reading a file back accepts: a record of top
+#: 1000 classes with 4 KB labels, or a name of a megabyte, still fits; a longer line is damage or
+#: another kind of file, and reading it whole could take any amount of memory.
+MAX_RECORD_BYTES = 4 << 20
 
 Record = dict[str, Any]
 
@@ -196,10 +201,49 @@ class ScanResult:
     torn: int  #: bytes of torn tail cut away
 
 
-def _binary_lines(f: IO[bytes]) -> Iterator[tuple[bytes, int]]:
-    """Lines of a binary file with the offset just after each."""
+def check_resumable(path: str | os.PathLike[str], *, option: str = "output") -> None:
+    """Refuse to resume ``path`` unless it is a regular file (or does not exist yet).
+
+    A FIFO would block the scan, and a device (a link to ``/dev/zero``) never ends: neither is a
+    file that a stopped run left.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a regular file (the message names it and ``resume``).
+    """
+    from convnets.fileio import file_kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise InvalidArgumentError(f"{str(path)!r}: cannot read it to resume it ({e.strerror or e})",
+                                   cli=f"{path}: cannot read it for --resume ({e.strerror or e})") from e
+    if stat.S_ISREG(mode):
+        return
+    kind = file_kind(mode) + (f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else "")
+    problem = f"is {kind}, not a regular file: there is nothing a stopped run left to continue"
+    raise InvalidArgumentError(f"{str(path)!r} {problem}; drop resume=True or choose another {option}",
+                               keyword="resume", cli=f"{path} {problem}; drop --resume or choose another --{option}")
+
+
+def _too_long(path: Path, offset: int) -> InvalidArgumentError:
+    problem = (f"{path} has a line of more than {MAX_RECORD_BYTES} bytes at byte {offset}, longer than any record "
+               "convnets writes: it is damaged or another kind of file")
+    return InvalidArgumentError(f"{problem}, and resume=True cannot continue it; write to a new file",
+                                keyword="resume", cli=f"{problem}, and --resume cannot continue it; choose a new --output")
+
+
+def _binary_lines(f: IO[bytes], path: Path) -> Iterator[tuple[bytes, int]]:
+    """Lines of a binary file with the offset just after each; each read is bounded.
+
+    Raises:
+        InvalidArgumentError: a line longer than :data:`MAX_RECORD_BYTES`.
+    """
     offset = 0
-    for line in f:
+    while line := f.readline(MAX_RECORD_BYTES + 1):
+        if len(line) > MAX_RECORD_BYTES:
+            raise _too_long(path, offset)
         offset += len(line)
         yield line, offset
 
@@ -212,7 +256,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[Record | None, int]]:
     the object, cannot parse as one.
     """
     with open(path, "rb") as f:
-        for line, end in _binary_lines(f):
+        for line, end in _binary_lines(f, path):
             try:
                 record = json.loads(line)
             except ValueError:
@@ -223,7 +267,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[Record | None, int]]:
 def _iter_csv_rows(path: Path) -> Iterator[tuple[list[str] | None, int]]:
     """``(row, end offset)`` per CSV row (quoted newlines included); ``None`` for a torn last row."""
     with open(path, "rb") as f:
-        lines = _binary_lines(f)
+        lines = _binary_lines(f, path)
         offset = [0]
         complete = [True]
 
@@ -248,7 +292,7 @@ def _csv_records(path: Path, topk: int) -> Iterator[tuple[Record | None, int]]:
     rows = _iter_csv_rows(path)
     header, _ = next(rows, (None, 0))
     if header is not None and tuple(header) != CSV_COLUMNS:
-        raise InvalidArgumentError(f"{path} is not a convnets predict CSV file (its header is {header!r})")
+        raise InvalidArgumentError(f"{path} is not a convnets predict CSV file (its header is {short_repr(header)})")
     group: list[list[str]] = []
     group_end = 0
 
@@ -301,10 +345,12 @@ def scan(path: str | os.PathLike[str], *, topk: int, repair: bool = True) -> Sca
         The count of complete records and where they end.
 
     Raises:
-        InvalidArgumentError: an unreadable record before the last one, or records with another k.
+        InvalidArgumentError: an unreadable record before the last one, records with another k, a line
+            longer than :data:`MAX_RECORD_BYTES`, or ``path`` is not a regular file.
     """
     path = Path(path)
     fmt = format_of(path)
+    check_resumable(path)
     records = errors = end = 0
     last: tuple[Record, int] | None = None  # checked when the next one arrives: only the last may be torn
 
@@ -396,7 +442,8 @@ def check_destination(path: str | os.PathLike[str], *, resume: bool, option: str
     """Check, before any work, that records can go to ``path``; returns its format.
 
     Raises:
-        InvalidArgumentError: unknown suffix; ``path`` exists and ``resume`` is off; ``resume`` with Parquet.
+        InvalidArgumentError: unknown suffix; ``path`` exists and ``resume`` is off; ``resume`` with Parquet,
+            or of a path that is not a regular file.
         MissingDependencyError: Parquet without pyarrow.
     """
     path = Path(path)
@@ -407,6 +454,8 @@ def check_destination(path: str | os.PathLike[str], *, resume: bool, option: str
             "once complete; write .jsonl and convert it, or drop resume", keyword="resume",
             cli=f"--resume works with .jsonl and .csv outputs, not {path.suffix}: a Parquet file is only readable "
                 f"once complete; write .jsonl and convert it, or drop --resume")
+    if resume:
+        check_resumable(path, option=option)
     if path.exists() and not resume:
         raise InvalidArgumentError(f"{option}={str(path)!r} exists; pass resume=True to continue it, or choose "
                                    "another file", keyword="resume",

@@ -38,8 +38,9 @@ from typing import IO
 
 from convnets.errors import InvalidArgumentError
 from convnets.inference.names import decode_name, encode_name
-from convnets.inference.records import (Record, ScanResult, cut_tail, import_pyarrow, suffix_format,
-                                        write_batches)
+from convnets.inference.records import (MAX_RECORD_BYTES, Record, ScanResult, check_resumable, cut_tail,
+                                        import_pyarrow, suffix_format, write_batches)
+from convnets.models.specs import MAX_CHANNELS, MAX_EXPANSION
 
 __all__ = ["EMBEDDING_FORMATS", "SPOOL_MAGIC", "EmbeddingWriter", "SpoolScan", "assemble_embeddings",
            "check_embedding_destination", "embedding_format_of", "embedding_output_complete", "inputs_path",
@@ -55,6 +56,8 @@ _FRAME = struct.Struct("<III")
 _CRC = struct.Struct("<I")
 #: Rows per Parquet row group (and per write when assembling).
 _ASSEMBLE_ROWS = 1024
+# The longest vector a model can give: the widest stage's output channels.
+_MAX_DIM = MAX_CHANNELS * MAX_EXPANSION
 
 
 def embedding_format_of(path: str | os.PathLike[str], *, option: str = "output") -> str:
@@ -108,13 +111,21 @@ def _spool_frames(path: Path) -> Iterator[tuple[Record | None, int]]:
     with open(path, "rb") as f:
         if f.read(len(SPOOL_MAGIC)) != SPOOL_MAGIC:
             raise InvalidArgumentError(f"{path} is not a convnets embed spool (it does not start with "
-                                       f"{SPOOL_MAGIC!r}); delete it or choose another --output")
+                                       f"{SPOOL_MAGIC!r}), so --resume cannot continue it; delete it or choose "
+                                       "another --output")
         offset = len(SPOOL_MAGIC)
         while header := f.read(_FRAME.size):
             if len(header) < _FRAME.size:
                 yield None, offset
                 return
             name_len, error_len, dim = _FRAME.unpack(header)
+            if name_len + error_len > MAX_RECORD_BYTES or dim > _MAX_DIM:
+                # A header that a writer wrote whole (torn frames are cut after it) but no writer writes:
+                # damage, not a tail to cut away (and reading what it claims could take gigabytes).
+                raise InvalidArgumentError(
+                    f"{path}: the record at byte {offset} claims a name and error of {name_len + error_len} bytes "
+                    f"and {dim} values, more than any record convnets writes; the file is damaged and --resume "
+                    "cannot continue it: write to a new --output")
             rest = f.read(name_len + error_len + 4 * dim + _CRC.size)
             if len(rest) < name_len + error_len + 4 * dim + _CRC.size:
                 yield None, offset
@@ -156,9 +167,10 @@ def scan_spool(path: str | os.PathLike[str], *, repair: bool = True) -> SpoolSca
     """Check the spool of the embedding file ``path`` for resuming, and cut away a torn last frame.
 
     Raises:
-        InvalidArgumentError: not a spool, damage, or vectors of different lengths.
+        InvalidArgumentError: not a spool (or not a regular file), damage, or vectors of different lengths.
     """
     spool = spool_path(path)
+    check_resumable(spool)
     records = errors = 0
     end = len(SPOOL_MAGIC)
     dim: int | None = None
@@ -190,6 +202,8 @@ def check_embedding_destination(path: str | os.PathLike[str], *, resume: bool, o
     path = Path(path)
     fmt = embedding_format_of(path, option=option)
     spool = spool_path(path)
+    if resume:
+        check_resumable(spool, option=option)
     if not resume and spool.exists():
         raise InvalidArgumentError(f"{spool} exists: a stopped run left it; pass resume=True to continue it, or "
                                    "delete it", keyword="resume",
