@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -564,3 +565,154 @@ def test_resume_of_an_output_that_no_run_left_is_one_clear_error(command: str, k
     assert str(odd) in line and "--resume" in line and "--batch-size" not in line, line
     if kind == "50 MB without a newline":
         assert odd.stat().st_size == 50_000_000
+
+
+# A full disk: the message names the file ---------------------------------------------------------------
+
+
+def _no_space(*args: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class _FullFile(io.RawIOBase):
+    """A writable file on a full disk: every write fails as the kernel's would (naming no file)."""
+
+    name = "/somewhere/out.jsonl"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: object) -> int:
+        _no_space()
+        return 0
+
+
+def test_record_and_spool_writes_name_their_file_when_the_disk_is_full(tmp_path: Path) -> None:
+    from convnets.inference.records import RecordWriter
+    from convnets.inference.spool import EmbeddingWriter
+
+    stream = io.TextIOWrapper(io.BufferedWriter(_FullFile()), encoding="utf-8")
+    writer = RecordWriter(stream, "jsonl")
+    writer.write({"input": "a.png", "error": "x"})
+    with pytest.raises(OSError) as info:
+        writer.flush()
+    assert info.value.errno == errno.ENOSPC and info.value.filename == "/somewhere/out.jsonl"
+    with pytest.raises(OSError) as info:
+        RecordWriter(io.TextIOWrapper(io.BufferedWriter(_FullFile()), encoding="utf-8"), "csv", header=True)
+    assert info.value.filename == "/somewhere/out.jsonl"
+    spool = io.BufferedWriter(_FullFile())
+    embeddings = EmbeddingWriter(tmp_path / "v.npy", spool, dim=2)  # type: ignore[arg-type]
+    embeddings.write({"input": "a.png", "embedding": [1.0, 2.0]})
+    with pytest.raises(OSError) as info:
+        embeddings.flush()
+    assert info.value.errno == errno.ENOSPC and info.value.filename == "/somewhere/out.jsonl"
+
+
+def test_an_error_on_its_way_is_not_replaced_by_closing_the_file(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a full disk, closing the temporary file flushes the same bytes again and fails again, unnamed."""
+    import convnets.fileio
+
+    closed = []
+
+    class Full(io.BufferedWriter):
+        def close(self) -> None:
+            closed.append(self.raw.name)
+            super().close()
+            _no_space()
+
+    def half(f: io.BufferedWriter) -> None:
+        f.write(b"x" * 100)
+        _no_space()
+    monkeypatch.setattr(convnets.fileio, "open", lambda path, mode: Full(io.FileIO(path, "x")), raising=False)
+    with pytest.raises(OSError) as info:
+        atomic_write(tmp_path / "out.npy", half)
+    assert len(closed) == 1 and info.value.filename == str(tmp_path / "out.npy")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_and_engine_cache_fills_name_their_destination_when_the_disk_is_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO's save_model raises RuntimeError('basic_ios::clear: iostream error') on a full disk: no errno."""
+    from collections import namedtuple
+
+    from convnets.deploy import cache
+    from convnets.deploy.export import export_model
+    from convnets.deploy.formats import get_format
+    from convnets.errors import ExportError
+
+    def lost_errno(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("basic_ios::clear: iostream error")
+    statvfs = namedtuple("statvfs", "f_bavail f_frsize")
+    model = convnets.get_model("resnet50", **{k: v for k, v in TINY_SPEC.items() if k != "se_squeeze"}).eval()
+    fmt = get_format("onnx")
+    monkeypatch.setattr(type(fmt), "write", lost_errno)
+    with pytest.raises(ExportError) as info:  # a disk with room: the error as it is
+        export_model(model, tmp_path / "m.onnx", batch=torch.zeros(2, 3, 32, 32), image_size=32)
+    assert "no space" not in str(info.value)
+    monkeypatch.setattr(os, "statvfs", lambda path: statvfs(0, 4096), raising=False)
+    with pytest.raises(ExportError) as info:
+        export_model(model, tmp_path / "m.onnx", batch=torch.zeros(2, 3, 32, 32), image_size=32)
+    assert f"writing {tmp_path / 'm.onnx'}: no space left" in str(info.value) and "RuntimeError" in str(info.value)
+    with pytest.raises(OSError) as caught:
+        cache.cached_runner(model, engine="openvino", precision="fp32", shape=(3, 32, 32), runtimes=(),
+                            files=("model.xml",), write=lost_errno, load=lost_errno)  # type: ignore[arg-type]
+    assert caught.value.errno == errno.ENOSPC and str(cache.cache_root()) in str(caught.value.filename)
+    assert "CONVNETS_CACHE_DIR" in str(caught.value)
+    assert [p for p in cache.cache_root().rglob("*") if p.is_file()] == []  # no half entry left
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
+    """A 64 KiB tmpfs, filled up to ``pages`` free 4 KiB pages: a real full disk. Mounting needs root."""
+    mounted: list[Path] = []
+
+    def make(pages: int) -> Path:
+        where = tmp_path / f"full{len(mounted)}"
+        where.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("mounting a small tmpfs needs root and a system that allows it")
+        mounted.append(where)
+        fd = os.open(where / ".filler", os.O_WRONLY | os.O_CREAT)
+        written = 0
+        try:
+            while True:
+                written += os.write(fd, b"x" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+        os.ftruncate(fd, max(written - pages * 4096, 0))
+        os.close(fd)
+        return where
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.parametrize("case", ["predict", "embed", "export onnx", "export openvino", "engine cache fill"])
+def test_a_full_disk_is_one_line_naming_the_file(case: str, tiny_weights: Path,
+                                                 tiny_tmpfs: Callable[[int], Path], tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    photos = [str(p) for p in _photos(tmp_path, 6)]
+    full = tiny_tmpfs(2 if case == "embed" else 1)  # a page for the output's lock (and one for the spool)
+    common = ["--weights", str(tiny_weights), "--workers", "0", "--no-progress", "--batch-size", "2"]
+    env = {}
+    if case == "predict":
+        args, named = ["predict", *common, "--engine", "torch", "--output", str(full / "out.jsonl"), *photos], \
+            full / "out.jsonl"
+    elif case == "embed":
+        args, named = ["embed", *common, "--engine", "torch", "--output", str(full / "v.npy"), *photos], \
+            full / "v.npy.spool"
+    elif case.startswith("export"):
+        fmt = case.split()[1]
+        args = ["export", "--weights", str(tiny_weights), "--format", fmt, "--output", str(full)]
+        named = full / ("model.onnx" if fmt == "onnx" else "model.xml")
+    else:
+        args, named = ["predict", *common, "--engine", "openvino", photos[0]], full / "engines" / "openvino-"
+        env = {"CONVNETS_CACHE_DIR": str(full / "engines")}
+    done = run_cli(*args, env=env, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and str(named) in errors[0], done.stderr[-3000:]
+    assert "No space left on device" in errors[0] or "no space left" in errors[0], errors[0]

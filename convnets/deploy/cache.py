@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import hashlib
 import json
 import logging
@@ -58,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.constants import CACHE_DIR_ENV
-from convnets.fileio import atomic_write
+from convnets.fileio import atomic_write, disk_full
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -353,11 +354,19 @@ def cached_runner(source: nn.Module, *, engine: str, precision: str, shape: Sequ
     tmp = root / f".{entry.path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     tmp.mkdir()
     try:
-        write(tmp)
-        recorded = {name: {"size": (tmp / name).stat().st_size, "sha256": _file_digest(tmp / name)} for name in files}
-        manifest = json.dumps({"key": key, "fields": fields, "files": recorded,
-                               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
-        atomic_write(tmp / MANIFEST, lambda f: f.write(manifest.encode()))
+        try:
+            write(tmp)
+            recorded = {name: {"size": (tmp / name).stat().st_size, "sha256": _file_digest(tmp / name)}
+                        for name in files}
+            manifest = json.dumps({"key": key, "fields": fields, "files": recorded,
+                                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
+            atomic_write(tmp / MANIFEST, lambda f: f.write(manifest.encode()))
+        except Exception as e:  # noqa: BLE001 - runtimes that write files (OpenVINO) raise RuntimeError on a full disk
+            if not disk_full(e, root):
+                raise
+            raise OSError(errno.ENOSPC, f"No space left on device to convert the model for {engine} in the engine "
+                                        f"cache (free some, set {CACHE_DIR_ENV} to another directory, or turn the "
+                                        "engine cache off)", str(entry.path)) from e
         run = load(tmp)
         try:
             os.rename(tmp, entry.path)

@@ -46,7 +46,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,10 +130,8 @@ class RecordWriter:
         self.stream, self.format = stream, fmt
         self._pending: list[Record] = []
         self._parquet: Any = None
-        self._csv = csv.writer(stream, lineterminator="\n") if fmt == "csv" else None
-        if header and self._csv is not None:
-            self._csv.writerow(CSV_COLUMNS)
-            stream.flush()
+        if header and fmt == "csv":
+            self._emit(",".join(CSV_COLUMNS) + "\n")
 
     def write(self, record: Record) -> None:
         """Queue one record; it reaches the stream at the next :meth:`flush`."""
@@ -153,8 +151,17 @@ class RecordWriter:
             buffer.writelines(escape_json(json.dumps(r, ensure_ascii=False)) + "\n" for r in records)
         else:
             csv.writer(buffer, lineterminator="\n").writerows(row for r in records for row in _csv_rows(r))
-        self.stream.write(buffer.getvalue())
-        self.stream.flush()
+        self._emit(buffer.getvalue())
+
+    def _emit(self, text: str) -> None:
+        """Write ``text`` and flush it; a full disk's error names the file (a write names none)."""
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError as e:
+            from convnets.fileio import naming
+
+            raise naming(e, getattr(self.stream, "name", "<stream>")) from e
 
     def _write_parquet(self, records: list[Record]) -> None:
         pa, pq = import_pyarrow()
@@ -493,10 +500,27 @@ def open_writer(path: str | os.PathLike[str], *, resume: bool, topk: int, stack:
         stack.callback(writer.close)  # runs before atomic_output commits (the stack is last-in first-out)
         return writer, None
     found = scan(path, topk=topk) if resume and path.exists() else None
-    stream = stack.enter_context(open(path, "a" if found else "x", encoding="utf-8", newline=""))
+    stream = open(path, "a" if found else "x", encoding="utf-8", newline="")
+    stack.push(_closer(stream, path))
     writer = RecordWriter(stream, fmt, header=fmt == "csv" and (found is None or found.end == 0))
     stack.callback(writer.flush)
     return writer, found
+
+
+def _closer(stream: IO[Any], path: Path) -> Callable[..., bool]:
+    """An exit callback that closes ``stream``, the file ``path``: a failure names the file, and after
+    an error (the disk full) the close's own failure (flushing the same bytes again) is not raised in
+    its place."""
+    def close(kind: type[BaseException] | None, *_: object) -> bool:
+        try:
+            stream.close()
+        except OSError as e:
+            if kind is None:
+                from convnets.fileio import naming
+
+                raise naming(e, path) from e
+        return False
+    return close
 
 
 def read_records(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[Record]:

@@ -25,6 +25,7 @@ merged by :mod:`convnets.inference.shard` through :func:`read_embedding_records`
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from convnets.errors import InvalidArgumentError
+from convnets.fileio import naming
 from convnets.inference.names import decode_name, encode_name
 from convnets.inference.records import (MAX_RECORD_BYTES, Record, ScanResult, check_resumable, cut_tail,
                                         import_pyarrow, suffix_format, write_batches)
@@ -222,6 +224,15 @@ def embedding_output_complete(path: str | os.PathLike[str]) -> bool:
     return Path(path).exists() and not spool_path(path).exists()
 
 
+def _write(stream: IO[bytes], data: bytes) -> None:
+    """Append ``data`` to the spool and flush it; a full disk's error names the spool (a write names none)."""
+    try:
+        stream.write(data)
+        stream.flush()
+    except OSError as e:
+        raise naming(e, stream.name) from e
+
+
 class EmbeddingWriter:
     """Streams embedding records into the spool of ``path``; :meth:`close` assembles ``path``.
 
@@ -255,13 +266,15 @@ class EmbeddingWriter:
         records, self._pending = self._pending, []
         if records:
             # One write per batch: a killed process leaves whole batches plus at most one torn frame.
-            self.stream.write(b"".join(_frame(r) for r in records))
-            self.stream.flush()
+            _write(self.stream, b"".join(_frame(r) for r in records))
 
     def close(self) -> None:
         """Flush, and with ``assemble`` write ``path`` from the spool and delete the spool."""
         self.flush()
-        self.stream.close()
+        try:
+            self.stream.close()
+        except OSError as e:
+            raise naming(e, self.stream.name) from e
         if self.assemble:
             assemble_embeddings(self.path, dim=self.dim)
 
@@ -296,8 +309,13 @@ def open_embedding_writer(path: str | os.PathLike[str], *, dim: int, resume: boo
                                        "with the same --layer and model")
     stream = open(spool, "ab" if found else "xb")
     if not found:
-        stream.write(SPOOL_MAGIC)
-        stream.flush()
+        try:
+            _write(stream, SPOOL_MAGIC)
+        except OSError:
+            with contextlib.suppress(OSError):  # closing flushes again, and fails again
+                stream.close()
+            spool.unlink(missing_ok=True)  # created just now, empty: a later run would take it for a stopped one
+            raise
     writer = EmbeddingWriter(path, stream, dim=dim, assemble=assemble)
 
     def finish(kind: type[BaseException] | None, *_: object) -> None:
@@ -305,7 +323,10 @@ def open_embedding_writer(path: str | os.PathLike[str], *, dim: int, resume: boo
             writer.close()
         else:  # keep what was computed, for --resume
             writer.flush()
-            stream.close()
+            # After a failed write (a full disk) closing fails the same way: the first error, which
+            # names the spool, is the one to report.
+            with contextlib.suppress(OSError):
+                stream.close()
     stack.push(finish)
     return writer, found
 
