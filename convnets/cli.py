@@ -140,10 +140,11 @@ def _pillow_warnings_counted(command: str) -> Iterator[None]:
     inherit the hook) add theirs. The warning filters and hook are this process's own for the
     duration of the run, restored after it.
     """
+    from ctypes import c_char, c_longlong
     from multiprocessing import Array, Value
 
-    count = Value("q", 0)
-    first = Array("c", 240)
+    count = Value(c_longlong, 0)
+    first = Array(c_char, 240)
     log = logging.getLogger("convnets.pillow")
     marker = f"{os.sep}PIL{os.sep}"
     with warnings.catch_warnings():

@@ -124,7 +124,7 @@ def class_samples(directory: str | os.PathLike[str], class_to_idx: Mapping[str, 
     Returns:
         The samples; a class without files has none (the caller decides whether that is an error).
     """
-    samples = []
+    samples: list[tuple[str, int]] = []
     for name in sorted(class_to_idx):
         top = os.path.join(directory, name)
         if not os.path.isdir(top):
