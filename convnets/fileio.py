@@ -206,7 +206,8 @@ def naming(error: OSError, path: str | os.PathLike[str]) -> OSError:
 
     A write or flush to an open file raises ``[Errno 28] No space left on device`` without a name;
     this gives ``[Errno 28] No space left on device: 'PATH'`` (same type and ``errno``) for the
-    errors of writing (:data:`_WRITE_ERRNOS`); others are returned unchanged.
+    errors of writing (no space, over quota, file too large, I/O error, read-only file system);
+    others are returned unchanged.
     """
     return _naming(error, Path(path), Path(path))
 

@@ -29,8 +29,8 @@ from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, 
 from .presets import DEFAULT_PRESET, EvalPreset
 from .transforms import preprocess_image, to_rgb
 
-__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "input_error", "load_image",
-           "prepare_batch", "prepare_input_from_uri"]
+__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_image", "prepare_batch",
+           "prepare_input_from_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,19 +87,19 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
                            allow_private=allow_private, draft=draft, resize=resize)
     except ConvnetsError:
         raise
-    except Exception as exc:  # noqa: BLE001 - see input_error
-        raise input_error(source, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - see _input_error
+        raise _input_error(source, exc) from exc
     try:
         return to_rgb(image)
     except (ValueError, OSError) as exc:
         raise ImageDecodeError(
             f"Cannot load image {describe_input(source)}: cannot convert mode {image.mode!r} to "
             f"RGB ({exc}).") from exc
-    except Exception as exc:  # noqa: BLE001 - see input_error
-        raise input_error(source, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - see _input_error
+        raise _input_error(source, exc) from exc
 
 
-def input_error(source: object, error: Exception) -> ImageDecodeError:
+def _input_error(source: object, error: Exception) -> ImageDecodeError:
     """What an unexpected failure while decoding or preprocessing the input ``source`` is raised as.
 
     One bad input is one bad record, whatever went wrong with it: a ``MemoryError`` from one
@@ -138,8 +138,8 @@ class _Options:
             return preprocess_image(image, preset=self.preset)
         except ConvnetsError:
             raise
-        except Exception as exc:  # noqa: BLE001 - one bad input is one bad record (input_error)
-            raise input_error(source, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - one bad input is one bad record (_input_error)
+            raise _input_error(source, exc) from exc
 
 
 def _positive_int(name: str, value: object, *, optional: bool = False) -> None:
