@@ -631,6 +631,7 @@ def test_an_error_on_its_way_is_not_replaced_by_closing_the_file(tmp_path: Path,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.usefixtures("cold_engine_cache")  # its own cache, to see that nothing is left in it
 def test_export_and_engine_cache_fills_name_their_destination_when_the_disk_is_full(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """OpenVINO's save_model raises RuntimeError('basic_ios::clear: iostream error') on a full disk: no errno."""
