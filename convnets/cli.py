@@ -143,8 +143,12 @@ def _pillow_warnings_counted(command: str) -> Iterator[None]:
     from ctypes import c_char, c_longlong
     from multiprocessing import Array, Value
 
-    count = Value(c_longlong, 0)
-    first = Array(c_char, 240)
+    try:
+        count = Value(c_longlong, 0)
+        first = Array(c_char, 240)
+    except OSError:  # no shared memory or semaphores here (some sandboxes): Pillow prints as it does
+        yield
+        return
     log = logging.getLogger("convnets.pillow")
     marker = f"{os.sep}PIL{os.sep}"
     with warnings.catch_warnings():
