@@ -34,7 +34,7 @@ setup(
         "processing_utils": ["py.typed"],
         "convnets.preprocessing": ["imagenet_classes.tsv"],
         # The example photos: export verification runs on them when the user passes no images.
-        # (`examples/` at the repository's top is a symlink to this folder.)
+        # (`examples/` at the repository's top holds the notebooks and a link to each photo.)
         "convnets.assets": ["examples/*.png", "examples/*.jpg", "examples/LICENSES.md"],
     },
     install_requires=[
@@ -84,6 +84,8 @@ setup(
             "pyarrow>=14",
             # The DALI backend's CPU pipelines are tested too; wheels exist for Linux x86-64 only.
             "nvidia-dali-cuda130>=2.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
+            # tests/test_notebook.py runs examples/quickstart.ipynb in a kernel.
+            "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
             # tests/test_docs_build.py builds the site (the docs extra, repeated: extras are literals here).
             "mkdocs>=1.6", "mkdocs-material>=9.6", "mkdocstrings>=1", "mkdocstrings-python>=2", "ruff>=0.5",
         ],

@@ -5,6 +5,7 @@ Quick start::
     import convnets
     model = convnets.se_resnext101_32x4d(pretrained=True)   # or get_model("resnext101_32x4d", ...)
     model = convnets.load_model("checkpoint.pth.tar")        # any supported checkpoint, self-describing
+    convnets.predict(model, "photos/")                       # top-5 per image; a table in Jupyter
 
 Upstream's torch.hub calls work unchanged against this repository (see ``hubconf.py``).
 
@@ -41,6 +42,7 @@ from convnets.models.specs import ArchSpec, list_models
 if TYPE_CHECKING:
     from convnets.deploy.optimize import optimize_for_inference
     from convnets.inference.embed import embed
+    from convnets.inference.predict import Predictions, predict
     from convnets.models.resnet import ResNet
     from convnets.registry import get_model, load_model, resnet50, resnext101_32x4d, se_resnext101_32x4d
     from convnets.evaluation.loop import evaluate_model
@@ -52,6 +54,8 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "ResNet": "convnets.models.resnet",
     "embed": "convnets.inference.embed",
+    "predict": "convnets.inference.predict",
+    "Predictions": "convnets.inference.predict",
     "get_model": "convnets.registry",
     "load_model": "convnets.registry",
     "optimize_for_inference": "convnets.deploy.optimize",
@@ -73,6 +77,7 @@ __all__ = [
     "InvalidArgumentTypeError",
     "ManifestError",
     "MissingDependencyError",
+    "Predictions",
     "ResNet",
     "TrainingDivergedError",
     "UnknownArgumentError",
@@ -85,6 +90,7 @@ __all__ = [
     "list_models",
     "load_model",
     "optimize_for_inference",
+    "predict",
     *list_models(),
 ]
 

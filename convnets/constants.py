@@ -7,8 +7,9 @@ anything.
 
 from __future__ import annotations
 
-__all__ = ["BACKENDS", "CACHE_DIR_ENV", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "IMAGE_SUFFIXES",
-           "LAYERS", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION"]
+__all__ = ["BACKENDS", "CACHE_DIR_ENV", "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK",
+           "IMAGE_SUFFIXES", "LAYERS", "MAX_BATCH_SIZE", "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV",
+           "PRIVATE_URLS_OPTION"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
@@ -30,12 +31,15 @@ MAX_BATCH_SIZE = 4096
 #: Seconds allowed for each image download (connecting included) unless ``timeout=`` / ``--timeout``.
 DEFAULT_TIMEOUT = 30.0
 
+#: Classes per image that ``convnets predict`` shows unless ``--topk`` (fewer if the model has fewer).
+DEFAULT_TOPK = 5
+
 #: Redirects followed at most by a download (images and weights); one more is an error.
 MAX_REDIRECTS = 5
 
 #: The option of the commands that read URLs (predict, embed, export --images) that lets them fetch
 #: from loopback, private and link-local addresses (``allow_private=True`` in Python).
-PRIVATE_URLS_OPTION = "--allow-private-urls"
+PRIVATE_URLS_OPTION = "--deny-private-urls"
 
 #: File endings that a directory input is searched for (case-insensitive).
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})

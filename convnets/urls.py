@@ -12,7 +12,7 @@ each fixed here:
 * its timeout applies per request, so a chain of redirects multiplies it: here one deadline
   covers the whole chain, each hop getting only the time that is left;
 * it follows up to 30 redirects, to any host. Here at most :data:`~convnets.constants.MAX_REDIRECTS`
-  hops, to ``http``/``https`` only, and (unless allowed) never to a loopback, private or
+  hops, to ``http``/``https`` only, and (if the caller asks) never to a loopback, private or
   link-local address (:func:`check_public`).
 
 Redirect bodies are never read, so the byte budget of a fetch is the final body's alone

@@ -10,6 +10,10 @@
   ``$CONVNETS_RESULTS_DIR`` when set (tests use it), else ``benchmarks/results/``. A file that does not
   exist yet gives a "Not measured yet" note (logged at INFO, so ``--strict`` passes); a file that
   exists but does not have the shape its renderer expects fails the build.
+* ``<!-- notebook: PATH -->`` becomes the cells of the Jupyter notebook ``PATH`` (relative to the
+  repository): its Markdown cells as they are, its code cells as Python blocks
+  (:func:`render_notebook`). The notebook is stored without outputs, so the page shows what a user
+  runs; ``tests/test_notebook.py`` runs it.
 * :class:`ReadableDocstrings`, a Griffe extension (``mkdocs.yml``: the python handler's
   ``extensions``), makes the docstrings, written for ``help()`` and Sphinx, parse as Google style.
 
@@ -39,6 +43,7 @@ CLI_MARKER = "<!-- cli-reference -->"
 COMMANDS_MARKER = "<!-- cli-commands -->"
 RESULTS_MARKER = re.compile(r"<!--\s*results:\s*([\w.-]+)\s*-->")
 RESULTS_DIR_ENV = "CONVNETS_RESULTS_DIR"
+NOTEBOOK_MARKER = re.compile(r"<!--\s*notebook:\s*(\S+)\s*-->")
 #: The terminal width the ``--help`` texts are wrapped at, whatever terminal builds the site.
 HELP_COLUMNS = 100
 
@@ -466,8 +471,21 @@ if griffe is not None:
 # --- MkDocs events ------------------------------------------------------------------------------
 
 
+def render_notebook(path: str) -> str:
+    """The cells of the notebook at ``path`` (relative to the repository) as Markdown."""
+    file = ROOT / path
+    if not file.is_file():
+        raise _fail(f"notebook {path} does not exist")
+    parts = []
+    for cell in json.loads(file.read_text(encoding="utf-8"))["cells"]:
+        source = "".join(cell["source"]).strip("\n")
+        parts.append(source if cell["cell_type"] == "markdown" else _fence(source, "python"))
+    return "\n\n".join(parts) + "\n"
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
     """Replace the markers of one page's Markdown with their generated Markdown."""
+    markdown = NOTEBOOK_MARKER.sub(lambda m: render_notebook(m.group(1)), markdown)
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_reference())
     if COMMANDS_MARKER in markdown:

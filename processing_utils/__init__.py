@@ -92,7 +92,7 @@ def classify(model: Callable[[torch.Tensor], torch.Tensor],
         calibration_data: for ``precision="int8"`` (with ``engine`` only).
         verbose: print ``sample {i}: [...]`` per image, as upstream's ``pick_n_best``.
         **prepare_options: keywords of :func:`prepare_input_from_uri` (``device``, ``image_size``,
-            ``timeout``, ``allow_private`` for URLs on loopback or private addresses, ...).
+            ``timeout``, ``allow_private=False`` to refuse URLs on loopback or private addresses, ...).
 
     Returns:
         Per image, ``n`` tuples ``(class_name, "87.3%")``, best first (as :func:`pick_n_best`).

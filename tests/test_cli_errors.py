@@ -113,7 +113,7 @@ def test_download_timeout_names_the_timeout_option(five_classes: Path, http_serv
     http_server.routes["/slow.png"] = Route((REPO / "examples" / "coffee.png").read_bytes(),
                                             content_type="image/png", delay_s=3.0)
     url = f"{http_server.base_url}/slow.png"
-    done = run_cli("predict", "--weights", str(five_classes), "--timeout", "0.5", "--allow-private-urls", url)
+    done = run_cli("predict", "--weights", str(five_classes), "--timeout", "0.5", url)
     lines = command_lines(done.stderr)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert lines[0].startswith(f"convnets predict: error: Cannot load image '{url}'")

@@ -315,6 +315,21 @@ def test_a_marker_on_a_page_is_replaced(tmp_path: Path, monkeypatch: pytest.Monk
     assert "<!--" not in page and "| `convnets --help` | 0.091 | 0.27 |" in page and page.endswith("After.\n")
 
 
+def test_the_notebook_page_shows_every_cell_of_the_notebook() -> None:
+    hooks = _load_hooks()
+    page = (REPO / "docs" / "quickstart.md").read_text()
+    rendered = hooks.on_page_markdown(page, page=None, config=None, files=None)
+    cells = json.loads((REPO / "examples" / "quickstart.ipynb").read_text())["cells"]
+    assert cells and "<!-- notebook:" not in rendered
+    position = 0
+    for cell in cells:  # each cell's text, in order; code cells as Python blocks
+        source = "".join(cell["source"]).strip("\n")
+        found = rendered.index(f"```python\n{source}\n```" if cell["cell_type"] == "code" else source, position)
+        position = found + len(source)
+    with pytest.raises(Exception, match="notebook examples/missing.ipynb does not exist"):
+        hooks.render_notebook("examples/missing.ipynb")
+
+
 def test_a_missing_results_file_is_not_measured_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv(hooks.RESULTS_DIR_ENV, str(tmp_path))

@@ -44,15 +44,15 @@ def _tiny() -> nn.Module:
 
 
 def _predict_topk_zero(tmp: Path) -> Any:
-    from convnets.inference.predict import predict
+    from convnets.inference.predict import iter_predict
 
-    return next(predict(_tiny().eval(), [str(tmp)], topk=0))  # a generator: checks on the first next()
+    return next(iter_predict(_tiny().eval(), [str(tmp)], topk=0))  # a generator: checks on the first next()
 
 
 def _predict_without_labels(tmp: Path) -> Any:
     from convnets.inference.predict import predict
 
-    return next(predict(lambda x: x, [str(tmp)]))
+    return predict(lambda x: x, str(tmp))
 
 
 def _triton_files_elsewhere(tmp: Path) -> Any:

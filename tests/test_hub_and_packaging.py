@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -109,12 +110,30 @@ def test_hub_pretrained_from_file_with_ngc_file(full_se_checkpoint) -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel that ``pip install .`` builds, from a clean copy of the checkout.
+
+    An in-place build reuses build/ and *.egg-info from earlier builds, which would hide a missing
+    package or package_data entry. The copy leaves out the virtual environment that .ci/run makes
+    in the checkout (copying it took 30 s of each CI run).
+    """
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "src"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "tests", "benchmarks"))
     # No build isolation: the test must not need the network to fetch setuptools.
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
+                    "-w", str(out), str(source)], check=True, capture_output=True, timeout=300)
     (wheel,) = out.glob("convnets_hub-*.whl")  # the distribution convnets-hub (tests/test_packaging_name.py)
     return wheel
+
+
+def test_wheel_ships_the_example_photos(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = {n: zf.read(n) for n in zf.namelist() if n.startswith("convnets/assets/examples/")}
+    # The photos and their licenses; notebooks in examples/ are for copying from a clone, not package data.
+    assert sorted(Path(n).name for n in shipped) == ["LICENSES.md", "chelsea.png", "coffee.png", "rocket.jpg"]
+    for name, data in shipped.items():  # the files themselves, not a link
+        assert data == (REPO / name).read_bytes(), name
 
 
 def test_wheel_contains_manifest_and_class_names(wheel: Path) -> None:
@@ -128,30 +147,116 @@ def test_wheel_contains_manifest_and_class_names(wheel: Path) -> None:
     assert any(n.startswith("convnets_hub-") and n.endswith("/LICENSE") for n in names)  # license_files
 
 
-def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with the wheel installed (not ``-e``); returns its ``bin`` directory.
+
+    The dependencies (PyTorch and the rest, gigabytes) come from this interpreter's site-packages
+    through a ``.pth`` line, so the environment costs seconds. Python does not read ``.pth`` files in
+    a directory that a ``.pth`` line adds, so the checkout's editable install stays invisible there:
+    ``convnets`` can only come from the wheel.
+    """
+    import sysconfig
+
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True, timeout=60).stdout.strip())
+    ours = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    (site / "dependencies.pth").write_text("".join(f"{p}\n" for p in sorted(ours)))
+    # This interpreter's pip (found through the .pth line) installs into the new environment and writes
+    # its console script there; --ignore-installed: the checkout's editable install is visible to pip.
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed",
+                    "-q", str(wheel)],
                    check=True, capture_output=True, timeout=300)
+    return venv / "bin"
+
+
+def _installed_run(bin_dir: Path, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run([str(bin_dir / args[0]), *args[1:]], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout)
+
+
+def _source_modules() -> set[str]:
+    """Every module of the source tree, by name (``convnets.data.folders``, ``processing_utils``)."""
+    names = set()
+    for top in ("convnets", "processing_utils"):
+        for path in (REPO / top).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_installed_wheel_has_and_imports_every_module(installed: Path, tmp_path: Path) -> None:
     script = (
-        "import convnets, processing_utils, json, sys\n"
+        "import importlib, json, pkgutil, convnets, processing_utils\n"
         "from convnets.weights.manifest import load_manifest\n"
+        "names = {'convnets', 'processing_utils'}\n"
+        "for top in (convnets, processing_utils):\n"
+        "    names |= {m.name for m in pkgutil.walk_packages(top.__path__, top.__name__ + '.')}\n"
+        "failed = {}\n"
+        "for name in sorted(n for n in names if not n.endswith('.__main__')):  # those run a command\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError as e:\n"
+        "        failed[name] = str(e)\n"
         "m = load_manifest()\n"
-        "print(json.dumps({'file': convnets.__file__, 'models': sorted(m),"
+        "print(json.dumps({'file': convnets.__file__, 'modules': sorted(names), 'failed': failed, 'models': sorted(m),"
         " 'params': {k: v.num_params for k, v in m.items()}, 'classes': len(processing_utils.get_imgnet_classes())}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(target)}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=120)
+    done = _installed_run(installed, "python", "-c", script, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["file"].startswith(str(target))
+    assert report["file"].startswith(str(installed.parent)), report["file"]
+    # Every module of the source tree is in the wheel (a folder without __init__.py is not), and imports.
+    assert set(report["modules"]) == _source_modules()
+    # Optional runtimes' modules import without them too (their imports are lazy); DALI's needs DALI.
+    assert report["failed"] == {}
     assert report["models"] == sorted(json.loads((REPO / "weights_manifest.json").read_text())["models"])
     assert {"resnet50", "resnext101_32x4d", "se_resnext101_32x4d"} <= set(report["models"])
     assert report["params"]["se_resnext101_32x4d"] == 45_251_128
     assert report["classes"] == 1000
-    console = target / "bin" / "convnets"
-    assert console.is_file()
-    listed = subprocess.run([sys.executable, str(console), "weights", "--json"], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=120)
+    listed = _installed_run(installed, "convnets", "weights", "--json", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert [row["model"] for row in json.loads(listed.stdout)] == report["models"]
+
+
+@pytest.mark.slow
+def test_installed_wheel_trains_evaluates_predicts_and_embeds(installed: Path, tmp_path: Path) -> None:
+    """The README's install, used as a new user would: every command that needs a subpackage."""
+    from train_support import TINY_ARCH, make_digits
+
+    data = make_digits(tmp_path / "digits", n_train=64, n_val=32, size=32, digits=(0, 1))
+    out = tmp_path / "run"
+    trained = _installed_run(installed, "convnets", "train", "--data", str(data), "--output", str(out),
+                             "--arch", "resnet50", "--arch-kwargs", json.dumps(TINY_ARCH), "--image-size", "32",
+                             "--batch-size", "32", "--epochs", "1", "--warmup-epochs", "0", "--workers", "0",
+                             "--no-progress", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    weights = out / "model_best.pth.tar"
+    assert weights.is_file()
+
+    evaluated = _installed_run(installed, "convnets", "evaluate", "--data", str(data / "val"), "--weights",
+                               str(weights), "--workers", "0", "--output", str(tmp_path / "eval"), cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["images"] == 32
+
+    images = sorted((data / "val").rglob("*.png"))[:3]
+    # Two classes and no --topk: every class, best first (the default fits the model).
+    predicted = _installed_run(installed, "convnets", "predict", "--weights", str(weights), "--jsonl",
+                               *map(str, images), cwd=tmp_path)
+    assert predicted.returncode == 0, predicted.stderr
+    records = [json.loads(line) for line in predicted.stdout.splitlines()]
+    assert [r["input"] for r in records] == [str(p) for p in images]
+    assert all(sorted(t["label"] for t in r["top"]) == ["digit0", "digit1"] for r in records)
+
+    vectors = tmp_path / "vectors.npy"
+    embedded = _installed_run(installed, "convnets", "embed", "--weights", str(weights), "--output", str(vectors),
+                              *map(str, images), cwd=tmp_path)
+    assert embedded.returncode == 0, embedded.stderr
+    import numpy as np
+
+    assert np.load(vectors).shape == (3, 128)

@@ -1,8 +1,10 @@
 """Downloads against hostile servers: redirects (endless bodies, slow chains, too many, other schemes),
 loopback and private addresses, and the weights download's overall deadline and size cap.
 
-Every server is a real HTTP server on 127.0.0.1 started here; the tests that must reach it pass
-``allow_private=True`` / ``--allow-private-urls`` (or download weights, which never check addresses).
+Every server is a real HTTP server on 127.0.0.1 started here. Loopback and private addresses are
+fetched by default, as upstream; the tests of the refusal pass ``allow_private=False`` /
+``--deny-private-urls``, and every test that names a private address other than loopback refuses
+it, so that no packet leaves this machine.
 """
 
 from __future__ import annotations
@@ -199,16 +201,20 @@ def test_redirect_to_another_scheme_is_refused(server, route: str, scheme: str) 
 
 # ---- private addresses -------------------------------------------------------------------------
 
-def test_loopback_is_refused_by_default_and_allowed_with_the_keyword(server) -> None:
+def test_loopback_is_fetched_by_default_as_upstream_and_refused_on_request(server, tmp_path: Path) -> None:
     base, httpd = server
     url = f"{base}/image.png"
+    # Upstream's call on a local URL (a Jupyter server's /files/, an intranet image server) works.
+    local = tmp_path / "image.png"
+    local.write_bytes(IMAGE)
+    torch.testing.assert_close(processing_utils.prepare_input_from_uri(url),
+                               processing_utils.prepare_input_from_uri(str(local)), rtol=0, atol=0)
     with pytest.raises(ImageDownloadError) as caught:
-        processing_utils.prepare_input_from_uri(url)
+        processing_utils.prepare_input_from_uri(url, allow_private=False)
     message = str(caught.value)
-    assert url in message and "127.0.0.1" in message and "allow_private=True" in message
-    assert "--allow-private-urls" not in message and caught.value.keyword == "allow_private"
-    assert "--allow-private-urls" in caught.value.message_for("cli")
-    assert open_image(url, allow_private=True).size[0] > 0
+    assert url in message and "127.0.0.1" in message and "allow_private=False" in message
+    assert "--deny-private-urls" not in message and caught.value.keyword == "allow_private"
+    assert "--deny-private-urls" in caught.value.message_for("cli")
 
 
 @pytest.mark.parametrize("url", ["http://10.1.2.3/a.png", "http://192.168.0.7/a.png", "http://169.254.169.254/x",
@@ -218,7 +224,7 @@ def test_private_and_link_local_addresses_are_refused(url: str) -> None:
     with pytest.raises(urls.BlockedAddressError):
         urls.check_public(url)
     with pytest.raises(ImageDownloadError, match="loopback, private or link-local"):
-        download(url, timeout=1)
+        download(url, timeout=1, allow_private=False)
 
 
 def test_every_resolved_address_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,9 +244,9 @@ def test_a_redirect_to_a_private_address_is_refused(server, monkeypatch: pytest.
     monkeypatch.setattr(urls, "_addresses", lambda host, port: ["93.184.215.14"] if host == "127.0.0.1"
                         else real(host, port))
     with pytest.raises(ImageDownloadError) as caught:
-        download(f"{base}/to-localhost/{port}")
+        download(f"{base}/to-localhost/{port}", allow_private=False)
     message = str(caught.value)
-    assert f"http://localhost:{port}/image.png" in message and "allow_private=True" in message
+    assert f"http://localhost:{port}/image.png" in message and "allow_private=False" in message
     assert "127.0.0.1" in message or "::1" in message
 
 
@@ -254,17 +260,17 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_cli_refuses_loopback_naming_the_option_and_allows_it_with_it(server, tiny_checkpoint: Path) -> None:
+def test_cli_fetches_loopback_and_refuses_it_with_the_option(server, tiny_checkpoint: Path) -> None:
     base, _ = server
     url = f"{base}/image.png"
     done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", url)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    first = command_lines(done.stderr)[0]
-    assert url in first and "127.0.0.1" in first and "--allow-private-urls" in first
-    assert "allow_private" not in first
-    done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", "--allow-private-urls", url)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)[0]["input"] == url
+    done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", "--deny-private-urls", url)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    first = command_lines(done.stderr)[0]
+    assert url in first and "127.0.0.1" in first and "--deny-private-urls" in first
+    assert "allow_private" not in first
 
 
 # ---- weights: deadline, cap, redirects ---------------------------------------------------------

@@ -92,7 +92,7 @@ def test_url_input(tiny_checkpoint, http_server: LoopbackServer) -> None:
     path, state, _ = tiny_checkpoint
     http_server.routes["/cat.png"] = Route((REPO / EXAMPLES[0]).read_bytes(), content_type="image/png")
     url = f"{http_server.base_url}/cat.png"
-    done = run_cli("predict", "--weights", str(path), "--json", "--topk", "1", "--allow-private-urls", url)
+    done = run_cli("predict", "--weights", str(path), "--json", "--topk", "1", url)
     assert done.returncode == 0, done.stderr
     (result,) = json.loads(done.stdout)
     assert result["input"] == url

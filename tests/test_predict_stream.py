@@ -336,8 +336,8 @@ def test_library_errors_are_convnets_errors_with_builtin_bases(monkeypatch: pyte
 
 
 def test_predict_takes_a_generator_and_keeps_batch_boundaries(images: Path) -> None:
-    """The library entry reads inputs lazily, and ``start`` aligns batches as in an uninterrupted run."""
-    from convnets.inference.predict import iter_inputs, predict, predict_items
+    """The streaming entry reads inputs lazily, and ``start`` aligns batches as in an uninterrupted run."""
+    from convnets.inference.predict import iter_inputs, iter_predict, predict_items
 
     names = [name for name, _ in iter_inputs([str(images / "part1")]) if Path(name).name.startswith("img")][:7]
     sizes: list[int] = []
@@ -351,7 +351,7 @@ def test_predict_takes_a_generator_and_keeps_batch_boundaries(images: Path) -> N
         for name in names:
             pulled.append(name)
             yield name
-    results = predict(model, lazily(), labels=["a", "b", "c"], topk=1, batch_size=3)
+    results = iter_predict(model, lazily(), labels=["a", "b", "c"], topk=1, batch_size=3)
     first = next(results)
     assert first.input == names[0] and pulled == names[:3]  # only the first batch was read
     assert [r.input for r in results] == names[1:] and sizes == [3, 3, 1]

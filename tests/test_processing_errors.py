@@ -1,7 +1,7 @@
 """Bad input raises one documented exception that names the input and the reason, and fast.
 
 Network cases run against a real HTTP server on 127.0.0.1 (``processing_support.http_server``), so they
-pass ``allow_private=True`` (loopback is refused by default).
+pass ``allow_private=True``, the default (as upstream: loopback URLs are fetched).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Files shipped inside the package: the example photos (``examples/`` at the repository's top is a link here).
+"""Files shipped inside the package: the example photos (``examples/`` at the repository's top links to each).
 
 The photos (a cat, a coffee cup, a rocket launch; sources and licenses in ``examples/LICENSES.md``)
 are what ``convnets export`` verifies an exported model on when no ``--images`` are given, so that

@@ -48,7 +48,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: int = 16) -> None:
     """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``,
-    ``--allow-private-urls``, ``--fast-decode``."""
+    ``--deny-private-urls``, ``--fast-decode``."""
     from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
 
     group = parser.add_argument_group("batches")
@@ -71,11 +71,11 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
 
 
 def add_private_urls_argument(parser: Parser) -> None:
-    """Add ``--allow-private-urls`` (``allow_private=True`` of the library's downloads)."""
-    parser.add_argument(PRIVATE_URLS_OPTION, dest="allow_private", action="store_true",
-                        help="also download URLs whose host is a loopback, private or link-local address "
-                             "(localhost, 10.x, 192.168.x, 169.254.x, ::1, ...), also as a redirect's target; "
-                             "refused by default")
+    """Add ``--deny-private-urls`` (``allow_private=False`` of the library's downloads)."""
+    parser.add_argument(PRIVATE_URLS_OPTION, dest="allow_private", action="store_false",
+                        help="refuse URLs whose host is a loopback, private or link-local address (localhost, "
+                             "10.x, 192.168.x, 169.254.x, ::1, ...), also as a redirect's target: for URL lists "
+                             "that come from someone else (default: fetch them, as curl and upstream do)")
 
 
 def add_fast_decode_argument(parser: Parser) -> None:

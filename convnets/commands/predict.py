@@ -29,7 +29,7 @@ from convnets.commands.batch_options import (add_batch_arguments, add_input_argu
 from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
                                        add_engine_argument, add_json_argument, add_model_arguments,
                                        add_precision_argument, device_from_args, load_from_args, positive_int)
-from convnets.constants import DEFAULT_MODEL
+from convnets.constants import DEFAULT_MODEL, DEFAULT_TOPK
 from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob, run_job
 
@@ -49,14 +49,29 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "run"]
 
 
+
+def resolve_topk(topk: int | None, classes: int) -> int:
+    """``--topk``, or its default for a model with ``classes`` classes: :data:`DEFAULT_TOPK` or all of them.
+
+    Raises:
+        InvalidArgumentError: an explicit ``--topk`` above ``classes``.
+    """
+    if topk is None:
+        return min(DEFAULT_TOPK, classes)
+    if topk > classes:
+        raise InvalidArgumentError(f"--topk {topk} is more than the {classes} classes of the model; use --topk "
+                                   f"{classes} or less")
+    return topk
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     add_input_arguments(parser)
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
     # A positive integer while parsing (a usage error, no torch); its upper limit, the number of classes
     # of the model loaded, in PredictJob.load.
-    parser.add_argument("--topk", type=positive_int, default=5, metavar="K",
-                        help="classes per image, at most the model's number of classes (default 5)")
+    parser.add_argument("--topk", type=positive_int, default=None, metavar="K",
+                        help=f"classes per image, at most the model's number of classes (default {DEFAULT_TOPK}, or "
+                             "all of them when the model has fewer)")
     add_device_argument(parser)
     add_precision_argument(parser, help="fp32 (default); bf16 (CPUs with AVX512-BF16 or AMX, GPUs); fp16 (GPUs). "
                                         "The model runs through convnets.optimize_for_inference: BatchNorm "
@@ -99,6 +114,7 @@ class PredictJob(BatchJob):
         self.args = args
         self.net: Any = None
         self.labels: list[str] = []
+        self.topk = 0  # set by load(): --topk, or its default for the model's classes (resolve_topk)
         self.sheets: ContactSheetWriter | None = None
         self.printed: list[Record] = []  # --json: printed at the end, as one array
 
@@ -124,7 +140,10 @@ class PredictJob(BatchJob):
     def repair(self, path: Path) -> object:
         from convnets.inference.records import scan
 
-        return scan(path, topk=self.args.topk)
+        from convnets.inference.records import recorded_topk
+
+        # Before the model loads (torchrun's resume): without --topk, the file's own k is checked later.
+        return scan(path, topk=self.args.topk or recorded_topk(path) or DEFAULT_TOPK)
 
     def load(self, device: torch.device) -> ResNet:
         from convnets.deploy.optimize import optimize_for_inference
@@ -133,9 +152,7 @@ class PredictJob(BatchJob):
         args = self.args
         model = load_from_args(args, device=device).model
         self.labels = class_labels(model)
-        if args.topk > len(self.labels):
-            raise InvalidArgumentError(f"--topk {args.topk} is more than the {len(self.labels)} classes of the "
-                                       f"model; use --topk {len(self.labels)} or less")
+        self.topk = resolve_topk(args.topk, len(self.labels))
         self.net = optimize_for_inference(model, args.precision, device=device, engine=args.engine,
                                           compile=args.compile, cache=args.cache)
         return model
@@ -151,19 +168,19 @@ class PredictJob(BatchJob):
                                                                       allow_private=args.allow_private,
                                                                       interface="cli"))
         if part is not None:
-            return open_writer(part, resume=args.resume, topk=args.topk, stack=stack)
+            return open_writer(part, resume=args.resume, topk=self.topk, stack=stack)
         return (RecordWriter(sys.stdout, "jsonl") if args.jsonl else None), None
 
     def recorded(self, part: Path) -> Iterator[str]:
         from convnets.inference.records import recorded_inputs
 
-        return recorded_inputs(part, topk=self.args.topk)
+        return recorded_inputs(part, topk=self.topk)
 
     def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
                 start: int, on_batch: Callable[[int], None]) -> Iterator[Prediction]:
         from convnets.inference.predict import predict_items
 
-        return predict_items(self.net, items, labels=self.labels, topk=self.args.topk, batch_size=batch_size,
+        return predict_items(self.net, items, labels=self.labels, topk=self.topk, batch_size=batch_size,
                              device=device, decoding=decoding, start=start, on_batch=on_batch)
 
     def record(self, result: Prediction, error: str) -> Record:
@@ -174,8 +191,6 @@ class PredictJob(BatchJob):
                 "top": [{"index": t.index, "label": t.label, "probability": t.probability} for t in result.top]}
 
     def show(self, result: Prediction, record: Record) -> None:
-        from convnets.inference.names import display_name
-
         if self.sheets is not None:
             self.sheets.add(result)
         if not result.ok:
@@ -183,9 +198,7 @@ class PredictJob(BatchJob):
         if self.args.json:
             self.printed.append(record)
         elif self.args.output is None and not self.args.jsonl:
-            print(display_name(result.input))  # a name that is not UTF-8: its bytes as \udcXX
-            for rank, top in enumerate(result.top, 1):
-                print(f"  {rank}. {100 * top.probability:6.2f}%  {top.label}  [{top.index}]")
+            print(result)  # the name (bytes that are not UTF-8 as \udcXX), then a line per class
 
     def close(self) -> None:
         if self.args.json:

@@ -142,7 +142,7 @@ def _exportable(model: nn.Module, precision: str) -> _Exportable:
 
 def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
                  image_size: int = 224, *, timeout: float = DEFAULT_TIMEOUT,
-                 allow_private: bool = False) -> tuple[Tensor, str]:
+                 allow_private: bool = True) -> tuple[Tensor, str]:
     """A preprocessed batch of real photos for verification, and a description of it.
 
     Args:
@@ -152,8 +152,8 @@ def sample_batch(images: Sequence[str | os.PathLike[str]] | None = None,
         image_size: crop size; the rest of the preprocessing is
             :meth:`EvalPreset.for_image_size` (NVIDIA's evaluation pipeline).
         timeout: total seconds allowed for each URL download.
-        allow_private: also download URLs whose host is a loopback, private or link-local address
-            (refused by default; ``--allow-private-urls`` on the command line).
+        allow_private: download URLs whose host is a loopback, private or link-local address (the
+            default, as upstream); ``False`` refuses them (``--deny-private-urls``).
 
     Returns:
         ``([N, 3, image_size, image_size] float tensor, description)``.

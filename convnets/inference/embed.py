@@ -135,7 +135,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
                 preset: EvalPreset | None = None, normalize: bool = False, batch_size: int = 32,
                 device: torch.device | str = "cpu", timeout: float = DEFAULT_TIMEOUT, workers: int | None = 0,
                 start: int = 0, on_batch: Callable[[int], None] | None = None,
-                decoding: Decoding | None = None, allow_private: bool = False) -> Iterator[Embedding]:
+                decoding: Decoding | None = None, allow_private: bool = True) -> Iterator[Embedding]:
     """Embed expanded inputs (:func:`convnets.inference.inputs.iter_inputs`), one :class:`Embedding` each, in order.
 
     Args:
@@ -177,7 +177,7 @@ def embed(
     preset: EvalPreset | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_error: Literal["skip", "raise"] = "skip",
-    allow_private: bool = False,
+    allow_private: bool = True,
     fast_decode: bool = False,
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Embed images: yields ``(input, vector)`` per readable input, in input order.
@@ -194,8 +194,8 @@ def embed(
         recursive: search directories' subfolders too.
         image_size, resize_size, preset: preprocessing, as for :func:`convnets.inference.predict.predict`.
         timeout: total seconds allowed for each URL download.
-        allow_private: also download URLs whose host is a loopback, private or link-local address
-            (refused by default).
+        allow_private: download URLs whose host is a loopback, private or link-local address
+            (default); ``False`` refuses them.
         on_error: an input that cannot be read is logged and skipped (``"skip"``) or raises its
             :class:`~convnets.errors.ImageLoadError` (``"raise"``).
         fast_decode: decode large JPEGs at a reduced DCT scale first (see

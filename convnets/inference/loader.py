@@ -62,8 +62,9 @@ class Decoding:
         timeout: total seconds allowed for each URL download.
         workers: decoding processes (0: decode in this process, on threads, between model calls);
             ``None``: the default for the device (:func:`convnets.runtime.default_workers`).
-        allow_private: also download URLs whose host is a loopback, private or link-local address
-            (refused by default; ``--allow-private-urls`` on the command line).
+        allow_private: download URLs whose host is a loopback, private or link-local address (the
+            default, as upstream); ``False`` refuses them (``--deny-private-urls``), for URL lists
+            that come from someone else.
         fast_decode: decode large JPEGs at a reduced DCT scale first (``--fast-decode``; see
             :func:`~convnets.preprocessing.pipeline.prepare_batch`); default: the exact preprocessing.
     """
@@ -71,7 +72,7 @@ class Decoding:
     preset: EvalPreset | None = None
     timeout: float = DEFAULT_TIMEOUT
     workers: int | None = 0
-    allow_private: bool = False
+    allow_private: bool = True
     fast_decode: bool = False
 
     def with_preset(self, preset: EvalPreset) -> Decoding:

@@ -3,12 +3,13 @@
 Used by ``convnets predict``; also usable from Python::
 
     model = convnets.se_resnext101_32x4d(pretrained=True)
-    for result in convnets.inference.predict.predict(model, ["cat.jpg", "photos/"], topk=3):
-        print(result.input, result.top[0].label if result.ok else result.error)
+    results = convnets.predict(model, ["cat.jpg", "photos/"], topk=3)   # Predictions: a list
+    results          # in Jupyter: thumbnails, classes and bars; elsewhere print(results) is text
 
-Inputs are read lazily, a batch at a time (any iterable: a generator over a list file of millions
-of paths costs no more memory than a few; :mod:`convnets.inference.inputs`, re-exported here);
-results come in input order. ``workers=N`` decodes the next batches in N processes while the model
+:func:`predict` returns the results in a list that shows itself (:class:`Predictions`);
+:func:`iter_predict` yields them one by one and reads its inputs lazily, a batch at a time (any
+iterable: a generator over a list file of millions of paths costs no more memory than a few;
+:mod:`convnets.inference.inputs`, re-exported here). Results come in input order. ``workers=N`` decodes the next batches in N processes while the model
 runs; the loop itself, shared with embeddings, is :func:`convnets.inference.loader.map_batches`.
 Writing results to files is :mod:`convnets.inference.records`; embeddings are :mod:`convnets.inference.embed`;
 ``convnets predict`` runs this as a batch job (:mod:`convnets.inference.job`).
@@ -16,7 +17,11 @@ Writing results to files is :mod:`convnets.inference.records`; embeddings are :m
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import html
+import io
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,12 +32,15 @@ from convnets.constants import DEFAULT_TIMEOUT, IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem, expand_inputs, iter_inputs
 from convnets.inference.loader import Decoding, Result, map_batches
+from convnets.inference.names import display_name
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
+from convnets.preprocessing.pipeline import load_thumbnail
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
-__all__ = ["IMAGE_SUFFIXES", "InputItem", "Prediction", "TopClass", "class_labels", "expand_inputs", "iter_inputs",
-           "predict", "predict_items", "resolve_decoding", "resolve_preset"]
+__all__ = ["IMAGE_SUFFIXES", "MAX_ROWS", "InputItem", "Prediction", "Predictions", "TopClass", "class_labels",
+           "expand_inputs", "iter_inputs", "iter_predict", "predict", "predict_items", "predictions_html",
+           "resolve_decoding", "resolve_preset"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,94 @@ class Prediction(Result):
     input: str
     top: list[TopClass] = field(default_factory=list)
     error: ImageLoadError | None = None
+
+    def __str__(self) -> str:
+        """The input's name and its classes, one per line, as ``convnets predict`` prints them."""
+        if not self.ok:
+            return f"{display_name(self.input)}\n  error: {self.error}"
+        ranks = (f"  {rank}. {100 * t.probability:6.2f}%  {t.label}  [{t.index}]" for rank, t in enumerate(self.top, 1))
+        return "\n".join([display_name(self.input), *ranks])
+
+    def _repr_html_(self) -> str:
+        return predictions_html([self])
+
+
+class Predictions(list[Prediction]):
+    """The results of :func:`predict`: a list that shows itself.
+
+    The last expression of a Jupyter cell shows as a table of thumbnails, top classes and
+    probability bars (:func:`predictions_html`); ``print`` and a terminal show the text of
+    ``convnets predict``.
+    """
+
+    def __str__(self) -> str:
+        return "\n".join(map(str, self))
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        return predictions_html(self)
+
+
+#: Rows drawn with their thumbnails; the rest of a longer list is counted in one line (a notebook
+#: that embeds ten thousand pictures becomes too large to open).
+MAX_ROWS = 64
+
+_CELL = "padding:4px 8px;vertical-align:top;text-align:left"
+
+
+def predictions_html(predictions: Sequence[Prediction], *, thumbnail: int = 128, max_rows: int = MAX_ROWS,
+                     timeout: float = DEFAULT_TIMEOUT) -> str:
+    """An HTML table of ``predictions``: per input, its thumbnail, name, and top classes with bars.
+
+    What a contact sheet (:mod:`convnets.inference.sheet`) draws into a PNG, inline in a notebook
+    (``_repr_html_`` of :class:`Predictions` and :class:`Prediction`). Thumbnails are read again
+    from each input, as for sheets, and embedded as JPEG data URLs; an input that cannot be read
+    again keeps its row, with the reason in place of the picture.
+
+    Args:
+        predictions: the results to show, in order.
+        thumbnail: the longer side of each picture, in pixels.
+        max_rows: inputs shown; the others are counted in the last line.
+        timeout: seconds allowed for reading each URL again.
+
+    Returns:
+        A ``<table>`` (self-contained: the pictures are data URLs, the styles inline).
+    """
+    rows = [_row(p, thumbnail, timeout) for p in predictions[:max_rows]]
+    more = len(predictions) - len(rows)
+    if more > 0:
+        rows.append(f'<tr><td colspan="2" style="{_CELL}">… and {more} more (index or iterate the list to see them)'
+                    "</td></tr>")
+    return f'<table class="convnets-predictions" style="border-collapse:collapse">{"".join(rows)}</table>'
+
+
+def _row(prediction: Prediction, side: int, timeout: float) -> str:
+    name = html.escape(display_name(prediction.input))
+    if not prediction.ok:
+        return (f'<tr style="background:#fadede"><td style="{_CELL}"></td><td style="{_CELL}"><b>{name}</b><br>'
+                f"{html.escape(str(prediction.error))}</td></tr>")
+    picture, why = load_thumbnail(prediction.input, side, timeout=timeout)
+    if picture is None:
+        image = f'<div style="width:{side}px;color:#5a5a5a">{html.escape(why or "")}</div>'
+    else:
+        buffer = io.BytesIO()
+        picture.save(buffer, format="JPEG", quality=85)  # a tenth of a PNG's size: notebooks stay small
+        data = base64.b64encode(buffer.getvalue()).decode("ascii")
+        image = f'<img src="data:image/jpeg;base64,{data}" alt="{name}" style="max-width:{side}px">'
+    classes = "".join(_bar(rank, t.label, t.index, t.probability) for rank, t in enumerate(prediction.top, 1))
+    return (f'<tr><td style="{_CELL}">{image}</td><td style="{_CELL}"><b>{name}</b>'
+            f'<table style="border-collapse:collapse">{classes}</table></td></tr>')
+
+
+def _bar(rank: int, label: str, index: int, probability: float) -> str:
+    colour = "#9ec4e6" if rank == 1 else "#cbdef0"  # the contact sheet's bars: the best class darker
+    width = max(0.0, min(100.0, 100 * probability))
+    return (f'<tr><td style="{_CELL};text-align:right">{100 * probability:.2f}%</td>'
+            f'<td style="{_CELL};width:160px"><div style="background:{colour};width:{width:.1f}%;height:0.9em">'
+            f'</div></td><td style="{_CELL}">{html.escape(label)} <span style="color:#5a5a5a">[{index}]</span></td>'
+            "</tr>")
 
 
 def class_labels(model: ResNet) -> list[str]:
@@ -75,7 +171,7 @@ def resolve_preset(model: object, preset: EvalPreset | None, image_size: int | N
 
 def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
                      image_size: int | None = None, resize_size: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-                     workers: int | None = 0, allow_private: bool = False, fast_decode: bool = False) -> Decoding:
+                     workers: int | None = 0, allow_private: bool = True, fast_decode: bool = False) -> Decoding:
     """The decoding a library call uses: ``decoding``, or one made of the separate options.
 
     Args:
@@ -97,6 +193,34 @@ def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPr
 
 
 def predict(
+    model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
+    inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    *,
+    recursive: bool = False,
+    **options: Any,
+) -> Predictions:
+    """Classify images: one :class:`Prediction` per input, in order, in a list that shows itself.
+
+    For more inputs than a list should hold, :func:`iter_predict` yields them one at a time.
+
+    Args:
+        model: a classifier in eval mode (or any callable from a normalised batch to logits, such
+            as the result of ``convnets.optimize_for_inference``).
+        inputs: a path, directory or http(s) URL, or several.
+        recursive: search directories' subfolders too.
+        **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``,
+            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``allow_private``, ``workers``,
+            ``decoding``).
+
+    Returns:
+        A prediction per file or URL; unreadable inputs carry their error instead of classes.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    return Predictions(iter_predict(model, [os.fspath(i) for i in inputs], recursive=recursive, **options))
+
+
+def iter_predict(
     model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
     inputs: Iterable[str],
     *,
@@ -140,9 +264,9 @@ def predict_items(
     start: int = 0,
     workers: int | None = 0,
     decoding: Decoding | None = None,
-    allow_private: bool = False,
+    allow_private: bool = True,
 ) -> Iterator[Prediction]:
-    """:func:`predict` for inputs already expanded by :func:`iter_inputs` (e.g. after skipping
+    """:func:`iter_predict` for inputs already expanded by :func:`iter_inputs` (e.g. after skipping
     the ones an earlier run recorded).
 
     Args:
@@ -168,8 +292,9 @@ def predict_items(
         decoding: preset, timeout, workers and allow_private in one
             :class:`~convnets.inference.loader.Decoding` (what ``convnets predict`` passes); replaces
             those four options.
-        allow_private: also download URLs whose host is a loopback, private or link-local address;
-            by default they fail with an error that names this keyword.
+        allow_private: download URLs whose host is a loopback, private or link-local address (the
+            default, as upstream); ``False`` makes them fail with an error, for URL lists that come
+            from someone else.
 
     Yields:
         A prediction per file or URL; unreadable inputs carry their error instead of classes.

@@ -57,7 +57,8 @@ from convnets.inference.names import decode_name, encode_name, escape_json, safe
 
 __all__ = ["CSV_COLUMNS", "FORMATS", "MAX_RECORD_BYTES", "RESUMABLE_FORMATS", "Record", "RecordWriter", "ScanResult",
            "Writer", "check_destination", "check_resumable", "cut_tail", "format_of", "import_pyarrow", "open_writer",
-           "read_records", "recorded_inputs", "scan", "suffix_format", "write_batches", "write_records"]
+           "read_records", "recorded_inputs", "recorded_topk", "scan", "suffix_format", "write_batches",
+           "write_records"]
 
 log = logging.getLogger(__name__)
 
@@ -434,6 +435,15 @@ def _newlines_after(path: Path, offset: int, *, limit: int) -> int:
         while count <= limit and (chunk := f.read(1 << 16)):
             count += chunk.count(b"\n")
     return count
+
+
+def recorded_topk(path: str | os.PathLike[str]) -> int | None:
+    """Classes per input in the first classified record of ``path`` (``None``: none is readable)."""
+    path = Path(path)
+    for record, _ in _records(path, format_of(path), 0):  # topk is not needed to group rows
+        if record is not None and "top" in record:
+            return len(record["top"])
+    return None
 
 
 def recorded_inputs(path: str | os.PathLike[str], *, topk: int) -> Iterator[str]:

@@ -1,9 +1,10 @@
 """Contact sheets of predictions: each image as a thumbnail with its top classes, as upstream's notebook
 shows them (``img.thumbnail((256, 256))`` and the top-5 list under it), without a notebook.
 
-Used by ``convnets predict --show FILE.png``; also usable on :func:`convnets.inference.predict.predict`'s results::
+Used by ``convnets predict --show FILE.png``; also usable on :func:`convnets.inference.predict.iter_predict`'s
+results (or :func:`~convnets.inference.predict.predict`'s list)::
 
-    results = convnets.inference.predict.predict(model, ["photos/"], topk=5)
+    results = convnets.inference.predict.iter_predict(model, ["photos/"], topk=5)
     write_contact_sheets(results, "photos.png")   # photos.png, photos-2.png, ... 64 images each
 
 Streaming: a sheet is drawn and written (atomically, :mod:`convnets.fileio`, and without ``overwrite``
@@ -32,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PIL import Image, ImageDraw, ImageFont, ImageOps
+from PIL import Image, ImageDraw, ImageFont
 
 from convnets.constants import DEFAULT_TIMEOUT
-from convnets.errors import ImageLoadError, Interface, InvalidArgumentError, UnknownArgumentError, message_for
+from convnets.errors import Interface, InvalidArgumentError, UnknownArgumentError, message_for
 from convnets.fileio import atomic_write
 from convnets.inference.names import display_name
 
@@ -193,19 +194,6 @@ def _wrap(text: str, font: Any, width: float, max_lines: int) -> list[str]:
     return lines
 
 
-def _thumbnail(source: str, size: int, timeout: float, allow_private: bool) -> tuple[Image.Image | None, str | None]:
-    """``source`` read again and scaled to fit a ``size`` square, or ``(None, why it could not be)``."""
-    from convnets.preprocessing.pipeline import load_image  # PIL + requests (+ torch): only when drawing
-
-    try:
-        image = load_image(source, timeout=timeout, allow_private=allow_private)
-    except ImageLoadError as e:
-        log.warning("no thumbnail for %s: %s", source, e)
-        return None, message_for(e, "cli")
-    # Scaled both ways: small images (32-pixel datasets) fill their square too. LANCZOS: upstream's ANTIALIAS.
-    return ImageOps.contain(image, (size, size), Image.Resampling.LANCZOS), None
-
-
 def _tile(result: Prediction, picture: Image.Image | None, why: str | None, style: _Style, classes: int,
           interface: Interface) -> Image.Image:
     """One input's tile: its picture (or the reason there is none), its name, its top classes."""
@@ -248,10 +236,13 @@ def _draw_sheet(results: list[Prediction], path: Path, style: _Style, columns: i
                 allow_private: bool, interface: Interface, overwrite: bool) -> None:
     """Draw the tiles of ``results`` in rows of ``columns`` and write the PNG atomically (without
     ``overwrite``: only if ``path`` does not exist by then)."""
+    from convnets.preprocessing.pipeline import load_thumbnail  # PIL + requests (+ torch): only when drawing
+
     classes = min(style.max_classes, max(len(r.top) for r in results))
     tiles = []
     for result in results:
-        picture, why = _thumbnail(result.input, style.thumbnail, timeout, allow_private) if result.ok else (None, None)
+        picture, why = (load_thumbnail(result.input, style.thumbnail, timeout=timeout, allow_private=allow_private,
+                                       interface=interface) if result.ok else (None, None))
         tiles.append(_tile(result, picture, why, style, classes, interface))
     columns = min(columns, len(tiles))
     rows = math.ceil(len(tiles) / columns)
@@ -290,8 +281,8 @@ class ContactSheetWriter:
         font_size: text height in pixels.
         gap: white space between and around the tiles, in pixels.
         timeout: total seconds allowed for each URL's second download.
-        allow_private: also download URLs whose host is a loopback, private or link-local address
-            (refused by default; pass what the predictions were made with).
+        allow_private: download URLs whose host is a loopback, private or link-local address
+            (default); pass what the predictions were made with.
         interface: the words of the errors written on failed inputs' tiles: ``"python"`` or ``"cli"``.
         overwrite: replace existing sheets of ``path`` (default: refuse them).
 
@@ -301,7 +292,7 @@ class ContactSheetWriter:
 
     def __init__(self, path: str | os.PathLike[str], *, per_sheet: int = SHEET_SIZE, columns: int = 8,
                  thumbnail_size: int = 256, max_classes: int = 10, font_size: int = 14, gap: int = 8,
-                 timeout: float = DEFAULT_TIMEOUT, allow_private: bool = False,
+                 timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True,
                  interface: Interface = "python", overwrite: bool = False) -> None:
         for name, value, least in (("per_sheet", per_sheet, 1), ("columns", columns, 1),
                                    ("thumbnail_size", thumbnail_size, 32), ("max_classes", max_classes, 0),

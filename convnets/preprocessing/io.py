@@ -6,8 +6,8 @@ message names the input and the reason. Decoding never changes Pillow's global s
 (``LOAD_TRUNCATED_IMAGES``, ``MAX_IMAGE_PIXELS``, warning filters), so it is safe from many threads.
 
 URLs are fetched through :func:`convnets.urls.open_url`: one deadline and one size cap for the
-whole redirect chain, at most five redirects, and no loopback, private or link-local address
-unless ``allow_private=True`` (``--allow-private-urls`` on the command line).
+whole redirect chain, at most five redirects, and, with ``allow_private=False``
+(``--deny-private-urls`` on the command line), no loopback, private or link-local address.
 """
 
 from __future__ import annotations
@@ -149,14 +149,15 @@ def _read_body(response: requests.Response, label: str, deadline: float, max_byt
 def _blocked(label: str, error: BlockedAddressError) -> ImageDownloadError:
     first = "" if describe_input(error.url) == label else f" (redirected to {describe_input(error.url)})"
     problem = (f"Cannot load image {label}{first}: its host resolves to {error.address}, a loopback, private or "
-               f"link-local address, which is refused by default.")
-    return ImageDownloadError(f"{problem} Pass allow_private=True if you trust the URL.",
-                              cli=f"{problem} Pass {PRIVATE_URLS_OPTION} if you trust the URL.",
+               f"link-local address")
+    return ImageDownloadError(f"{problem}, refused because allow_private=False. Leave it out if you trust the URL.",
+                              cli=f"{problem}, refused because of {PRIVATE_URLS_OPTION}. Leave it out if you trust "
+                                  "the URL.",
                               keyword="allow_private")
 
 
 def download(url: str, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-             allow_private: bool = False) -> bytes:
+             allow_private: bool = True) -> bytes:
     """Download an image's bytes over http(s) with a total deadline and a size cap.
 
     Redirects are followed by hand (:func:`convnets.urls.open_url`): at most
@@ -168,10 +169,12 @@ def download(url: str, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEF
         timeout: seconds for the whole download (connecting, every redirect, headers and body).
         max_bytes: largest accepted body, in bytes (after content decoding); redirect bodies are
             never read.
-        allow_private: also fetch from hosts that resolve to loopback, private or link-local
-            addresses (``localhost``, ``10.x``, ``192.168.x``, ``169.254.x``, ``::1``, ...); by
-            default such a URL, or a redirect to one, is refused. The addresses are checked before
-            connecting (:func:`convnets.urls.check_public`, which says what that does not catch).
+        allow_private: fetch from hosts that resolve to loopback, private or link-local addresses
+            (``localhost``, ``10.x``, ``192.168.x``, ``169.254.x``, ``::1``, ...), as upstream and
+            every download tool do (default). ``False`` refuses such a URL, or a redirect to one:
+            use it for URLs that come from someone else (a server's clients). The addresses are
+            then checked before connecting (:func:`convnets.urls.check_public`, which says what that
+            does not catch).
 
     Returns:
         The response body.
@@ -338,7 +341,7 @@ def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None,
 
 
 def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-               max_pixels: int | None = None, allow_private: bool = False, draft: int | None = None,
+               max_pixels: int | None = None, allow_private: bool = True, draft: int | None = None,
                resize: int | None = None) -> Image.Image:
     """Open and fully decode one image, in its original mode and orientation.
 
@@ -349,8 +352,8 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
         max_bytes: largest accepted download, in bytes.
         max_pixels: largest accepted width x height of encoded inputs; ``None`` uses
             ``PIL.Image.MAX_IMAGE_PIXELS``.
-        allow_private: also download from loopback, private and link-local addresses (refused
-            by default; see :func:`download`).
+        allow_private: download from loopback, private and link-local addresses (default;
+            ``False`` refuses them, see :func:`download`).
         draft: decode JPEGs whose sides are both at least ``2 * draft`` at a reduced DCT scale
             (``Image.draft``: 1/2, 1/4 or 1/8) that keeps both sides at least ``draft`` (much faster,
             slightly different pixels); other inputs, and all with ``None`` (default), decode exactly.

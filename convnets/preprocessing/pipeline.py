@@ -20,17 +20,17 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeVar
 
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
-from convnets.errors import (ConvnetsError, ImageDecodeError, ImageLoadError, InvalidArgumentError,
-                             InvalidArgumentTypeError)
+from convnets.errors import (ConvnetsError, ImageDecodeError, ImageLoadError, Interface, InvalidArgumentError,
+                             InvalidArgumentTypeError, message_for)
 
 from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, is_url, open_image
 from .presets import DEFAULT_PRESET, EvalPreset
 from .transforms import preprocess_image, to_rgb
 
-__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_image", "prepare_batch",
-           "prepare_input_from_uri"]
+__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_image", "load_thumbnail",
+           "prepare_batch", "prepare_input_from_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def fast_decode_draft(preset: EvalPreset) -> int:
 
 
 def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-               max_pixels: int | None = None, allow_private: bool = False, draft: int | None = None,
+               max_pixels: int | None = None, allow_private: bool = True, draft: int | None = None,
                resize: int | None = None) -> Image.Image:
     """Open one image and make it upright 8-bit RGB (see :func:`~convnets.preprocessing.io.open_image`).
 
@@ -66,8 +66,8 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
         timeout: total seconds allowed for a download.
         max_bytes: largest accepted download, in bytes.
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
-        allow_private: also download from loopback, private and link-local addresses (refused by
-            default; see :func:`~convnets.preprocessing.io.download`).
+        allow_private: download from loopback, private and link-local addresses (default;
+            ``False`` refuses them, see :func:`~convnets.preprocessing.io.download`).
         draft: decode large JPEGs at a reduced DCT scale keeping both sides at least ``draft``
             (see ``open_image``; :func:`fast_decode_draft` gives the ``fast_decode`` size); ``None``:
             exact.
@@ -118,6 +118,28 @@ def _input_error(source: object, error: Exception) -> ImageDecodeError:
     detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
     return ImageDecodeError(f"Cannot load image {describe_input(source)}: decoding or preprocessing it {what} "
                             f"({type(error).__name__}{': ' + detail if detail else ''}).")
+
+
+def load_thumbnail(source: str, size: int, *, timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True,
+                   interface: Interface = "python") -> tuple[Image.Image | None, str | None]:
+    """``source`` read (again) and scaled to fit a ``size`` square, or ``(None, why it cannot be)``.
+
+    For pictures of results (contact sheets, notebooks): a failure is logged and returned, not raised.
+
+    Args:
+        source: a local path or an http(s) URL.
+        size: the side of the square, in pixels.
+        timeout: total seconds allowed for a download.
+        allow_private: as for :func:`load_image`.
+        interface: the words of the reason: ``"python"`` or ``"cli"``.
+    """
+    try:
+        image = load_image(source, timeout=timeout, allow_private=allow_private)
+    except ImageLoadError as e:
+        logger.warning("no thumbnail for %s: %s", source, e)
+        return None, message_for(e, interface)
+    # Scaled both ways: small images (32-pixel datasets) fill their square too. LANCZOS: upstream's ANTIALIAS.
+    return ImageOps.contain(image, (size, size), Image.Resampling.LANCZOS), None
 
 
 @dataclass(frozen=True)
@@ -273,7 +295,7 @@ def prepare_batch(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int | None = None,
     workers: int | None = None,
-    allow_private: bool = False,
+    allow_private: bool = True,
     fast_decode: bool = False,
 ) -> PreparedBatch:
     """Load and preprocess many images concurrently into one batch, reporting failures per input.
@@ -297,9 +319,9 @@ def prepare_batch(
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
         workers: threads to use; default: the usable CPU cores (at least 8 when there are URLs),
             at most one per input. ``1`` runs in the calling thread.
-        allow_private: also download from loopback, private and link-local addresses; by default
-            a URL whose host resolves to one (``localhost``, ``192.168.x``, ...) fails with an
-            ``ImageDownloadError`` that names this keyword.
+        allow_private: download from loopback, private and link-local addresses (default, as
+            upstream). ``False``: a URL whose host resolves to one (``localhost``, ``192.168.x``,
+            ...) fails with an ``ImageDownloadError``; use it for URLs that come from someone else.
         fast_decode: decode JPEGs much larger than the resize target at a reduced DCT scale
             (``Image.draft``) to at least :data:`FAST_DECODE_MARGIN` times ``resize_size``, then
             resize and crop as usual: 2.3-2.9x less CPU time on 12-megapixel photos, pixels 0.005
@@ -360,7 +382,7 @@ def prepare_input_from_uri(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int | None = None,
     workers: int | None = None,
-    allow_private: bool = False,
+    allow_private: bool = True,
 ) -> torch.Tensor:
     """Load and preprocess images exactly as upstream ``prepare_input_from_uri`` does, safely.
 
@@ -382,8 +404,8 @@ def prepare_input_from_uri(
         max_bytes: largest accepted download, in bytes (default 64 MiB).
         max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
         workers: threads for a list; see :func:`prepare_batch`.
-        allow_private: also download from loopback, private and link-local addresses (refused by
-            default); see :func:`prepare_batch`.
+        allow_private: download from loopback, private and link-local addresses (default;
+            ``False`` refuses them); see :func:`prepare_batch`.
 
     Returns:
         ``[1, 3, image_size, image_size]`` for one input, ``[N, 3, image_size, image_size]`` for a

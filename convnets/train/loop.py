@@ -37,7 +37,7 @@ from convnets.train.config import TrainConfig
 from convnets.train.curves import CURVES, write_curves
 from convnets.data.folders import Batch, DataSource, make_data, to_device
 from convnets.evaluation.loop import accumulate
-from convnets.train.metrics import METRICS, TrainSummary, append_metrics, write_history
+from convnets.train.metrics import METRICS, TrainSummary, append_metrics, format_rate, write_history
 from convnets.runtime import Precision, resolve_precision
 from convnets.train.recipe import default_warmup_epochs, scaled_lr
 from convnets.train.step import Trainer, configure_backends
@@ -331,7 +331,7 @@ def _train_epoch(trainer: Trainer, data: DataSource, epoch: int, steps: int, cfg
                 loss_sum += result.loss
                 finite_steps += 1
             rate = images * ctx.world_size / max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.4g}", img_s=f"{rate:.0f}", refresh=False)
+            bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.4g}", img_s=format_rate(rate), refresh=False)
             bar.update()
             interval.add(result, sum(len(y) for _, y in micro))
             if (i + 1) % cfg.print_freq == 0:
@@ -367,7 +367,7 @@ class _Interval:
         if board is not None:
             board.add_interval(step, loss, lr, rate)
         if to_log and ctx.is_main:  # no progress bar shows them
-            log.info("step %d: loss %.4f, lr %.4g, %.0f img/s", step, loss, lr, rate)
+            log.info("step %d: loss %.4f, lr %.4g, %s img/s", step, loss, lr, format_rate(rate))
         self.start, self.loss_sum, self.finite, self.images = now, 0.0, 0, 0
 
 

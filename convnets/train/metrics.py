@@ -16,10 +16,15 @@ from typing import Any
 from convnets.errors import DataError
 from convnets.fileio import atomic_write
 
-__all__ = ["METRICS", "TrainSummary", "append_metrics", "read_metrics", "write_history"]
+__all__ = ["METRICS", "TrainSummary", "append_metrics", "format_rate", "read_metrics", "write_history"]
 
 #: File name of the per-epoch metrics in the output directory.
 METRICS = "metrics.jsonl"
+
+
+def format_rate(rate: float) -> str:
+    """A rate for people: whole numbers from 1 up, two significant digits below (0.37, not 0)."""
+    return f"{rate:.0f}" if rate >= 1 else f"{rate:.2g}"
 
 
 def write_history(path: Path, history: Sequence[Mapping[str, Any]]) -> None:
@@ -89,7 +94,7 @@ class TrainSummary:
         else:
             text = (f"trained {self.epochs} epochs in {self.seconds:.0f} s: val top-1 {m.get('val_top1', 0):.2f}% "
                     f"(best {self.best_top1 or 0:.2f}% at epoch {self.best_epoch}), "
-                    f"{m.get('img_per_s', 0):.0f} img/s; checkpoint {self.checkpoint}")
+                    f"{format_rate(m.get('img_per_s', 0))} img/s; checkpoint {self.checkpoint}")
             if self.skipped_steps:
                 text += f"; {self.skipped_steps} steps skipped (non-finite)"
         if self.unreadable_images:
