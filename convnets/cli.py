@@ -6,6 +6,10 @@ one-line help without importing them, only the command named on the command line
 add its options, and command modules import PyTorch inside ``run()``. So ``convnets --help``,
 ``convnets predict --help`` and usage errors answer at once.
 
+Pillow's warnings about odd image data (one corrupt EXIF block makes it warn once per tag, thousands
+of lines) are counted, decoding processes' included, into one line at the end of the run; ``-vv``
+logs each.
+
 Errors that a user can fix (:class:`~convnets.errors.ConvnetsError`, bad files, bad values) end in
 one line on stderr and a non-zero exit status, never a traceback; so do sizes too large for the
 machine (``MemoryError``, an allocator's out-of-memory ``RuntimeError``, ``OverflowError``,
@@ -17,12 +21,15 @@ see the traceback anyway. The line is the error's message in command-line words
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TextIO
 
 from convnets.errors import ConvnetsError, message_for
 
@@ -109,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # --engine auto says which engine it picked, one line on stderr, also without -v.
     logging.getLogger("convnets.auto").setLevel(min(level, logging.INFO))
     try:
-        return int(args._run(args) or 0)
+        with _pillow_warnings_counted(args.command):
+            return int(args._run(args) or 0)
     except KeyboardInterrupt:
         print("convnets: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -126,6 +134,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         # share stderr, so their lines could interleave.
         sys.stderr.write(f"convnets {args.command}: error: {message}\n")
         return EXIT_ERROR
+
+
+@contextlib.contextmanager
+def _pillow_warnings_counted(command: str) -> Iterator[None]:
+    """Count Pillow's warnings instead of printing them; one line on stderr at the end says how many.
+
+    The count lives in shared memory, so that the decoding processes forked from this one (they
+    inherit the hook) add theirs. The warning filters and hook are this process's own for the
+    duration of the run, restored after it.
+    """
+    from ctypes import c_char, c_longlong
+    from multiprocessing import Array, Value
+
+    try:
+        count = Value(c_longlong, 0)
+        first = Array(c_char, 240)
+    except OSError:  # no shared memory or semaphores here (some sandboxes): Pillow prints as it does
+        yield
+        return
+    log = logging.getLogger("convnets.pillow")
+    marker = f"{os.sep}PIL{os.sep}"
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+        warnings.filterwarnings("always", module=r"PIL\.")  # each one counted, not only the first of its kind
+
+        def count_pillows(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                          file: TextIO | None = None, line: str | None = None) -> None:
+            if marker not in filename:
+                show(message, category, filename, lineno, file, line)
+                return
+            log.debug("%s: %s (%s:%d)", category.__name__, message, filename, lineno)
+            with count.get_lock():
+                count.value += 1
+                if not first.value:
+                    first.value = " ".join(str(message).split()).encode("utf-8", "replace")[:len(first) - 1]
+        warnings.showwarning = count_pillows
+        try:
+            yield
+        finally:
+            if count.value:
+                example = first.value.decode("utf-8", "replace")
+                sys.stderr.write(f"convnets {command}: Pillow warned {count.value} time(s) about odd image data "
+                                 f"(first: {example}); -vv shows each\n")
 
 
 def _error_line(error: Exception) -> str | None:

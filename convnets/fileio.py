@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["LockHeldError", "atomic_output", "atomic_write", "exclusive_lock"]
+__all__ = ["LockHeldError", "atomic_output", "atomic_write", "disk_full", "exclusive_lock", "file_kind", "naming"]
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _remove_stale_temps(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+def atomic_output(path: str | os.PathLike[str], *, exclusive: bool = False) -> Iterator[BinaryIO]:
     """Open a temporary file that replaces ``path`` when the ``with`` block ends without error.
 
     The file object's ``name`` is the temporary file's path, for code that must read back what it
@@ -90,11 +90,15 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
 
     Args:
         path: the destination; its directory must exist.
+        exclusive: put the file in place only if ``path`` does not exist then (a hard link, which
+            fails on an existing name; never a replace), so that a file someone else created there
+            meanwhile is left alone.
 
     Yields:
         The temporary file, open for binary writing.
 
     Raises:
+        FileExistsError: ``exclusive`` and ``path`` exists (the new content is discarded).
         OSError: the file cannot be written (no space left, read-only file system, no permission...).
             The error keeps its type and ``errno`` and names ``path``, also when the write that
             failed was to the temporary file: ``[Errno 28] No space left on device: 'PATH'``.
@@ -109,7 +113,7 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             f = open(tmp, "xb")
         except OSError as e:
             raise _naming(e, path, tmp, always=True) from e
-        with f:
+        try:
             try:
                 yield f
             except OSError as e:
@@ -119,8 +123,21 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
                 os.fsync(f.fileno())
             except OSError as e:
                 raise _naming(e, path, tmp, always=True) from e
+        except BaseException:
+            # Closing flushes what could not be written again (a full disk) and would fail again,
+            # unnamed, in place of the error on its way.
+            with contextlib.suppress(OSError):
+                f.close()
+            raise
+        f.close()  # flushed above: nothing left to write
         try:
-            os.replace(tmp, path)
+            if exclusive:
+                _link_new(tmp, path)
+            else:
+                os.replace(tmp, path)
+        except FileExistsError:
+            raise FileExistsError(errno.EEXIST, "it exists (created meanwhile by someone else); not replaced",
+                                  str(path)) from None
         except OSError as e:
             raise _naming(e, path, tmp, always=True) from e
     except BaseException:
@@ -129,10 +146,31 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     _fsync_dir(path.parent)
 
 
+def _link_new(tmp: Path, path: Path) -> None:
+    """Give the complete file ``tmp`` the name ``path`` unless ``path`` exists (then FileExistsError)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+            raise
+        # A file system without hard links: claim the name first (O_EXCL), then replace the claim.
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600))
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            path.unlink(missing_ok=True)  # the empty claim is ours
+            raise
+    else:
+        tmp.unlink()
+
+
 #: Errors of writing a file that code inside ``atomic_output``'s block can meet (other errors there,
 #: e.g. a download's connection reset, are about something else and keep their message).
 _WRITE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EFBIG", "EIO", "EROFS")
                           if hasattr(errno, name))  # Windows has no EDQUOT
+_FULL_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT") if hasattr(errno, name))
 
 
 def _naming(error: OSError, path: Path, tmp: Path, *, always: bool = False) -> OSError:
@@ -151,17 +189,67 @@ def _naming(error: OSError, path: Path, tmp: Path, *, always: bool = False) -> O
     return OSError(code, error.strerror or os.strerror(code), str(path))
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words for a message that refuses it as not a regular
+    file: ``"a FIFO (named pipe)"``, ``"a character device"``, ...; ``"a regular file"`` for one."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def naming(error: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``error``, raised by writing to the open file ``path``, naming ``path`` if it names no file.
+
+    A write or flush to an open file raises ``[Errno 28] No space left on device`` without a name;
+    this gives ``[Errno 28] No space left on device: 'PATH'`` (same type and ``errno``) for the
+    errors of writing (no space, over quota, file too large, I/O error, read-only file system);
+    others are returned unchanged.
+    """
+    return _naming(error, Path(path), Path(path))
+
+
+#: Free bytes below which a failed write is put down to a full file system (:func:`disk_full`).
+_NEARLY_FULL = 1 << 20
+
+
+def disk_full(error: BaseException, directory: str | os.PathLike[str]) -> bool:
+    """Whether ``error``, raised while writing into ``directory``, comes from a full file system.
+
+    Runtimes that write files themselves (OpenVINO's ``save_model``: ``RuntimeError: basic_ios::clear:
+    iostream error``) lose the ``errno``; so besides ``ENOSPC`` / ``EDQUOT`` in the error or its
+    causes, a file system with less than 1 MiB left for unprivileged users counts as full.
+    """
+    seen: BaseException | None = error
+    for _ in range(8):  # the chain of causes, bounded
+        if seen is None:
+            break
+        if getattr(seen, "errno", None) in _FULL_ERRNOS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        info = os.statvfs(directory)
+    except (OSError, AttributeError):  # no statvfs on Windows
+        return False
+    return info.f_bavail * info.f_frsize < _NEARLY_FULL
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, exclusive: bool = False) -> None:
     """Write ``path`` through ``write(file)`` without ever exposing a partial file.
 
     Args:
         path: the destination; its directory must exist.
         write: called once with a binary file open for writing.
+        exclusive: never replace an existing ``path`` (see :func:`atomic_output`).
 
     Raises:
+        FileExistsError: ``exclusive`` and ``path`` exists.
         OSError: the file cannot be written; it names ``path`` (see :func:`atomic_output`).
     """
-    with atomic_output(path) as f:
+    with atomic_output(path, exclusive=exclusive) as f:
         write(f)
 
 

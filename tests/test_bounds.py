@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -377,3 +378,342 @@ def test_a_fifo_image_is_refused_without_blocking(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.startswith("ImageLoadError") and "not a regular file" in done.stdout, done.stdout + done.stderr
+
+
+# One bad input is one bad record, whatever its shape ---------------------------------------------------
+
+
+def _thin_png(path: Path, size: tuple[int, int] = (1, 100000)) -> Path:
+    """A valid PNG of one colour: a few hundred bytes, whose resize to 256 would take 20 GB."""
+    from PIL import Image
+
+    Image.new("RGB", size, (10, 20, 30)).save(path, optimize=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(state: dict[str, torch.Tensor], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny") / "tiny.pth"
+    torch.save({"state_dict": state, "arch_spec": TINY_SPEC}, path)
+    return path
+
+
+def _photos(folder: Path, count: int) -> list[Path]:
+    import numpy as np
+    from PIL import Image
+
+    paths = []
+    for i in range(count):
+        pixels = np.random.default_rng(i).integers(0, 255, (40, 50, 3), dtype=np.uint8)
+        paths.append(folder / f"photo{i}.png")
+        Image.fromarray(pixels).save(paths[-1])
+    return paths
+
+
+def test_a_thin_image_is_refused_before_it_is_decoded_or_resized(tmp_path: Path) -> None:
+    from convnets.errors import ImageDecodeError
+    from convnets.preprocessing.io import check_resize
+    from convnets.preprocessing.pipeline import prepare_batch
+
+    # The audit's image, by arithmetic only: decoding it here would take 20 GB in this process.
+    with pytest.raises(ImageDecodeError, match=r"'thin.png': image 1x100000 is too thin: .* 256x25600000 ") as info:
+        check_resize(1, 100000, 256, "'thin.png'")
+    assert info.value.message_for("cli").endswith("more than the limit of 89478485.")  # no Python advice
+    check_resize(30000, 2000, 256, "'panorama.png'")  # 3840x256: well inside the limit
+    # The same rule with a small limit, on files: the input passes the bomb check, its resize does not.
+    limit = 300_000
+    strip, flat = _thin_png(tmp_path / "strip.png", (10, 2000)), _thin_png(tmp_path / "flat.png", (2000, 10))
+    panorama = _thin_png(tmp_path / "panorama.png", (300, 200))
+    batch = prepare_batch([str(IMAGE), str(strip), str(flat), str(panorama)], on_error="collect", max_pixels=limit)
+    assert batch.indices == [0, 3] and [i for i, _ in batch.errors] == [1, 2]  # the photo: 640x427, resized 383x256
+    for (_, error), path, size in zip(batch.errors, (strip, flat), ("10x2000", "2000x10")):
+        assert isinstance(error, ImageDecodeError) and str(path) in str(error) and f"{size} is too thin" in str(error)
+        assert f"more than the limit of {limit}" in str(error)
+
+
+@pytest.mark.parametrize("command, suffix", [("predict", "jsonl"), ("embed", "npy")])
+def test_a_thin_image_among_photos_is_one_bad_record(command: str, suffix: str, tiny_weights: Path,
+                                                      tmp_path: Path) -> None:
+    """The audit's case: a 467-byte 1x100000 PNG in a batch of photos, under a 4 GB address-space limit
+    (resizing it to 256 would take 20 GB: before, the whole batch ended in "out of memory")."""
+    photos = _photos(tmp_path, 3)
+    thin = _thin_png(tmp_path / "thin.png")
+    inputs = [str(photos[0]), str(thin), str(photos[1]), str(photos[2])]
+    out = tmp_path / f"out.{suffix}"
+    result = _cli(command, "--weights", str(tiny_weights), "--batch-size", "8", "--workers", "0", "--no-progress",
+                  "--output", str(out), *inputs)
+    line = _one_error_line(result)
+    assert str(thin) in line and "1x100000 is too thin" in line, line
+    if command == "predict":
+        records = [json.loads(text) for text in out.read_text().splitlines()]
+        assert [r["input"] for r in records] == inputs
+        assert [("error" in r) for r in records] == [False, True, False, False]
+        assert "1x100000 is too thin" in records[1]["error"] and all(len(r["top"]) == 5 for r in records[::2])
+    else:
+        import numpy as np
+
+        assert np.load(out).shape[0] == 3
+        assert (tmp_path / "out.npy.inputs.txt").read_text().splitlines() == [str(p) for p in photos]
+
+
+def test_any_failure_of_one_input_is_that_inputs_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A MemoryError (or anything else) while decoding or preprocessing one image fails that image only."""
+    import convnets.preprocessing.pipeline as pipeline
+    from convnets.errors import ImageDecodeError
+
+    from PIL import Image
+
+    photos = _photos(tmp_path, 3)
+    big, odd = tmp_path / "big.png", tmp_path / "odd.png"
+    Image.new("RGB", (61, 47)).save(big)  # its resize runs out of memory
+    Image.new("RGB", (53, 41)).save(odd)  # its decoder has a bug
+    preprocess, to_rgb = pipeline.preprocess_image, pipeline.to_rgb
+
+    def preprocess_failing(image: Image.Image, **kwargs: object) -> torch.Tensor:
+        if image.size == (61, 47):
+            raise MemoryError()
+        return preprocess(image, **kwargs)  # type: ignore[arg-type]
+
+    def to_rgb_failing(image: Image.Image) -> Image.Image:
+        if image.size == (53, 41):
+            raise KeyError("a decoder's bug")
+        return to_rgb(image)
+    monkeypatch.setattr(pipeline, "preprocess_image", preprocess_failing)
+    monkeypatch.setattr(pipeline, "to_rgb", to_rgb_failing)
+    inputs = [str(photos[0]), str(big), str(photos[1]), str(odd), str(photos[2])]
+    for workers in (1, 3):
+        batch = pipeline.prepare_batch(inputs, on_error="collect", workers=workers)
+        assert batch.indices == [0, 2, 4]
+        (i, memory), (j, other) = batch.errors
+        assert (i, j) == (1, 3) and isinstance(memory, ImageDecodeError) and isinstance(other, ImageDecodeError)
+        assert str(big) in str(memory) and "ran out of memory" in str(memory) and "MemoryError" in str(memory)
+        assert str(odd) in str(other) and "KeyError" in str(other)
+    # On the command line (in this process, decoding here): a record per input, the run goes on.
+    out = tmp_path / "r.jsonl"
+    monkeypatch.delenv("CONVNETS_DEBUG", raising=False)
+    assert main(["predict", "--random-init", "--model", "resnet50", "--arch-kwargs", json.dumps(
+        {"layers": [1, 1, 1, 1], "widths": [8, 16, 32, 64]}), "--image-size", "32", "--workers", "0",
+                 "--no-progress", "--output", str(out), *inputs]) == 1
+    records = [json.loads(text) for text in out.read_text().splitlines()]
+    assert [r["input"] for r in records] == inputs
+    assert ["error" in r for r in records] == [False, True, False, True, False]
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 2 and errors[0].startswith(f"convnets predict: error: Cannot load image '{big}'")
+    assert "ran out of memory" in errors[0]
+
+
+# Resuming reads what it finds in bounded memory -----------------------------------------------------------
+
+
+def _no_newlines(path: Path, size: int = 50_000_000) -> Path:
+    with open(path, "wb") as f:
+        for _ in range(size // 1_000_000):
+            f.write(b"x" * 1_000_000)
+    return path
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "csv"])
+def test_resume_scans_a_file_without_newlines_in_bounded_memory(suffix: str, tmp_path: Path) -> None:
+    import tracemalloc
+
+    from convnets.inference.records import MAX_RECORD_BYTES, scan
+
+    path = _no_newlines(tmp_path / f"out.{suffix}")
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidArgumentError) as info:
+            scan(path, topk=5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_RECORD_BYTES < 50_000_000, peak  # about one record, not the file
+    cli = info.value.message_for("cli")
+    assert str(path) in cli and "--resume" in cli and f"more than {MAX_RECORD_BYTES} bytes" in cli, cli
+    assert path.stat().st_size == 50_000_000  # refused, not cut away as a torn tail
+
+
+def test_resume_refuses_a_spool_frame_longer_than_any_record(tmp_path: Path) -> None:
+    import struct
+
+    from convnets.inference.spool import SPOOL_MAGIC, scan_spool
+
+    spool = tmp_path / "v.npy.spool"
+    spool.write_bytes(SPOOL_MAGIC + struct.pack("<III", 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 30) + b"x" * 100)
+    with pytest.raises(InvalidArgumentError, match="more than any record convnets writes") as info:
+        scan_spool(tmp_path / "v.npy")
+    assert str(spool) in str(info.value) and "--resume" in str(info.value)
+    assert spool.stat().st_size == len(SPOOL_MAGIC) + 12 + 100  # not cut as a torn frame
+
+
+@pytest.mark.parametrize("kind", ["a link to /dev/zero", "a FIFO", "50 MB without a newline"])
+@pytest.mark.parametrize("command", ["predict", "embed"])
+def test_resume_of_an_output_that_no_run_left_is_one_clear_error(command: str, kind: str, tiny_weights: Path,
+                                                                   tmp_path: Path) -> None:
+    """Before, a link to /dev/zero grew the process until the kernel killed it (under this 4 GB limit: "out of
+    memory ... --batch-size"), a FIFO blocked, and a line without end was cut away as a torn record."""
+    out = tmp_path / ("out.jsonl" if command == "predict" else "out.npy")
+    odd = out if command == "predict" else out.with_name(out.name + ".spool")  # what --resume reads
+    if kind == "a link to /dev/zero":
+        odd.symlink_to("/dev/zero")
+    elif kind == "a FIFO":
+        os.mkfifo(odd)
+    else:
+        _no_newlines(odd)
+    line = _one_error_line(_cli(command, "--weights", str(tiny_weights), "--workers", "0", "--no-progress",
+                                "--resume", "--output", str(out), str(IMAGE)))
+    assert str(odd) in line and "--resume" in line and "--batch-size" not in line, line
+    if kind == "50 MB without a newline":
+        assert odd.stat().st_size == 50_000_000
+
+
+# A full disk: the message names the file ---------------------------------------------------------------
+
+
+def _no_space(*args: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class _FullFile(io.RawIOBase):
+    """A writable file on a full disk: every write fails as the kernel's would (naming no file)."""
+
+    name = "/somewhere/out.jsonl"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: object) -> int:
+        _no_space()
+        return 0
+
+
+def test_record_and_spool_writes_name_their_file_when_the_disk_is_full(tmp_path: Path) -> None:
+    from convnets.inference.records import RecordWriter
+    from convnets.inference.spool import EmbeddingWriter
+
+    stream = io.TextIOWrapper(io.BufferedWriter(_FullFile()), encoding="utf-8")
+    writer = RecordWriter(stream, "jsonl")
+    writer.write({"input": "a.png", "error": "x"})
+    with pytest.raises(OSError) as info:
+        writer.flush()
+    assert info.value.errno == errno.ENOSPC and info.value.filename == "/somewhere/out.jsonl"
+    with pytest.raises(OSError) as info:
+        RecordWriter(io.TextIOWrapper(io.BufferedWriter(_FullFile()), encoding="utf-8"), "csv", header=True)
+    assert info.value.filename == "/somewhere/out.jsonl"
+    spool = io.BufferedWriter(_FullFile())
+    embeddings = EmbeddingWriter(tmp_path / "v.npy", spool, dim=2)  # type: ignore[arg-type]
+    embeddings.write({"input": "a.png", "embedding": [1.0, 2.0]})
+    with pytest.raises(OSError) as info:
+        embeddings.flush()
+    assert info.value.errno == errno.ENOSPC and info.value.filename == "/somewhere/out.jsonl"
+
+
+def test_an_error_on_its_way_is_not_replaced_by_closing_the_file(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a full disk, closing the temporary file flushes the same bytes again and fails again, unnamed."""
+    import convnets.fileio
+
+    closed = []
+
+    class Full(io.BufferedWriter):
+        def close(self) -> None:
+            closed.append(self.raw.name)
+            super().close()
+            _no_space()
+
+    def half(f: io.BufferedWriter) -> None:
+        f.write(b"x" * 100)
+        _no_space()
+    monkeypatch.setattr(convnets.fileio, "open", lambda path, mode: Full(io.FileIO(path, "x")), raising=False)
+    with pytest.raises(OSError) as info:
+        atomic_write(tmp_path / "out.npy", half)
+    assert len(closed) == 1 and info.value.filename == str(tmp_path / "out.npy")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.usefixtures("cold_engine_cache")  # its own cache, to see that nothing is left in it
+def test_export_and_engine_cache_fills_name_their_destination_when_the_disk_is_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO's save_model raises RuntimeError('basic_ios::clear: iostream error') on a full disk: no errno."""
+    from collections import namedtuple
+
+    from convnets.deploy import cache
+    from convnets.deploy.export import export_model
+    from convnets.deploy.formats import get_format
+    from convnets.errors import ExportError
+
+    def lost_errno(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("basic_ios::clear: iostream error")
+    statvfs = namedtuple("statvfs", "f_bavail f_frsize")
+    model = convnets.get_model("resnet50", **{k: v for k, v in TINY_SPEC.items() if k != "se_squeeze"}).eval()
+    fmt = get_format("onnx")
+    monkeypatch.setattr(type(fmt), "write", lost_errno)
+    with pytest.raises(ExportError) as info:  # a disk with room: the error as it is
+        export_model(model, tmp_path / "m.onnx", batch=torch.zeros(2, 3, 32, 32), image_size=32)
+    assert "no space" not in str(info.value)
+    monkeypatch.setattr(os, "statvfs", lambda path: statvfs(0, 4096), raising=False)
+    with pytest.raises(ExportError) as info:
+        export_model(model, tmp_path / "m.onnx", batch=torch.zeros(2, 3, 32, 32), image_size=32)
+    assert f"writing {tmp_path / 'm.onnx'}: no space left" in str(info.value) and "RuntimeError" in str(info.value)
+    with pytest.raises(OSError) as caught:
+        cache.cached_runner(model, engine="openvino", precision="fp32", shape=(3, 32, 32), runtimes=(),
+                            files=("model.xml",), write=lost_errno, load=lost_errno)  # type: ignore[arg-type]
+    assert caught.value.errno == errno.ENOSPC and str(cache.cache_root()) in str(caught.value.filename)
+    assert "CONVNETS_CACHE_DIR" in str(caught.value)
+    assert [p for p in cache.cache_root().rglob("*") if p.is_file()] == []  # no half entry left
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
+    """A 64 KiB tmpfs, filled up to ``pages`` free 4 KiB pages: a real full disk. Mounting needs root."""
+    mounted: list[Path] = []
+
+    def make(pages: int) -> Path:
+        where = tmp_path / f"full{len(mounted)}"
+        where.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("mounting a small tmpfs needs root and a system that allows it")
+        mounted.append(where)
+        fd = os.open(where / ".filler", os.O_WRONLY | os.O_CREAT)
+        written = 0
+        try:
+            while True:
+                written += os.write(fd, b"x" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+        os.ftruncate(fd, max(written - pages * 4096, 0))
+        os.close(fd)
+        return where
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.parametrize("case", ["predict", "embed", "export onnx", "export openvino", "engine cache fill"])
+def test_a_full_disk_is_one_line_naming_the_file(case: str, tiny_weights: Path,
+                                                 tiny_tmpfs: Callable[[int], Path], tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    photos = [str(p) for p in _photos(tmp_path, 6)]
+    full = tiny_tmpfs(2 if case == "embed" else 1)  # a page for the output's lock (and one for the spool)
+    common = ["--weights", str(tiny_weights), "--workers", "0", "--no-progress", "--batch-size", "2"]
+    env = {}
+    if case == "predict":
+        args, named = ["predict", *common, "--engine", "torch", "--output", str(full / "out.jsonl"), *photos], \
+            full / "out.jsonl"
+    elif case == "embed":
+        args, named = ["embed", *common, "--engine", "torch", "--output", str(full / "v.npy"), *photos], \
+            full / "v.npy.spool"
+    elif case.startswith("export"):
+        fmt = case.split()[1]
+        args = ["export", "--weights", str(tiny_weights), "--format", fmt, "--output", str(full)]
+        named = full / ("model.onnx" if fmt == "onnx" else "model.xml")
+    else:
+        args, named = ["predict", *common, "--engine", "openvino", photos[0]], full / "engines" / "openvino-"
+        env = {"CONVNETS_CACHE_DIR": str(full / "engines")}
+    done = run_cli(*args, env=env, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and str(named) in errors[0], done.stderr[-3000:]
+    assert "No space left on device" in errors[0] or "no space left" in errors[0], errors[0]

@@ -242,6 +242,12 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
     ("convnets/fileio.py", "OSError"): (
         2, "a lock path that is a symbolic link or not a regular file: the file system's state, raised with "
            "its errno as the open() that found it would (a held lock is LockHeldError, a TimeoutError)"),
+    ("convnets/fileio.py", "FileExistsError"): (
+        1, "an exclusive write found its name taken by someone else meanwhile: the file system's state, raised as "
+           "the link() that found it does, naming the file (the contact sheet turns it into its own message)"),
+    ("convnets/deploy/cache/__init__.py", "OSError"): (
+        1, "a full disk while the engine cache is filled: raised as the OSError(ENOSPC) that the runtime's write "
+           "lost (OpenVINO raises RuntimeError without an errno), naming the entry"),
     ("convnets/urls.py", "TimeoutError"): (
         2, "a download's deadline passed: both callers (preprocessing.io, weights.download) catch it and "
            "raise ImageDownloadError / WeightsUnavailableError naming the URL and the limit"),

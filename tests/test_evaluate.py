@@ -14,14 +14,17 @@ import hashlib
 import io
 import json
 import os
+import resource
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_bn, run_cli
+from conftest import REPO, randomize_bn, run_cli
 from PIL import Image
 from strict_skips import require_module
 from train_support import TINY_ARCH
@@ -381,3 +384,59 @@ def test_the_torch_engine_evaluates_like_the_model(imagenet_like: dict[str, Path
     assert folded.source["engine"] == "torch"
     np.testing.assert_array_equal(folded.confusion, eager.confusion)
     assert folded.loss == pytest.approx(eager.loss, rel=1e-4)
+
+
+def test_a_spreadsheets_utf8_csv_with_a_byte_order_mark_is_read(imagenet_like: dict[str, Path],
+                                                               tmp_path: Path) -> None:
+    """Spreadsheet programs save "CSV UTF-8" with a BOM first; the header is still ImageId,PredictionString."""
+    shutil.copytree(imagenet_like["kaggle_val"], tmp_path / "val")
+    text = (imagenet_like["kaggle"] / "LOC_val_solution.csv").read_text(encoding="utf-8")
+    (tmp_path / "LOC_val_solution.csv").write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    flat = evaluate_model(imagenet_like["weights"], tmp_path / "val", batch_size=16, workers=0, device="cpu")
+    tree = evaluate_model(imagenet_like["weights"], imagenet_like["tree"], batch_size=16, workers=0, device="cpu")
+    assert flat.source["layout"] == "kaggle" and flat.source["labels_file"] == str(tmp_path / "LOC_val_solution.csv")
+    _same_results(flat, tree)
+
+
+def _limit_memory() -> None:  # a runaway scan ends in MemoryError here, not in the machine's OOM killer
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+@pytest.mark.parametrize("command", ["evaluate", "train"])
+def test_class_folders_with_links_to_themselves_are_scanned_once(command: str, tmp_path: Path) -> None:
+    """A class folder holding two links to itself: ``os.walk(followlinks=True)`` (torchvision's
+    ``make_dataset``) walked about 2**40 paths until MemoryError; each real directory is scanned once."""
+    rng = np.random.default_rng(0)
+    counts = {"cat": 3, "dog": 2}
+    for split in ("train", "val"):
+        for name, count in counts.items():
+            folder = tmp_path / "data" / split / name
+            (folder / "more").mkdir(parents=True)
+            for i in range(count):
+                where = folder / "more" if i == 0 else folder
+                Image.fromarray(rng.integers(0, 255, (36, 36, 3), dtype=np.uint8)).save(where / f"{i}.png")
+        (tmp_path / "data" / split / "cat" / "again").symlink_to(".")
+        (tmp_path / "data" / split / "cat" / "more" / "up").symlink_to("..")
+        (tmp_path / "data" / split / "dog" / "cats").symlink_to("../cat")  # a link to another class: its files
+    arch = json.dumps({**TINY_ARCH, "num_classes": 2})
+    if command == "evaluate":
+        args = [sys.executable, "-m", "convnets", "evaluate", "--random-init", "--model", "resnet50", "--arch-kwargs",
+                arch, "--engine", "torch", "--workers", "0", "--no-progress", "--data", str(tmp_path / "data" / "val"),
+                "--output", str(tmp_path / "report")]
+    else:
+        code = ("import sys\nfrom pathlib import Path\nfrom convnets.data.folders import scan_split\n"
+                "for split in ('train', 'val'):\n    classes, samples = scan_split(Path(sys.argv[1]), split)\n"
+                "    print(split, len(samples), sorted(classes[i] for _, i in samples))\n")
+        args = [sys.executable, "-c", code, str(tmp_path / "data")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, preexec_fn=_limit_memory,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # "cat" once (3 images), "dog" 2 + the 3 of "cat" through its link (as torchvision counts a linked folder).
+    expected = ["cat"] * 3 + ["dog"] * 5
+    if command == "evaluate":
+        assert json.loads((tmp_path / "report" / "report.json").read_text())["images"] == len(expected)
+    else:
+        assert done.stdout.splitlines() == [f"{split} {len(expected)} {expected}" for split in ("train", "val")]
+    skipped = [line for line in done.stderr.splitlines() if "already scanned" in line]
+    assert any(str(Path("cat") / "again") in line for line in skipped), done.stderr[-2000:]
+    assert any(str(Path("more") / "up") in line for line in skipped), done.stderr[-2000:]

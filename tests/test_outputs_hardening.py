@@ -341,3 +341,42 @@ def test_resume_keeps_a_last_record_that_only_lacks_its_newline(weights: list[st
     records = [json.loads(line) for line in out.read_bytes().splitlines()]
     assert [r["input"] for r in records] == names and records[5] == last
     assert out.read_bytes().endswith(b"\n")
+
+
+def _odd_exif_jpeg(path: Path, tags: int) -> None:
+    """A good JPEG whose EXIF block lists ``tags`` entries whose data lie past its end: Pillow warns per tag."""
+    import struct
+
+    entries = b"".join(struct.pack("<HHII", 0x9000 + i, 2, 100, 8) for i in range(tags))
+    exif = b"Exif\x00\x00II*\x00" + struct.pack("<IH", 8, tags) + entries + struct.pack("<I", 0)
+    Image.new("RGB", (64, 48), (100, 50, 20)).save(path, "JPEG", exif=exif)
+
+
+def _pillow_warnings(path: Path) -> list[str]:
+    """What Pillow warns when it reads ``path``'s EXIF, as the decoder does, each warning kept."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught, Image.open(path) as image:
+        warnings.simplefilter("always")
+        image.getexif()
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_pillows_warnings_are_counted_into_one_line(workers: str, weights: list[str], folder: Path,
+                                                    tmp_path: Path) -> None:
+    odd = [tmp_path / "odd1.jpg", tmp_path / "odd2.jpg"]
+    _odd_exif_jpeg(odd[0], 3000)
+    _odd_exif_jpeg(odd[1], 1000)
+    expected = [_pillow_warnings(path) for path in odd]
+    assert len(expected[0]) > 2000 and len(expected[1]) > 500  # what flooded stderr, two lines each
+    inputs = [str(odd[0]), str(folder / "img000.png"), str(odd[1])]
+    out = tmp_path / "r.jsonl"
+    done = run_cli("predict", *weights, *COMMON[:-1], workers, "--output", str(out), *inputs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [json.loads(line)["input"] for line in out.read_text().splitlines()] == inputs  # all classified
+    lines = command_lines(done.stderr)
+    assert len(lines) == 1, done.stderr[-2000:]
+    total = len(expected[0]) + len(expected[1])
+    assert lines[0] == (f"convnets predict: Pillow warned {total} time(s) about odd image data (first: "
+                        f"{expected[0][0]}); -vv shows each"), lines

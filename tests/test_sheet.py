@@ -171,6 +171,28 @@ def test_thumbnails_are_the_images_read_again_and_urls_downloaded_again(tmp_path
     assert abs(int((below[0] != PAPER).sum()) - int((below[1] != PAPER).sum())) < 50
 
 
+def test_a_sheet_created_by_someone_else_during_the_run_is_not_overwritten(tmp_path: Path) -> None:
+    """The destination is checked free at the start; a file put there before the sheet is written stays."""
+    images = _solid_images(tmp_path / "in", 3)
+    first, second = tmp_path / "s.png", tmp_path / "s-2.png"
+    writer = ContactSheetWriter(first, per_sheet=2, interface="cli")
+    writer.add(_prediction(images[0]))
+    first.write_bytes(b"theirs")  # appears after the check, before the first sheet is written
+    writer.add(_prediction(images[1]))  # the first sheet is drawn now
+    with pytest.raises(InvalidArgumentError) as caught:
+        writer.add(_prediction(images[2]))  # its failure surfaces at the next call
+        writer.close()
+    assert str(first) in caught.value.message_for("cli") and "--show" in caught.value.message_for("cli")
+    assert "created by someone else" in str(caught.value)
+    assert first.read_bytes() == b"theirs" and not second.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "s.png"]  # no temporary file left
+    # With overwrite, the writer's own choice, it is replaced.
+    with ContactSheetWriter(first, per_sheet=2, overwrite=True) as writer:
+        writer.add(_prediction(images[0]))
+    with Image.open(first) as image:
+        assert image.format == "PNG"
+
+
 @pytest.mark.parametrize("name, problem", [
     ("sheet.jpg", "ending in .png"), ("folder.png", "is a directory"), ("no/such/dir/s.png", "does not exist"),
     ("file.txt/s.png", "does not exist")])

@@ -138,3 +138,72 @@ def test_every_config_field_has_a_flag(tmp_path: Path) -> None:
             config.pretrained, config.data) == (3, False, "channels_last", False, 0.5, True, tmp_path)
     assert config_from_args(build_parser().parse_args(["train", "--data", "d", "--output", "o"])) == \
         convnets.train.TrainConfig(data="d", output="o")  # the flags' defaults are the config's
+
+
+def _wrong_momentum(ckpt: dict) -> None:
+    ckpt["optimizer"]["state"][0]["momentum_buffer"] = torch.zeros(3)
+
+
+def _wrong_python_rng(ckpt: dict) -> None:
+    ckpt["rng"]["python"]["state"] = [1, 2, 3]
+
+
+def _python_rng_out_of_range(ckpt: dict) -> None:
+    ckpt["rng"]["python"]["state"][-1] = 10 ** 6  # the index into the 624 words, which random.setstate checks
+
+
+def _numpy_rng_out_of_range(ckpt: dict) -> None:
+    ckpt["rng"]["numpy"]["pos"] = 10 ** 6
+
+
+#: name -> (how the checkpoint of a finished first epoch is damaged, what the error names)
+DAMAGED: dict[str, tuple[Callable[[dict], None], str]] = {
+    "momentum buffer of another shape": (_wrong_momentum, "optimizer['state'][0]['momentum_buffer'] (a tensor of"),
+    "learning rate that is a string": (lambda c: c["optimizer"]["param_groups"][0].update(lr="fast"),
+                                       "optimizer['param_groups'][0]['lr'] (str, expected a number)"),
+    "scheduler base_lrs that is a string": (lambda c: c["scheduler"].update(base_lrs="x"),
+                                            "scheduler['base_lrs'] (str, expected a list of"),
+    "torch generator state of another size": (lambda c: c["rng"].update(torch=torch.zeros(10, dtype=torch.uint8)),
+                                              "rng['torch'] (a torch.uint8 tensor of shape [10], expected"),
+    "python generator state of another size": (_wrong_python_rng, "rng['python']['state'] (a list of 3, expected"),
+    "numpy generator position out of range": (_numpy_rng_out_of_range, "rng['numpy']['pos'] (1000000, expected 0 to "
+                                                                        "624)"),
+    "python generator index out of range": (_python_rng_out_of_range, "rng (invalid state)"),
+    "history that is a number": (lambda c: c.update(history=5), "history (5, expected a list of dicts"),
+    "an absurd epoch": (lambda c: c.update(epoch=10 ** 18), "records 1000000000000000000 completed epochs, more than "
+                                                             "--epochs 2"),
+}
+
+
+@pytest.fixture(scope="module")
+def first_epoch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The data and the checkpoint of a real one-epoch run."""
+    from convnets.train import TrainConfig, fit
+
+    data = make_digits(tmp_path_factory.mktemp("digits"), n_train=64, n_val=16)
+    out = tmp_path_factory.mktemp("run")
+    fit(TrainConfig(data=data, output=out, epochs=1, arch="resnet50", arch_kwargs=TINY_ARCH, image_size=32,
+                    batch_size=32, workers=0, amp=False, lr=0.1, progress=False))
+    return data, torch.load(out / "checkpoint.pth.tar", weights_only=True)
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_resume_validates_every_entry_it_restores(case: str, first_epoch: tuple[Path, dict], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import copy
+
+    from convnets.cli import main
+
+    data, good = first_epoch
+    damage, words = DAMAGED[case]
+    ckpt = copy.deepcopy(good)
+    damage(ckpt)
+    path = tmp_path / "damaged.pth.tar"
+    torch.save(ckpt, path)
+    monkeypatch.delenv("CONVNETS_DEBUG", raising=False)
+    # In this process: a traceback would be an exception here (rather than a line on stderr).
+    assert main(["train", *tiny_args(data, tmp_path / "out", 2, "--resume", str(path))]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and lines[0].startswith("convnets train: error: "), lines
+    assert str(path) in lines[0] and words in lines[0], lines[0]

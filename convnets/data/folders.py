@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,8 @@ from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
 from convnets.data.batches import Batch, DataSource, sample_seed
 from convnets.constants import BACKENDS
 
-__all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "eval_loader", "make_data",
-           "sample_seed", "scan_split", "train_transform", "val_transform"]
+__all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "class_samples", "eval_loader",
+           "make_data", "sample_seed", "scan_split", "train_transform", "val_transform"]
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +83,78 @@ class _ResizeAndCrop:
         return f"ResizeAndCrop({self.preset})"
 
 
+def _folders_once(top: str) -> Iterator[tuple[str, list[str]]]:
+    """``(folder, file names)`` of ``top`` and every folder below it, following symbolic links but
+    entering each real directory (device and inode) once: a link back to a folder above it, or a
+    second link to one already seen, is skipped with a warning (``os.walk(followlinks=True)`` would
+    walk a folder holding two links to itself 2**40 times)."""
+    def identity(path: str) -> tuple[int, int] | None:
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        return info.st_dev, info.st_ino
+
+    seen = {identity(top)}
+    for folder, subfolders, files in os.walk(top, followlinks=True):
+        keep = []
+        for name in subfolders:
+            path = os.path.join(folder, name)
+            real = identity(path)
+            if real is not None and real in seen:
+                log.warning("not scanning %s again: it leads to %s, which is already scanned (a symbolic-link loop "
+                            "or a second link to it)", path, os.path.realpath(path))
+                continue
+            seen.add(real)
+            keep.append(name)
+        subfolders[:] = keep  # os.walk enters only these
+        yield folder, files
+
+
+def class_samples(directory: str | os.PathLike[str], class_to_idx: Mapping[str, int],
+                  extensions: tuple[str, ...]) -> list[tuple[str, int]]:
+    """``(path, class index)`` of the files under each class folder of ``directory``, in torchvision's
+    ``make_dataset`` order (classes, then folders, then files sorted), each real directory once.
+
+    Args:
+        directory: holds one folder per class (followed if they are symbolic links).
+        class_to_idx: class folder name -> class index; missing folders are skipped.
+        extensions: the file endings that count (lower case; matched case-insensitively).
+
+    Returns:
+        The samples; a class without files has none (the caller decides whether that is an error).
+    """
+    samples: list[tuple[str, int]] = []
+    for name in sorted(class_to_idx):
+        top = os.path.join(directory, name)
+        if not os.path.isdir(top):
+            continue
+        for folder, files in sorted(_folders_once(top)):
+            samples.extend((os.path.join(folder, file), class_to_idx[name]) for file in sorted(files)
+                           if file.lower().endswith(extensions))
+    return samples
+
+
 def scan_split(root: Path, split: str) -> tuple[list[str], list[tuple[str, int]]]:
-    """Classes and ``(path, class index)`` samples of ``root/split`` in ImageFolder order.
+    """Classes and ``(path, class index)`` samples of ``root/split`` in ImageFolder order
+    (:func:`class_samples`: each real directory once).
 
     Raises:
-        DataError: the directory is missing, has no class folders or no image files.
+        DataError: the directory is missing, has no class folders or a class folder without image files.
     """
     path = root / split
     if not path.is_dir():
         raise DataError(f"{path} is not a directory; --data must hold train/<class>/* and val/<class>/*")
     try:
         classes, class_to_idx = datasets.folder.find_classes(str(path))
-        samples = datasets.folder.make_dataset(str(path), class_to_idx, extensions=datasets.folder.IMG_EXTENSIONS)
     except FileNotFoundError as e:
         raise DataError(f"{path} has no usable images: {e}") from e
+    extensions = datasets.folder.IMG_EXTENSIONS
+    samples = class_samples(path, class_to_idx, extensions)
+    empty = sorted(set(classes) - {classes[index] for _, index in samples})
+    if empty:
+        raise DataError(f"{path} has no usable images: no file ending in {', '.join(extensions)} in the class "
+                        f"folders {', '.join(empty[:5])}{', ...' if len(empty) > 5 else ''}")
     return classes, samples
 
 
@@ -118,14 +177,17 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
             returning ``None`` (validation).
         draft: decode large JPEGs at a reduced DCT scale keeping both sides at least ``draft``
             (``fast_decode``; see :func:`~convnets.preprocessing.pipeline.load_image`); ``None``: exact.
+        resize: the shorter side ``transform`` resizes to: an image too thin to resize within the
+            pixel limit is unreadable (see :func:`~convnets.preprocessing.pipeline.load_image`).
     """
 
     def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable[[Image.Image], Tensor],
-                 substitute: bool, draft: int | None = None) -> None:
+                 substitute: bool, draft: int | None = None, resize: int | None = None) -> None:
         self.samples = list(samples)
         self.transform = transform
         self.substitute = substitute
         self.draft = draft
+        self.resize = resize
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -135,7 +197,7 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
         try:
             # The decoding that prediction uses (EXIF orientation, every mode to RGB, 16-bit scaled
             # rather than clipped), so a model is trained on the pixels it is later shown.
-            return load_image(path, draft=self.draft)
+            return load_image(path, draft=self.draft, resize=self.resize)
         except ImageLoadError as e:
             _warn_unreadable(path, e)
             return None
@@ -285,7 +347,7 @@ def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch
             does (same pixels); default: exact.
     """
     dataset = ImageFolderDataset(samples, val_transform(preset), substitute=False,
-                                 draft=fast_decode_draft(preset) if fast_decode else None)
+                                 draft=fast_decode_draft(preset) if fast_decode else None, resize=preset.resize_size)
     return DataLoader(dataset, sampler=list(range(ctx.rank, len(dataset), ctx.world_size)), batch_size=batch_size,
                       num_workers=workers, collate_fn=collate, pin_memory=ctx.device.type == "cuda",
                       persistent_workers=workers > 0)

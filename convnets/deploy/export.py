@@ -38,6 +38,7 @@ from convnets.deploy.formats import (EXPORT_PRECISIONS, ExportFormat, Runner, ex
                                      require)
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import ConvnetsError, ExportError, InvalidArgumentError
+from convnets.fileio import disk_full
 from convnets.preprocessing import prepare_input_from_uri
 from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
 from convnets.preprocessing.presets import EvalPreset
@@ -296,6 +297,9 @@ def export_model(
         except ConvnetsError:
             raise
         except Exception as e:  # noqa: BLE001 - exporters, checkers and runtimes raise many types: one line
+            if disk_full(e, tmp_dir):  # runtimes that write files themselves often lose the errno
+                raise ExportError(f"{fmt.name} export failed writing {path}: no space left on its file system "
+                                  f"({error_summary(e)}); nothing was written") from e
             raise ExportError(f"{fmt.name} export failed: {error_summary(e)}") from e
         if not verification.passed:
             raise ExportError(

@@ -140,7 +140,8 @@ def _read_kaggle(path: Path) -> dict[str, str]:
         DataError: the file is not that CSV (wrong header, an empty entry, a field over the csv
             module's limit of 128 KiB, not UTF-8 text).
     """
-    with open(path, newline="", encoding="utf-8") as f:
+    # utf-8-sig: spreadsheet programs save UTF-8 CSV files with a byte-order mark first.
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         try:
             if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
@@ -265,7 +266,7 @@ def _flat_samples(images: Path, files: list[Path], labels: Path, class_names: Se
 
 
 def _folder_samples(directory: Path, class_names: Sequence[str] | None, num_classes: int) -> EvalSamples:
-    from torchvision import datasets
+    from convnets.data.folders import class_samples
 
     folders = _class_folders(directory)
     index = _class_index(folders, class_names, num_classes, str(directory))
@@ -279,8 +280,7 @@ def _folder_samples(directory: Path, class_names: Sequence[str] | None, num_clas
                             f"classes: it has {num_classes} outputs and {names}"
                             + ("; a 1000-class ImageNet model reads WordNet-id folders (n01440764, ...)"
                                if num_classes == NUM_CLASSES else ""))
-    samples = datasets.folder.make_dataset(str(directory), index, extensions=tuple(IMAGE_SUFFIXES),
-                                           allow_empty=True)
+    samples = class_samples(directory, index, tuple(IMAGE_SUFFIXES))
     if not samples:
         raise DataError(f"the class folders of {directory} hold no images")
     return EvalSamples("folders", directory, sorted(samples))

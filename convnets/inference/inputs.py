@@ -18,6 +18,7 @@ from typing import TextIO
 
 from convnets.constants import IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
+from convnets.fileio import file_kind
 from convnets.preprocessing.io import is_url
 
 __all__ = ["InputItem", "expand_inputs", "iter_inputs", "read_list", "read_sources"]
@@ -100,10 +101,6 @@ def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bo
                                        f"ending in {', '.join(sorted(IMAGE_SUFFIXES))}.")
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"))
-
-
 def _not_a_file(item: str) -> ImageLoadError | None:
     """Why the path ``item`` (not a directory) is refused before anyone opens it, or ``None``.
 
@@ -118,8 +115,8 @@ def _not_a_file(item: str) -> ImageLoadError | None:
         return None
     if stat.S_ISREG(mode):
         return None
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-    return ImageLoadError(f"Cannot load image {item!r}: it is {kind}, not a regular file; give image files.")
+    return ImageLoadError(f"Cannot load image {item!r}: it is {file_kind(mode)}, not a regular file; give image "
+                          "files.")
 
 
 def expand_inputs(inputs: Iterable[str], *, recursive: bool = False) -> list[InputItem]:

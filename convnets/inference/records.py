@@ -45,18 +45,20 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+import stat
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from convnets.errors import InvalidArgumentError, MissingDependencyError
+from convnets.errors import InvalidArgumentError, MissingDependencyError, short_repr
 from convnets.inference.names import decode_name, encode_name, escape_json, safe_text
 
-__all__ = ["CSV_COLUMNS", "FORMATS", "RESUMABLE_FORMATS", "Record", "RecordWriter", "ScanResult", "Writer",
-           "check_destination", "cut_tail", "format_of", "import_pyarrow", "open_writer", "read_records",
-           "recorded_inputs", "recorded_topk", "scan", "suffix_format", "write_batches", "write_records"]
+__all__ = ["CSV_COLUMNS", "FORMATS", "MAX_RECORD_BYTES", "RESUMABLE_FORMATS", "Record", "RecordWriter", "ScanResult",
+           "Writer", "check_destination", "check_resumable", "cut_tail", "format_of", "import_pyarrow", "open_writer",
+           "read_records", "recorded_inputs", "recorded_topk", "scan", "suffix_format", "write_batches",
+           "write_records"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,10 @@ FORMATS: dict[str, str] = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parque
 RESUMABLE_FORMATS = frozenset({"jsonl", "csv"})
 #: The CSV header.
 CSV_COLUMNS = ("input", "rank", "index", "label", "probability", "error")
+#: The longest line (a JSONL record, a CSV row) that reading a file back accepts: a record of top
+#: 1000 classes with 4 KB labels, or a name of a megabyte, still fits; a longer line is damage or
+#: another kind of file, and reading it whole could take any amount of memory.
+MAX_RECORD_BYTES = 4 << 20
 
 Record = dict[str, Any]
 
@@ -125,10 +131,8 @@ class RecordWriter:
         self.stream, self.format = stream, fmt
         self._pending: list[Record] = []
         self._parquet: Any = None
-        self._csv = csv.writer(stream, lineterminator="\n") if fmt == "csv" else None
-        if header and self._csv is not None:
-            self._csv.writerow(CSV_COLUMNS)
-            stream.flush()
+        if header and fmt == "csv":
+            self._emit(",".join(CSV_COLUMNS) + "\n")
 
     def write(self, record: Record) -> None:
         """Queue one record; it reaches the stream at the next :meth:`flush`."""
@@ -148,8 +152,17 @@ class RecordWriter:
             buffer.writelines(escape_json(json.dumps(r, ensure_ascii=False)) + "\n" for r in records)
         else:
             csv.writer(buffer, lineterminator="\n").writerows(row for r in records for row in _csv_rows(r))
-        self.stream.write(buffer.getvalue())
-        self.stream.flush()
+        self._emit(buffer.getvalue())
+
+    def _emit(self, text: str) -> None:
+        """Write ``text`` and flush it; a full disk's error names the file (a write names none)."""
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError as e:
+            from convnets.fileio import naming
+
+            raise naming(e, getattr(self.stream, "name", "<stream>")) from e
 
     def _write_parquet(self, records: list[Record]) -> None:
         pa, pq = import_pyarrow()
@@ -196,10 +209,49 @@ class ScanResult:
     torn: int  #: bytes of torn tail cut away
 
 
-def _binary_lines(f: IO[bytes]) -> Iterator[tuple[bytes, int]]:
-    """Lines of a binary file with the offset just after each."""
+def check_resumable(path: str | os.PathLike[str], *, option: str = "output") -> None:
+    """Refuse to resume ``path`` unless it is a regular file (or does not exist yet).
+
+    A FIFO would block the scan, and a device (a link to ``/dev/zero``) never ends: neither is a
+    file that a stopped run left.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a regular file (the message names it and ``resume``).
+    """
+    from convnets.fileio import file_kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise InvalidArgumentError(f"{str(path)!r}: cannot read it to resume it ({e.strerror or e})",
+                                   cli=f"{path}: cannot read it for --resume ({e.strerror or e})") from e
+    if stat.S_ISREG(mode):
+        return
+    kind = file_kind(mode) + (f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else "")
+    problem = f"is {kind}, not a regular file: there is nothing a stopped run left to continue"
+    raise InvalidArgumentError(f"{str(path)!r} {problem}; drop resume=True or choose another {option}",
+                               keyword="resume", cli=f"{path} {problem}; drop --resume or choose another --{option}")
+
+
+def _too_long(path: Path, offset: int) -> InvalidArgumentError:
+    problem = (f"{path} has a line of more than {MAX_RECORD_BYTES} bytes at byte {offset}, longer than any record "
+               "convnets writes: it is damaged or another kind of file")
+    return InvalidArgumentError(f"{problem}, and resume=True cannot continue it; write to a new file",
+                                keyword="resume", cli=f"{problem}, and --resume cannot continue it; choose a new --output")
+
+
+def _binary_lines(f: IO[bytes], path: Path) -> Iterator[tuple[bytes, int]]:
+    """Lines of a binary file with the offset just after each; each read is bounded.
+
+    Raises:
+        InvalidArgumentError: a line longer than :data:`MAX_RECORD_BYTES`.
+    """
     offset = 0
-    for line in f:
+    while line := f.readline(MAX_RECORD_BYTES + 1):
+        if len(line) > MAX_RECORD_BYTES:
+            raise _too_long(path, offset)
         offset += len(line)
         yield line, offset
 
@@ -212,7 +264,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[Record | None, int]]:
     the object, cannot parse as one.
     """
     with open(path, "rb") as f:
-        for line, end in _binary_lines(f):
+        for line, end in _binary_lines(f, path):
             try:
                 record = json.loads(line)
             except ValueError:
@@ -223,7 +275,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[Record | None, int]]:
 def _iter_csv_rows(path: Path) -> Iterator[tuple[list[str] | None, int]]:
     """``(row, end offset)`` per CSV row (quoted newlines included); ``None`` for a torn last row."""
     with open(path, "rb") as f:
-        lines = _binary_lines(f)
+        lines = _binary_lines(f, path)
         offset = [0]
         complete = [True]
 
@@ -248,7 +300,7 @@ def _csv_records(path: Path, topk: int) -> Iterator[tuple[Record | None, int]]:
     rows = _iter_csv_rows(path)
     header, _ = next(rows, (None, 0))
     if header is not None and tuple(header) != CSV_COLUMNS:
-        raise InvalidArgumentError(f"{path} is not a convnets predict CSV file (its header is {header!r})")
+        raise InvalidArgumentError(f"{path} is not a convnets predict CSV file (its header is {short_repr(header)})")
     group: list[list[str]] = []
     group_end = 0
 
@@ -301,10 +353,12 @@ def scan(path: str | os.PathLike[str], *, topk: int, repair: bool = True) -> Sca
         The count of complete records and where they end.
 
     Raises:
-        InvalidArgumentError: an unreadable record before the last one, or records with another k.
+        InvalidArgumentError: an unreadable record before the last one, records with another k, a line
+            longer than :data:`MAX_RECORD_BYTES`, or ``path`` is not a regular file.
     """
     path = Path(path)
     fmt = format_of(path)
+    check_resumable(path)
     records = errors = end = 0
     last: tuple[Record, int] | None = None  # checked when the next one arrives: only the last may be torn
 
@@ -405,7 +459,8 @@ def check_destination(path: str | os.PathLike[str], *, resume: bool, option: str
     """Check, before any work, that records can go to ``path``; returns its format.
 
     Raises:
-        InvalidArgumentError: unknown suffix; ``path`` exists and ``resume`` is off; ``resume`` with Parquet.
+        InvalidArgumentError: unknown suffix; ``path`` exists and ``resume`` is off; ``resume`` with Parquet,
+            or of a path that is not a regular file.
         MissingDependencyError: Parquet without pyarrow.
     """
     path = Path(path)
@@ -416,6 +471,8 @@ def check_destination(path: str | os.PathLike[str], *, resume: bool, option: str
             "once complete; write .jsonl and convert it, or drop resume", keyword="resume",
             cli=f"--resume works with .jsonl and .csv outputs, not {path.suffix}: a Parquet file is only readable "
                 f"once complete; write .jsonl and convert it, or drop --resume")
+    if resume:
+        check_resumable(path, option=option)
     if path.exists() and not resume:
         raise InvalidArgumentError(f"{option}={str(path)!r} exists; pass resume=True to continue it, or choose "
                                    "another file", keyword="resume",
@@ -453,10 +510,27 @@ def open_writer(path: str | os.PathLike[str], *, resume: bool, topk: int, stack:
         stack.callback(writer.close)  # runs before atomic_output commits (the stack is last-in first-out)
         return writer, None
     found = scan(path, topk=topk) if resume and path.exists() else None
-    stream = stack.enter_context(open(path, "a" if found else "x", encoding="utf-8", newline=""))
+    stream = open(path, "a" if found else "x", encoding="utf-8", newline="")
+    stack.push(_closer(stream, path))
     writer = RecordWriter(stream, fmt, header=fmt == "csv" and (found is None or found.end == 0))
     stack.callback(writer.flush)
     return writer, found
+
+
+def _closer(stream: IO[Any], path: Path) -> Callable[..., bool]:
+    """An exit callback that closes ``stream``, the file ``path``: a failure names the file, and after
+    an error (the disk full) the close's own failure (flushing the same bytes again) is not raised in
+    its place."""
+    def close(kind: type[BaseException] | None, *_: object) -> bool:
+        try:
+            stream.close()
+        except OSError as e:
+            if kind is None:
+                from convnets.fileio import naming
+
+                raise naming(e, path) from e
+        return False
+    return close
 
 
 def read_records(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[Record]:

@@ -7,7 +7,9 @@ results (or :func:`~convnets.inference.predict.predict`'s list)::
     results = convnets.inference.predict.iter_predict(model, ["photos/"], topk=5)
     write_contact_sheets(results, "photos.png")   # photos.png, photos-2.png, ... 64 images each
 
-Streaming: a sheet is drawn and written (atomically, :mod:`convnets.fileio`) as soon as its
+Streaming: a sheet is drawn and written (atomically, :mod:`convnets.fileio`, and without ``overwrite``
+only under a name that is still free then: a sheet that someone else created meanwhile is never
+replaced) as soon as its
 ``per_sheet`` results have arrived, on a background thread, so the caller's loop goes on while it is
 drawn; at most one sheet being collected and one being drawn are held, whatever the number of inputs.
 
@@ -231,8 +233,9 @@ def _text_block(draw: ImageDraw.ImageDraw, text: str, style: _Style, fill: tuple
 
 
 def _draw_sheet(results: list[Prediction], path: Path, style: _Style, columns: int, timeout: float,
-                allow_private: bool, interface: Interface) -> None:
-    """Draw the tiles of ``results`` in rows of ``columns`` and write the PNG atomically."""
+                allow_private: bool, interface: Interface, overwrite: bool) -> None:
+    """Draw the tiles of ``results`` in rows of ``columns`` and write the PNG atomically (without
+    ``overwrite``: only if ``path`` does not exist by then)."""
     from convnets.preprocessing.pipeline import load_thumbnail  # PIL + requests (+ torch): only when drawing
 
     classes = min(style.max_classes, max(len(r.top) for r in results))
@@ -249,7 +252,14 @@ def _draw_sheet(results: list[Prediction], path: Path, style: _Style, columns: i
     for i, tile in enumerate(tiles):
         row, column = divmod(i, columns)
         sheet.paste(tile, (style.gap + column * (width + style.gap), style.gap + row * (height + style.gap)))
-    atomic_write(path, lambda f: sheet.save(f, format="PNG"))
+    try:
+        atomic_write(path, lambda f: sheet.save(f, format="PNG"), exclusive=not overwrite)
+    except FileExistsError as e:
+        # Checked absent when the run started: someone else created it since. Theirs stays.
+        problem = (f"{path} was created by someone else while this run drew it; it is left as it is and this "
+                   "sheet is not written")
+        raise InvalidArgumentError(f"{problem}: pass another path, or overwrite=True", keyword="overwrite",
+                                   cli=f"--show: {problem}: choose another --show") from e
     log.info("wrote %s (%d images)", path, len(results))
 
 
@@ -291,6 +301,7 @@ class ContactSheetWriter:
                 raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {value!r}")
         self.path = check_sheet_destination(path, overwrite=overwrite)
         self.per_sheet, self.columns, self.timeout, self.interface = per_sheet, columns, timeout, interface
+        self.overwrite = overwrite
         self.allow_private = allow_private
         font = _font(font_size)
         left, top, right, bottom = font.getbbox("Ag|%")
@@ -320,7 +331,7 @@ class ContactSheetWriter:
         path = sheet_path(self.path, len(self.paths) + 1)
         results, self._collected = self._collected, []
         self._drawing = self._pool.submit(_draw_sheet, results, path, self._style, self.columns, self.timeout,
-                                          self.allow_private, self.interface)
+                                          self.allow_private, self.interface, self.overwrite)
         self.paths.append(path)
 
     def _wait(self) -> None:

@@ -25,6 +25,7 @@ merged by :mod:`convnets.inference.shard` through :func:`read_embedding_records`
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -37,9 +38,11 @@ from pathlib import Path
 from typing import IO
 
 from convnets.errors import InvalidArgumentError
+from convnets.fileio import naming
 from convnets.inference.names import decode_name, encode_name
-from convnets.inference.records import (Record, ScanResult, cut_tail, import_pyarrow, suffix_format,
-                                        write_batches)
+from convnets.inference.records import (MAX_RECORD_BYTES, Record, ScanResult, check_resumable, cut_tail,
+                                        import_pyarrow, suffix_format, write_batches)
+from convnets.models.specs import MAX_CHANNELS, MAX_EXPANSION
 
 __all__ = ["EMBEDDING_FORMATS", "SPOOL_MAGIC", "EmbeddingWriter", "SpoolScan", "assemble_embeddings",
            "check_embedding_destination", "embedding_format_of", "embedding_output_complete", "inputs_path",
@@ -55,6 +58,8 @@ _FRAME = struct.Struct("<III")
 _CRC = struct.Struct("<I")
 #: Rows per Parquet row group (and per write when assembling).
 _ASSEMBLE_ROWS = 1024
+# The longest vector a model can give: the widest stage's output channels.
+_MAX_DIM = MAX_CHANNELS * MAX_EXPANSION
 
 
 def embedding_format_of(path: str | os.PathLike[str], *, option: str = "output") -> str:
@@ -108,13 +113,21 @@ def _spool_frames(path: Path) -> Iterator[tuple[Record | None, int]]:
     with open(path, "rb") as f:
         if f.read(len(SPOOL_MAGIC)) != SPOOL_MAGIC:
             raise InvalidArgumentError(f"{path} is not a convnets embed spool (it does not start with "
-                                       f"{SPOOL_MAGIC!r}); delete it or choose another --output")
+                                       f"{SPOOL_MAGIC!r}), so --resume cannot continue it; delete it or choose "
+                                       "another --output")
         offset = len(SPOOL_MAGIC)
         while header := f.read(_FRAME.size):
             if len(header) < _FRAME.size:
                 yield None, offset
                 return
             name_len, error_len, dim = _FRAME.unpack(header)
+            if name_len + error_len > MAX_RECORD_BYTES or dim > _MAX_DIM:
+                # A header that a writer wrote whole (torn frames are cut after it) but no writer writes:
+                # damage, not a tail to cut away (and reading what it claims could take gigabytes).
+                raise InvalidArgumentError(
+                    f"{path}: the record at byte {offset} claims a name and error of {name_len + error_len} bytes "
+                    f"and {dim} values, more than any record convnets writes; the file is damaged and --resume "
+                    "cannot continue it: write to a new --output")
             rest = f.read(name_len + error_len + 4 * dim + _CRC.size)
             if len(rest) < name_len + error_len + 4 * dim + _CRC.size:
                 yield None, offset
@@ -156,9 +169,10 @@ def scan_spool(path: str | os.PathLike[str], *, repair: bool = True) -> SpoolSca
     """Check the spool of the embedding file ``path`` for resuming, and cut away a torn last frame.
 
     Raises:
-        InvalidArgumentError: not a spool, damage, or vectors of different lengths.
+        InvalidArgumentError: not a spool (or not a regular file), damage, or vectors of different lengths.
     """
     spool = spool_path(path)
+    check_resumable(spool)
     records = errors = 0
     end = len(SPOOL_MAGIC)
     dim: int | None = None
@@ -190,6 +204,8 @@ def check_embedding_destination(path: str | os.PathLike[str], *, resume: bool, o
     path = Path(path)
     fmt = embedding_format_of(path, option=option)
     spool = spool_path(path)
+    if resume:
+        check_resumable(spool, option=option)
     if not resume and spool.exists():
         raise InvalidArgumentError(f"{spool} exists: a stopped run left it; pass resume=True to continue it, or "
                                    "delete it", keyword="resume",
@@ -206,6 +222,15 @@ def check_embedding_destination(path: str | os.PathLike[str], *, resume: bool, o
 def embedding_output_complete(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a finished embedding file: it exists and no spool is waiting to be assembled."""
     return Path(path).exists() and not spool_path(path).exists()
+
+
+def _write(stream: IO[bytes], data: bytes) -> None:
+    """Append ``data`` to the spool and flush it; a full disk's error names the spool (a write names none)."""
+    try:
+        stream.write(data)
+        stream.flush()
+    except OSError as e:
+        raise naming(e, stream.name) from e
 
 
 class EmbeddingWriter:
@@ -241,13 +266,15 @@ class EmbeddingWriter:
         records, self._pending = self._pending, []
         if records:
             # One write per batch: a killed process leaves whole batches plus at most one torn frame.
-            self.stream.write(b"".join(_frame(r) for r in records))
-            self.stream.flush()
+            _write(self.stream, b"".join(_frame(r) for r in records))
 
     def close(self) -> None:
         """Flush, and with ``assemble`` write ``path`` from the spool and delete the spool."""
         self.flush()
-        self.stream.close()
+        try:
+            self.stream.close()
+        except OSError as e:
+            raise naming(e, self.stream.name) from e
         if self.assemble:
             assemble_embeddings(self.path, dim=self.dim)
 
@@ -282,8 +309,13 @@ def open_embedding_writer(path: str | os.PathLike[str], *, dim: int, resume: boo
                                        "with the same --layer and model")
     stream = open(spool, "ab" if found else "xb")
     if not found:
-        stream.write(SPOOL_MAGIC)
-        stream.flush()
+        try:
+            _write(stream, SPOOL_MAGIC)
+        except OSError:
+            with contextlib.suppress(OSError):  # closing flushes again, and fails again
+                stream.close()
+            spool.unlink(missing_ok=True)  # created just now, empty: a later run would take it for a stopped one
+            raise
     writer = EmbeddingWriter(path, stream, dim=dim, assemble=assemble)
 
     def finish(kind: type[BaseException] | None, *_: object) -> None:
@@ -291,7 +323,10 @@ def open_embedding_writer(path: str | os.PathLike[str], *, dim: int, resume: boo
             writer.close()
         else:  # keep what was computed, for --resume
             writer.flush()
-            stream.close()
+            # After a failed write (a full disk) closing fails the same way: the first error, which
+            # names the spool, is the one to report.
+            with contextlib.suppress(OSError):
+                stream.close()
     stack.push(finish)
     return writer, found
 

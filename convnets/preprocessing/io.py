@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_TIMEOUT",
     "ImageInput",
+    "check_resize",
     "describe_input",
     "download",
     "is_url",
@@ -245,18 +246,54 @@ def _draft(image: Image.Image, draft: int | None) -> None:
         image.draft("RGB", (draft, draft))
 
 
-def _decode(fp: BinaryIO, label: str, max_pixels: int | None, draft: int | None = None) -> Image.Image:
-    """Decode the first frame of an encoded image, checking its size before decoding pixels."""
+def _pixel_limit(max_pixels: int | None) -> int | None:
+    return Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+
+
+def check_resize(width: int, height: int, resize: int, label: str, max_pixels: int | None = None) -> None:
+    """Refuse an image whose shorter side resized to ``resize`` would have more pixels than the limit.
+
+    The decompression-bomb limit counts the pixels of the image as stored; resizing multiplies them
+    for a thin image: a 467-byte 1x100000 PNG resized to 256 would take 256x25600000 pixels (20 GB).
+
+    Args:
+        width, height: the image's size.
+        resize: the length its shorter side is resized to.
+        label: the input's name for the message (:func:`describe_input`).
+        max_pixels: the limit; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS`` (no limit if that is ``None``).
+
+    Raises:
+        ImageDecodeError: the resized image would exceed the limit.
+    """
+    limit = _pixel_limit(max_pixels)
+    short, long = min(width, height), max(width, height)
+    if limit is None or short <= 0:
+        return
+    longer = long * resize // short  # torchvision's resize: the longer side scaled, rounded down
+    if resize * longer <= limit:
+        return
+    size = f"{resize}x{longer}" if width < height else f"{longer}x{resize}"
+    problem = (f"Cannot load image {label}: image {width}x{height} is too thin: resizing its shorter side to "
+               f"{resize} px would make it {size} = {resize * longer} pixels, more than the limit of {limit}.")
+    raise ImageDecodeError(f"{problem} Pass a larger max_pixels if the image is trusted.", cli=problem,
+                           keyword="max_pixels")
+
+
+def _decode(fp: BinaryIO, label: str, max_pixels: int | None, draft: int | None = None,
+            resize: int | None = None) -> Image.Image:
+    """Decode the first frame of an encoded image, checking its size (and resized size) before decoding pixels."""
     try:
         image = Image.open(fp)
         # Image.open reads only the header, so the pixel count is known before any decoding.
-        limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+        limit = _pixel_limit(max_pixels)
         if limit is not None and image.width * image.height > limit:
             problem = (f"Cannot load image {label}: {image.width}x{image.height} = "
                        f"{image.width * image.height} pixels is more than the limit of {limit} (a possible "
                        f"decompression bomb).")
             raise ImageDecodeError(f"{problem} Pass a larger max_pixels if the image is trusted.", cli=problem,
                                    keyword="max_pixels")
+        if resize is not None:
+            check_resize(image.width, image.height, resize, label, max_pixels)
         _draft(image, draft)
         image.load()
     except ImageLoadError:
@@ -276,7 +313,7 @@ def _decode(fp: BinaryIO, label: str, max_pixels: int | None, draft: int | None 
 
 
 def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None,
-               draft: int | None = None) -> Image.Image:
+               draft: int | None = None, resize: int | None = None) -> Image.Image:
     try:
         # O_NONBLOCK: opening a FIFO for reading would wait for a writer forever; opened this way it
         # returns at once and is refused below (for regular files the flag changes nothing).
@@ -288,7 +325,7 @@ def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None,
             os.set_blocking(fd, True)
             if os.fstat(fp.fileno()).st_size == 0:
                 raise ImageDecodeError(f"Cannot load image {label}: the file is empty (0 bytes).")
-            return _decode(fp, label, max_pixels, draft)
+            return _decode(fp, label, max_pixels, draft, resize)
     except FileNotFoundError as exc:
         raise ImageNotFoundError(
             f"Cannot load image {label}: no such file (working directory: {os.getcwd()!r}). Check "
@@ -304,7 +341,8 @@ def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None,
 
 
 def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-               max_pixels: int | None = None, allow_private: bool = True, draft: int | None = None) -> Image.Image:
+               max_pixels: int | None = None, allow_private: bool = True, draft: int | None = None,
+               resize: int | None = None) -> Image.Image:
     """Open and fully decode one image, in its original mode and orientation.
 
     Args:
@@ -319,6 +357,9 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
         draft: decode JPEGs whose sides are both at least ``2 * draft`` at a reduced DCT scale
             (``Image.draft``: 1/2, 1/4 or 1/8) that keeps both sides at least ``draft`` (much faster,
             slightly different pixels); other inputs, and all with ``None`` (default), decode exactly.
+        resize: the length the caller will resize the shorter side to: an image so thin that the
+            resized one would have more than ``max_pixels`` is refused before it is decoded
+            (:func:`check_resize`); ``None``: not checked.
 
     Returns:
         The decoded (first frame of the) image.
@@ -327,11 +368,14 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
         InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
         ImageNotFoundError: a path that does not exist.
         ImageDownloadError: a URL that cannot be fetched (see :func:`download`).
-        ImageDecodeError: data that is empty, not an image, corrupt, truncated or too large.
+        ImageDecodeError: data that is empty, not an image, corrupt, truncated or too large (or,
+            with ``resize``, too thin).
         ImageLoadError: any other unusable input (a directory, an unreadable file).
     """
     label = describe_input(source)
     if isinstance(source, Image.Image):
+        if resize is not None:
+            check_resize(source.width, source.height, resize, label, max_pixels)
         try:
             source.load()
         except _DECODE_ERRORS as exc:
@@ -341,16 +385,16 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
     if isinstance(source, (bytes, bytearray)):
         if not source:
             raise ImageDecodeError(f"Cannot load image {label}: the data is empty.")
-        return _decode(io.BytesIO(source), label, max_pixels, draft)
+        return _decode(io.BytesIO(source), label, max_pixels, draft, resize)
     if isinstance(source, str) and is_url(source):
         data = download(source, timeout=timeout, max_bytes=max_bytes, allow_private=allow_private)
         if not data:
             raise ImageDownloadError(f"Cannot load image {label}: the server sent an empty body.")
-        return _decode(io.BytesIO(data), label, max_pixels, draft)
+        return _decode(io.BytesIO(data), label, max_pixels, draft, resize)
     if isinstance(source, (str, os.PathLike)):
         if os.fspath(source) == "":
             raise ImageNotFoundError("Cannot load image '': the path is empty.")
-        return _open_path(Path(source), label, max_pixels, draft)
+        return _open_path(Path(source), label, max_pixels, draft, resize)
     raise InvalidArgumentTypeError(
         f"Cannot load image {label}: expected a path, an http(s) URL, bytes or a PIL image, got "
         f"{type(source).__name__}.")

@@ -22,8 +22,8 @@ from typing import Literal, NamedTuple, TypeVar
 import torch
 from PIL import Image, ImageOps
 
-from convnets.errors import (ImageDecodeError, ImageLoadError, Interface, InvalidArgumentError, InvalidArgumentTypeError,
-                             message_for)
+from convnets.errors import (ConvnetsError, ImageDecodeError, ImageLoadError, Interface, InvalidArgumentError,
+                             InvalidArgumentTypeError, message_for)
 
 from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, is_url, open_image
 from .presets import DEFAULT_PRESET, EvalPreset
@@ -57,7 +57,8 @@ def fast_decode_draft(preset: EvalPreset) -> int:
 
 
 def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-               max_pixels: int | None = None, allow_private: bool = True, draft: int | None = None) -> Image.Image:
+               max_pixels: int | None = None, allow_private: bool = True, draft: int | None = None,
+               resize: int | None = None) -> Image.Image:
     """Open one image and make it upright 8-bit RGB (see :func:`~convnets.preprocessing.io.open_image`).
 
     Args:
@@ -70,22 +71,53 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
         draft: decode large JPEGs at a reduced DCT scale keeping both sides at least ``draft``
             (see ``open_image``; :func:`fast_decode_draft` gives the ``fast_decode`` size); ``None``:
             exact.
+        resize: the length the shorter side will be resized to: an image so thin that the resized
+            one would exceed ``max_pixels`` is refused before it is decoded (see ``open_image``).
 
     Returns:
         An RGB image with the EXIF orientation applied (a PIL input is not modified).
 
     Raises:
-        ImageLoadError: or a subclass, for any input that cannot be used; see ``open_image``.
+        ImageLoadError: or a subclass, for any input that cannot be used, whatever went wrong
+            (``MemoryError`` included); see ``open_image``.
         InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
     """
-    image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels,
-                       allow_private=allow_private, draft=draft)
+    try:
+        image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels,
+                           allow_private=allow_private, draft=draft, resize=resize)
+    except ConvnetsError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - see _input_error
+        raise _input_error(source, exc) from exc
     try:
         return to_rgb(image)
     except (ValueError, OSError) as exc:
         raise ImageDecodeError(
             f"Cannot load image {describe_input(source)}: cannot convert mode {image.mode!r} to "
             f"RGB ({exc}).") from exc
+    except Exception as exc:  # noqa: BLE001 - see _input_error
+        raise _input_error(source, exc) from exc
+
+
+def _input_error(source: object, error: Exception) -> ImageDecodeError:
+    """What an unexpected failure while decoding or preprocessing the input ``source`` is raised as.
+
+    One bad input is one bad record, whatever went wrong with it: a ``MemoryError`` from one
+    image, or any other exception of a decoder or a transform, becomes an :class:`ImageDecodeError`
+    that names the input (this package's own errors need no such translation).
+
+    Args:
+        source: the input.
+        error: what was raised.
+
+    Returns:
+        The error to raise instead (from ``error``).
+    """
+    logger.debug("input %s failed", describe_input(source), exc_info=error)
+    what = "ran out of memory" if isinstance(error, MemoryError) else "failed"
+    detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return ImageDecodeError(f"Cannot load image {describe_input(source)}: decoding or preprocessing it {what} "
+                            f"({type(error).__name__}{': ' + detail if detail else ''}).")
 
 
 def load_thumbnail(source: str, size: int, *, timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True,
@@ -122,9 +154,14 @@ class _Options:
 
     def prepare(self, source: ImageInput) -> torch.Tensor:
         image = load_image(source, timeout=self.timeout, max_bytes=self.max_bytes, max_pixels=self.max_pixels,
-                           allow_private=self.allow_private,
+                           allow_private=self.allow_private, resize=self.preset.resize_size,
                            draft=fast_decode_draft(self.preset) if self.fast_decode else None)
-        return preprocess_image(image, preset=self.preset)
+        try:
+            return preprocess_image(image, preset=self.preset)
+        except ConvnetsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad input is one bad record (_input_error)
+            raise _input_error(source, exc) from exc
 
 
 def _positive_int(name: str, value: object, *, optional: bool = False) -> None:

@@ -30,7 +30,7 @@ import math
 import os
 import random
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,14 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from convnets.errors import CheckpointError
+from convnets.errors import CheckpointError, short_repr
 from convnets.fileio import atomic_write
 from convnets.models.specs import ArchSpec
 from convnets.weights.files import read_checkpoint
 from convnets.weights.record import STATE_DICT, STATE_DICT_EMA, ModelRecord, is_int, is_names
 
 __all__ = ["BEST", "BEST_SAFETENSORS", "CHECKPOINT", "FORMAT", "TrainingCheckpoint", "atomic_copy", "get_rng_state",
-           "set_rng_state"]
+           "restore_rng_state", "set_rng_state", "unlike"]
 
 #: Version of the schema; a file that names another one is refused rather than misread.
 FORMAT = "convnets-train/1"
@@ -81,6 +81,83 @@ def get_rng_state() -> dict[str, Any]:
     }
 
 
+def _kind(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
+def unlike(given: Any, expected: Any, where: str) -> str | None:
+    """Where a state read from a checkpoint differs in structure from ``expected``, the state this run
+    would write in its place; ``None`` when it does not.
+
+    Dicts must hold what ``expected`` holds where they have its keys (keys only one of them has are
+    not compared: versions of PyTorch add and drop some), lists the same number of entries, tensors the
+    same shape and dtype, numbers and strings the same kind; where ``expected`` holds ``None``
+    anything goes.
+
+    Args:
+        given: what the checkpoint holds.
+        expected: the state of a fresh run (its optimizer's ``state_dict()``, ...).
+        where: the entry's name for the message (``"scheduler"``).
+
+    Returns:
+        ``"ENTRY (what it holds, expected what)"`` for the first difference, or ``None``.
+    """
+    def differs(what: str) -> str:
+        return f"{where} ({_kind(given)}, expected {what})"
+    if isinstance(expected, torch.Tensor):
+        same = (isinstance(given, torch.Tensor) and given.shape == expected.shape and given.dtype == expected.dtype)
+        return None if same else differs(_kind(expected))
+    if isinstance(expected, Mapping):
+        if not isinstance(given, Mapping):
+            return differs("a dict")
+        return next((found for key in expected if key in given
+                     if (found := unlike(given[key], expected[key], f"{where}[{key!r}]")) is not None), None)
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(given, (list, tuple)) or len(given) != len(expected):
+            return differs(f"a list of {len(expected)}")
+        return next((found for i, (g, e) in enumerate(zip(given, expected))
+                     if (found := unlike(g, e, f"{where}[{i}]")) is not None), None)
+    if isinstance(expected, bool):
+        return None if isinstance(given, bool) else differs("True or False")
+    if isinstance(expected, int):
+        return None if is_int(given) else differs("an int")
+    if isinstance(expected, float):
+        return None if isinstance(given, (int, float)) and not isinstance(given, bool) else differs("a number")
+    if isinstance(expected, str):
+        return None if isinstance(given, str) else differs("a str")
+    return None
+
+
+def restore_rng_state(state: Any, source: str = "checkpoint") -> None:
+    """:func:`set_rng_state` for a state read from a file: checked against this process's first.
+
+    Raises:
+        CheckpointError: the state is not of the shape :func:`get_rng_state` gives, or a generator
+            refuses it.
+    """
+    current = get_rng_state()
+    cuda = state.get("cuda", []) if isinstance(state, Mapping) else None
+    # Another machine records another number of GPUs (restored only when it matches): not compared.
+    problem = unlike(state, {k: v for k, v in current.items() if k != "cuda"}, "rng") or (
+        None if isinstance(cuda, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in cuda)
+        else unlike(cuda, [], "rng['cuda']"))
+    if problem is None and not 0 <= state["numpy"]["pos"] <= len(current["numpy"]["keys"]):
+        # numpy does not check it: a draw would read past the end of the generator's state.
+        problem = f"rng['numpy']['pos'] ({short_repr(state['numpy']['pos'])}, expected 0 to {len(current['numpy']['keys'])})"
+    if problem is None:
+        try:
+            set_rng_state(state)
+        except (RuntimeError, ValueError, TypeError, OverflowError, KeyError, IndexError) as e:
+            set_rng_state(current)  # not half restored
+            problem = f"rng ({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})"
+    if problem is not None:
+        raise CheckpointError(f"{source} is a damaged convnets training checkpoint: {problem}")
+
+
 def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`get_rng_state` returned."""
     torch.set_rng_state(state["torch"])
@@ -91,6 +168,14 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
                          n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+def _is_history(value: object) -> bool:
+    """A list of per-epoch metric records (what ``metrics.jsonl`` is rewritten from on resume)."""
+    scalars = (str, int, float, bool, type(None))
+    return isinstance(value, list) and all(
+        isinstance(r, Mapping) and all(isinstance(k, str) and isinstance(v, scalars) for k, v in r.items())
+        for r in value)
 
 
 @dataclass
@@ -156,14 +241,35 @@ class TrainingCheckpoint:
         if version != FORMAT:
             raise CheckpointError(f"{source} is a training checkpoint of format {version!r}; this version of "
                                   f"convnets reads {FORMAT!r}")
-        wrong = [f"{k} ({type(obj[k]).__name__}, expected {what})" for k, what, ok in (
-            (STATE_DICT, "a dict", isinstance(obj[STATE_DICT], Mapping)),
-            ("optimizer", "a dict", isinstance(obj["optimizer"], Mapping)),
-            ("scheduler", "a dict", isinstance(obj["scheduler"], Mapping)),
-            ("epoch", "an int >= 0", is_int(obj["epoch"]) and obj["epoch"] >= 0),
-            ("arch_spec", "a dict", isinstance(obj["arch_spec"], Mapping)),
-            ("class_names", "a list of str", is_names(obj["class_names"])),
-        ) if not ok]
+        def count(value: object, least: int = 0) -> bool:
+            return is_int(value) and value >= least
+
+        def number(value: object) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+        def optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
+            return lambda value: value is None or check(value)
+
+        def mapping(value: object) -> bool:
+            return isinstance(value, Mapping)
+
+        epoch = obj["epoch"]
+        checks: tuple[tuple[str, str, Callable[[object], bool]], ...] = (
+            (STATE_DICT, "a dict", mapping), ("optimizer", "a dict", mapping), ("scheduler", "a dict", mapping),
+            ("epoch", "an int >= 0", count), ("arch_spec", "a dict", mapping),
+            ("class_names", "a list of str", is_names),
+            # The optional entries that a resume restores, when present.
+            ("step", "an int >= 0", count), ("skipped_steps", "an int >= 0", count),
+            ("best_top1", "a number", number),
+            ("best_epoch", "an int from 0 to epoch", lambda v: count(v) and (not count(epoch) or v <= epoch)),
+            ("history", "a list of dicts of numbers and strings", _is_history),
+            ("rng", "a dict or None", optional(mapping)), ("scaler", "a dict or None", optional(mapping)),
+            (STATE_DICT_EMA, "a dict or None", optional(mapping)), ("ema_updates", "an int >= 0 or None", optional(count)),
+            ("config", "a dict", mapping), ("arch", "a str or None", optional(lambda v: isinstance(v, str))),
+            ("world_size", "an int >= 1", lambda v: count(v, 1)),
+        )
+        wrong = [f"{k} ({short_repr(obj[k]) if is_int(obj[k]) else type(obj[k]).__name__}, expected {what})"
+                 for k, what, ok in checks if k in obj and not ok(obj[k])]
         if wrong:
             raise CheckpointError(f"{source} is a damaged convnets training checkpoint: {', '.join(wrong)}")
 

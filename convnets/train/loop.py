@@ -28,11 +28,11 @@ from tqdm.auto import tqdm
 
 from convnets import dist
 from convnets.dist import DistContext
-from convnets.errors import CheckpointError, DataError, InvalidArgumentError, message_for
+from convnets.errors import CheckpointError, DataError, InvalidArgumentError, message_for, short_repr
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import check_classifier_kwargs, fetch_pretrained, get_model, load_model
 from convnets.train.checkpoint import (BEST, BEST_SAFETENSORS, CHECKPOINT, TrainingCheckpoint, atomic_copy, get_rng_state,
-                                       set_rng_state)
+                                       restore_rng_state)
 from convnets.train.config import TrainConfig
 from convnets.train.curves import CURVES, write_curves
 from convnets.data.folders import Batch, DataSource, make_data, to_device
@@ -42,6 +42,7 @@ from convnets.runtime import Precision, resolve_precision
 from convnets.train.recipe import default_warmup_epochs, scaled_lr
 from convnets.train.step import Trainer, configure_backends
 from convnets.train.tensorboard import TENSORBOARD_DIR, TensorBoardLog, open_tensorboard
+from convnets.weights.record import is_int
 from convnets.weights.safetensors_io import save_safetensors
 
 __all__ = ["evaluate", "fit"]
@@ -196,7 +197,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
     if ckpt is not None:
         trainer.load_checkpoint(ckpt, str(cfg.resume))
         if ckpt.rng is not None:
-            set_rng_state(ckpt.rng)
+            restore_rng_state(ckpt.rng, str(cfg.resume))
         else:
             log.warning("%s records no random state; the global generators are not restored", cfg.resume)
         first_epoch, history = ckpt.epoch, list(ckpt.history)
@@ -277,6 +278,12 @@ def _draw_curves(out: Path) -> None:
 
 
 def _check_resume(ckpt: TrainingCheckpoint, model: ResNet, classes: list[str], cfg: TrainConfig) -> None:
+    if ckpt.epoch > cfg.epochs:  # else nothing would run, and a damaged count would pass for a finished run
+        planned = ckpt.config.get("epochs")
+        advice = (f"resume with --epochs {planned} as its run did" if is_int(planned) and planned >= ckpt.epoch
+                  else "resume with at least as many --epochs")
+        raise CheckpointError(f"{cfg.resume} records {short_repr(ckpt.epoch)} completed epochs, more than --epochs "
+                              f"{cfg.epochs}: {advice}, or start a new run from it with --pretrained-from-file")
     if ckpt.arch_spec != model.spec.to_dict():
         raise CheckpointError(
             f"{cfg.resume} was trained as {ckpt.arch or '?'} {ckpt.arch_spec}, but this run builds "

@@ -18,12 +18,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from convnets.errors import CheckpointError, InvalidArgumentError, TrainingDivergedError
+from convnets.errors import CheckpointError, InvalidArgumentError, TrainingDivergedError, short_repr
 from convnets.runtime import Precision
 from convnets.train.config import TrainConfig
 from convnets.train.recipe import (LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY, make_ema, make_optimizer,
                                    make_scheduler, mixup)
-from convnets.train.checkpoint import TrainingCheckpoint
+from convnets.train.checkpoint import TrainingCheckpoint, unlike
 
 __all__ = ["StepResult", "Trainer", "configure_backends"]
 
@@ -204,29 +204,58 @@ class Trainer:
             ema_updates=int(self.ema.n_averaged) if self.ema is not None else None, **run)
 
     def load_checkpoint(self, ckpt: TrainingCheckpoint, source: str = "checkpoint") -> None:
-        """Restore what :meth:`to_checkpoint` saved.
+        """Restore what :meth:`to_checkpoint` saved, each entry checked against this trainer's own
+        state first (an entry of the wrong shape would otherwise fail steps later, or never).
 
         Raises:
-            CheckpointError: the state does not fit this trainer (other model, optimizer groups).
+            CheckpointError: the state does not fit this trainer (other model, optimizer groups), or an
+                entry is not of the shape this trainer writes.
         """
+        fresh_scheduler = self.scheduler.state_dict()
+        problem = (self._unlike_optimizer(ckpt.optimizer) or unlike(ckpt.scheduler, fresh_scheduler, "scheduler")
+                   or (unlike(ckpt.scaler, self.scaler.state_dict(), "scaler")
+                       if self.scaler is not None and ckpt.scaler else None))
+        if problem is not None:
+            raise CheckpointError(f"{source} is a damaged convnets training checkpoint: {problem}")
         try:
             self.model.load_state_dict(ckpt.state_dict)
             self.optimizer.load_state_dict(ckpt.optimizer)
-        except (RuntimeError, ValueError, KeyError) as e:
+            # Only the keys this version writes: LambdaLR copies every key into its attributes.
+            self.scheduler.load_state_dict({k: v for k, v in ckpt.scheduler.items() if k in fresh_scheduler})
+            if self.scaler is not None and ckpt.scaler:
+                self.scaler.load_state_dict(ckpt.scaler)
+            if self.ema is not None and ckpt.state_dict_ema is not None:
+                self.ema.module.load_state_dict(ckpt.state_dict_ema)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{source} does not fit this run: {str(e).splitlines()[0]}") from e
-        self.scheduler.load_state_dict(ckpt.scheduler)
         self.skipped_steps = ckpt.skipped_steps
-        if self.scaler is not None and ckpt.scaler:
-            self.scaler.load_state_dict(ckpt.scaler)
-        elif self.scaler is not None or ckpt.scaler:
+        if (self.scaler is not None) != bool(ckpt.scaler):
             log.warning("%s: loss-scaler state %s; the precision changed since it was written", source,
                         "ignored" if ckpt.scaler else "missing, starting a new scaler")
         if self.ema is not None:
             if ckpt.state_dict_ema is not None:
-                self.ema.module.load_state_dict(ckpt.state_dict_ema)
                 self.ema.n_averaged.fill_(ckpt.ema_updates if ckpt.ema_updates is not None else 1)
             else:
                 log.warning("%s has no EMA weights; the EMA starts from the current weights", source)
+
+    def _unlike_optimizer(self, state: dict[str, Any]) -> str | None:
+        """Where the optimizer state ``state`` differs from what this optimizer writes (see
+        :func:`~convnets.train.checkpoint.unlike`), its per-parameter buffers compared with the
+        parameters they belong to (``load_state_dict`` checks neither)."""
+        problem = unlike(state, self.optimizer.state_dict(), "optimizer")
+        if problem is not None:
+            return problem
+        saved = [pid for group in state["param_groups"] for pid in group["params"]]
+        params = {pid: p for pid, p in zip(saved, (p for g in self.optimizer.param_groups for p in g["params"]))}
+        for pid, entry in state["state"].items():
+            where = f"optimizer['state'][{short_repr(pid)}]"
+            if pid not in params or not isinstance(entry, dict):
+                return f"{where} (no parameter has this id)" if pid not in params else f"{where} (not a dict)"
+            for name, value in entry.items():
+                if isinstance(value, Tensor) and value.dim() > 0 and value.shape != params[pid].shape:
+                    return (f"{where}[{name!r}] (a tensor of shape {list(value.shape)}, expected "
+                            f"{list(params[pid].shape)}, its parameter's)")
+        return None
 
 
 def _finite_norm(grads: list[Tensor]) -> bool:

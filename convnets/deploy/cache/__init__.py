@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ from convnets.deploy.cache.disk import (MANIFEST, VERDICT, cache_root, damage, f
                                         remove, seal, touch, untrusted, usable_root, write_private)
 from convnets.deploy.cache.keys import digests, entry_key, key_fields, model_digest, versions
 from convnets.deploy.cache.store import EntryInfo, clear, evict, list_entries, max_size, parse_size, trim
+from convnets.fileio import disk_full
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -219,13 +221,21 @@ def cached_runner(source: nn.Module, *, engine: str, precision: str, shape: Sequ
     tmp = root / f".{entry.path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     tmp.mkdir(mode=0o700)  # private until complete and renamed into place (and after: it serves its owner only)
     try:
-        write(tmp)
-        for name in files:
-            seal(tmp / name)
-        recorded = {name: {"size": os.lstat(tmp / name).st_size, "sha256": file_digest(tmp / name)} for name in files}
-        manifest = json.dumps({"key": key, "fields": fields, "files": recorded,
-                               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
-        write_private(tmp / MANIFEST, manifest.encode())
+        try:
+            write(tmp)
+            for name in files:
+                seal(tmp / name)
+            recorded = {name: {"size": os.lstat(tmp / name).st_size, "sha256": file_digest(tmp / name)}
+                        for name in files}
+            manifest = json.dumps({"key": key, "fields": fields, "files": recorded,
+                                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
+            write_private(tmp / MANIFEST, manifest.encode())
+        except Exception as e:  # noqa: BLE001 - runtimes that write files (OpenVINO) raise RuntimeError on a full disk
+            if not disk_full(e, root):
+                raise
+            raise OSError(errno.ENOSPC, f"No space left on device to convert the model for {engine} in the engine "
+                                        f"cache (free some, set {CACHE_DIR_ENV} to another directory, or turn the "
+                                        "engine cache off)", str(entry.path)) from e
         run = load(tmp)
         try:
             os.rename(tmp, entry.path)
