@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["LockHeldError", "atomic_output", "atomic_write", "exclusive_lock"]
+__all__ = ["LockHeldError", "atomic_output", "atomic_write", "directory_problem", "exclusive_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,31 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     """
     with atomic_output(path) as f:
         write(f)
+
+
+def directory_problem(folder: str | os.PathLike[str]) -> str | None:
+    """Why no file can be created in ``folder``, in words for a message; ``None``: one can.
+
+    A real write (a temporary file, gone when closed): ``os.access`` cannot see read-only file
+    systems, and root passes every access check.
+
+    Returns:
+        ``"the directory 'F' does not exist; ..."``, ``"'F' is not a directory; ..."`` or
+        ``"cannot write in 'F' (Permission denied); ..."``, each with what to do; or ``None``.
+    """
+    import tempfile  # only when a destination is checked
+
+    name = repr(os.fspath(folder))
+    if not os.path.isdir(folder):
+        if os.path.lexists(folder):
+            return f"{name} is not a directory; choose a directory"
+        return f"the directory {name} does not exist; create it or choose another one"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"cannot write in {name} ({e.strerror or e}); choose a writable directory"
+    return None
 
 
 class LockHeldError(TimeoutError):
