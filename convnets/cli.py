@@ -94,7 +94,8 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def _sigterm_as_interrupt() -> Iterator[None]:
     """Handle SIGTERM with :class:`Terminated` inside the block, unless something else (a host
     application, ``SIG_IGN``) already handles it; the previous handler is restored at the end."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    main_thread = threading.current_thread() is threading.main_thread()
+    if not main_thread or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:  # signal() works in the main thread only
         yield
         return
     signal.signal(signal.SIGTERM, _terminate)
@@ -131,7 +132,11 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     return parser
 
 
-def _prepared(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace, ExitStack], Callable[[], int]]:
+#: A command's ``prepare(args, stack)``: the run, or an exit status to end with at once.
+Prepare = Callable[[argparse.Namespace, ExitStack], "Callable[[], int] | int"]
+
+
+def _prepared(run: Callable[[argparse.Namespace], int]) -> Prepare:
     """The ``prepare`` of a command that only has ``run(args)``: nothing to check or hold first."""
     return lambda args, stack: lambda: run(args)
 

@@ -28,9 +28,10 @@ from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AMP_DTYPES", "GRAD_SCALER_INIT", "MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "Precision", "PrecisionName", "check_precision",
-           "check_precision_name", "check_workers", "cpu_has_bf16", "default_workers", "init_worker", "memory_format_name", "parse_memory_format",
-           "precision_dtype", "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores"]
+__all__ = ["AMP_DTYPES", "GRAD_SCALER_INIT", "MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "Precision",
+           "PrecisionName", "check_precision", "check_precision_name", "check_workers", "cpu_has_bf16",
+           "default_workers", "init_worker", "memory_format_name", "parse_memory_format", "precision_dtype",
+           "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores"]
 
 log = logging.getLogger(__name__)
 
