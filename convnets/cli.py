@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import logging
 import os
@@ -155,12 +156,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _sigterm_as_interrupt():
         try:
             return _main(sys.argv[1:] if argv is None else list(argv))
-        except Terminated:
-            print("convnets: terminated", file=sys.stderr)
-            return EXIT_TERMINATED
-        except KeyboardInterrupt:
-            print("convnets: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
+        except KeyboardInterrupt as stop:
+            terminated = isinstance(stop, Terminated)
+            # The signal stopped the run wherever it was, maybe half-way through building an object
+            # (a DataLoader's iterator whose workers had just started): its finalizer fails when the
+            # traceback goes, at the end of this block, and would print a traceback. Not worth one.
+            previous, sys.unraisablehook = sys.unraisablehook, _ignore
+        try:
+            gc.collect()  # what the stopped run left in reference cycles goes too, as quietly
+        finally:
+            sys.unraisablehook = previous
+        print(f"convnets: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+
+
+def _ignore(unraisable: object) -> None:
+    """A :data:`sys.unraisablehook` that prints nothing."""
 
 
 def _main(argv: list[str]) -> int:

@@ -216,3 +216,34 @@ def test_a_decoding_worker_stops_quietly() -> None:
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert "ConnectionResetError" not in done.stderr and "ValueError: a real bug" in done.stderr
+
+
+_HALF_BUILT = """
+import os, signal, sys
+import torch.utils.data.dataloader as dataloader
+from convnets.cli import main
+
+def reset(self, *args, **kwargs):  # the end of _MultiProcessingDataLoaderIter.__init__: workers started
+    print("workers", *(w.pid for w in self._workers), file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # raised here, before the iterator is complete
+    raise AssertionError("SIGTERM was not handled")
+
+dataloader._MultiProcessingDataLoaderIter._reset = reset
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_the_workers_start_is_quiet_too(weights: list[str], names: list[str], tmp_path: Path) -> None:
+    """SIGTERM just after the decoding workers started, inside the DataLoader's iterator constructor:
+    the half-built iterator's finalizer fails (PyTorch's, on attributes it never set), which must not
+    print a traceback; the workers still go, and the lock."""
+    out = tmp_path / "r.jsonl"
+    done = subprocess.run([sys.executable, "-c", _HALF_BUILT, "predict", *weights, *COMMON, "--workers", "2",
+                           "--output", str(out), *names[:20]], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    lines = command_lines(done.stderr)
+    assert done.returncode == 143 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("workers ") and lines[1:] == ["convnets: terminated"], lines
+    workers = [int(pid) for pid in lines[0].split()[1:]]
+    assert len(workers) == 2 and not [pid for pid in workers if _running(pid)]
+    assert not (tmp_path / "r.jsonl.lock").exists() and out.read_text() == ""

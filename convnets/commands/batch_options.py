@@ -1,7 +1,8 @@
 """The options of the batch jobs, ``convnets predict`` and ``convnets embed``: inputs at scale, batches, output, progress.
 
 Each ``add_*`` function adds one group to a command's parser (nothing heavy is imported: ``--help``
-and usage errors answer at once); :func:`job_settings` turns the parsed values into the
+and usage errors answer at once); :func:`prepare_job` checks the paths they name and claims the
+output (its lock) before PyTorch, and :func:`job_settings` turns the parsed values into the
 :class:`~convnets.inference.job.JobSettings` that the batch-job driver (:mod:`convnets.inference.job`)
 runs with, including the :class:`~convnets.inference.loader.Decoding` that reaches the decoder. The
 model, device and precision options are :mod:`convnets.commands.options`'.
