@@ -1,4 +1,4 @@
-"""The command line parses before it imports PyTorch: help and usage errors answer at once.
+"""The command line parses before it imports PyTorch: help, usage errors and mistakes in paths answer at once.
 
 Each case runs ``python -X importtime -m convnets ...`` in a fresh process and reads the list of
 imported modules from the interpreter's own report, so nothing here depends on timing.
