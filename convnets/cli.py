@@ -1,10 +1,21 @@
 """The ``convnets`` command line: one subcommand per feature module.
 
-Each module listed in :data:`COMMANDS` provides ``add_arguments(parser)`` and ``run(args) -> int``.
-Arguments are parsed before anything heavy is imported: this module lists the commands with their
-one-line help without importing them, only the command named on the command line is imported to
-add its options, and command modules import PyTorch inside ``run()``. So ``convnets --help``,
-``convnets predict --help`` and usage errors answer at once.
+Each module listed in :data:`COMMANDS` provides ``add_arguments(parser)`` and ``run(args) -> int``,
+or instead ``prepare(args, stack)``, which returns the run (a function of no arguments that
+returns the exit status) or an exit status to end with at once. Arguments are parsed before
+anything heavy is imported: this module lists the commands with their one-line help without
+importing them, only the command named on the command line is imported to add its options, and
+command modules import PyTorch inside the run. So ``convnets --help``, ``convnets predict --help``
+and usage errors answer at once. So do mistakes that ``prepare`` finds, also before PyTorch: an
+input path that does not exist, an output of an unknown format or in a directory that is missing
+or cannot be written (:func:`convnets.commands.options.usage_errors`: one line, exit status 2, as
+argparse's own errors), and an output that another run holds. What ``prepare`` holds in ``stack``
+(an output's lock) stays held until the run ends.
+
+SIGTERM ends a run as SIGINT (Ctrl-C) does: :class:`Terminated`, a :class:`KeyboardInterrupt`, is
+raised in the main thread, so decoding workers are stopped, outputs closed (what was written can be
+continued with ``--resume``) and locks released; the exit status is 143 (130 for SIGINT), with one
+line on stderr and no traceback.
 
 Pillow's warnings about odd image data (one corrupt EXIF block makes it warn once per tag, thousands
 of lines) are counted, decoding processes' included, into one line at the end of the run; ``-vv``
@@ -22,13 +33,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
+from types import FrameType
 from typing import TextIO
 
 from convnets.errors import ConvnetsError, message_for
@@ -72,7 +88,32 @@ COMMANDS: dict[str, Command] = {
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2  # argparse's own status for bad arguments
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a process that SIGINT ended
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised in the main thread, as SIGINT raises :class:`KeyboardInterrupt`, so
+    that a run stops the same way (code that handles an interrupt handles this too)."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Handle SIGTERM with :class:`Terminated` inside the block, unless something else (a host
+    application, ``SIG_IGN``) already handles it; the previous handler is restored at the end."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    if not main_thread or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:  # signal() works in the main thread only
+        yield
+        return
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
@@ -85,7 +126,13 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     selected = set(COMMANDS) if commands is None else set(commands)
     parser = argparse.ArgumentParser(
         prog="convnets",
-        description="NVIDIA's ResNet-family classifiers: predict, embed, train, export, serve, benchmark, manage weights.")
+        description="NVIDIA's ResNet-family classifiers: predict, embed, train, export, serve, benchmark, manage "
+                    "weights.",
+        epilog=f"exit status: 0 done; {EXIT_ERROR} an error (one line on stderr), or an input that could not be read; "
+               f"{EXIT_USAGE} a usage error, also a path that does not exist or an output that cannot be written "
+               f"(answered before anything heavy is imported); {EXIT_INTERRUPTED} interrupted (SIGINT, Ctrl-C); "
+               f"{EXIT_TERMINATED} terminated (SIGTERM). A run stopped by a signal stops its workers, keeps what it "
+               "wrote (predict and embed: continue it with --resume) and releases its locks")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
@@ -93,8 +140,17 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
         if name in selected:
             module = importlib.import_module(command.module)
             module.add_arguments(p)
-            p.set_defaults(_run=module.run)
+            p.set_defaults(_prepare=getattr(module, "prepare", None) or _prepared(module.run))
     return parser
+
+
+#: A command's ``prepare(args, stack)``: the run, or an exit status to end with at once.
+Prepare = Callable[[argparse.Namespace, ExitStack], "Callable[[], int] | int"]
+
+
+def _prepared(run: Callable[[argparse.Namespace], int]) -> Prepare:
+    """The ``prepare`` of a command that only has ``run(args)``: nothing to check or hold first."""
+    return lambda args, stack: lambda: run(args)
 
 
 def command_in(argv: Sequence[str]) -> str | None:
@@ -108,32 +164,55 @@ def command_in(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    with _sigterm_as_interrupt():
+        try:
+            return _main(sys.argv[1:] if argv is None else list(argv))
+        except KeyboardInterrupt as stop:
+            terminated = isinstance(stop, Terminated)
+            # The signal stopped the run wherever it was, maybe half-way through building an object
+            # (a DataLoader's iterator whose workers had just started): its finalizer fails when the
+            # traceback goes, at the end of this block, and would print a traceback. Not worth one.
+            previous, sys.unraisablehook = sys.unraisablehook, _ignore
+        try:
+            gc.collect()  # what the stopped run left in reference cycles goes too, as quietly
+        finally:
+            sys.unraisablehook = previous
+        print(f"convnets: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+
+
+def _ignore(unraisable: object) -> None:
+    """A :data:`sys.unraisablehook` that prints nothing."""
+
+
+def _main(argv: list[str]) -> int:
     command = command_in(argv)
     args = build_parser([command] if command else []).parse_args(argv)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     # --engine auto says which engine it picked, one line on stderr, also without -v.
     logging.getLogger("convnets.auto").setLevel(min(level, logging.INFO))
-    try:
-        with _pillow_warnings_counted(args.command):
-            return int(args._run(args) or 0)
-    except KeyboardInterrupt:
-        print("convnets: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader of our output went away (`convnets predict ... | head`): not worth a message.
-        # Point stdout at devnull so that the interpreter's final flush does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_ERROR
-    except Exception as e:
-        message = _error_line(e)
-        if message is None or os.environ.get("CONVNETS_DEBUG"):
-            raise
-        # One write: print() writes the text and the newline separately, and under torchrun the ranks
-        # share stderr, so their lines could interleave.
-        sys.stderr.write(f"convnets {args.command}: error: {message}\n")
-        return EXIT_ERROR
+    # What prepare holds (an output's lock) stays held until the run has ended.
+    with ExitStack() as held, _pillow_warnings_counted(args.command):
+        try:
+            run = args._prepare(args, held)
+            return run if isinstance(run, int) else int(run() or 0)
+        except argparse.ArgumentError as e:  # prepare's usage errors: one line, argparse's status
+            sys.stderr.write(f"convnets {args.command}: error: {e}\n")
+            return EXIT_USAGE
+        except BrokenPipeError:
+            # The reader of our output went away (`convnets predict ... | head`): not worth a message.
+            # Point stdout at devnull so that the interpreter's final flush does not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_ERROR
+        except Exception as e:
+            message = _error_line(e)
+            if message is None or os.environ.get("CONVNETS_DEBUG"):
+                raise
+            # One write: print() writes the text and the newline separately, and under torchrun the ranks
+            # share stderr, so their lines could interleave.
+            sys.stderr.write(f"convnets {args.command}: error: {message}\n")
+            return EXIT_ERROR
 
 
 @contextlib.contextmanager

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["LockHeldError", "atomic_output", "atomic_write", "disk_full", "exclusive_lock", "file_kind", "naming"]
+__all__ = ["LockHeldError", "atomic_output", "atomic_write", "directory_problem", "disk_full", "exclusive_lock",
+           "file_kind", "naming"]
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +252,31 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     """
     with atomic_output(path, exclusive=exclusive) as f:
         write(f)
+
+
+def directory_problem(folder: str | os.PathLike[str]) -> str | None:
+    """Why no file can be created in ``folder``, in words for a message; ``None``: one can.
+
+    A real write (a temporary file, gone when closed): ``os.access`` cannot see read-only file
+    systems, and root passes every access check.
+
+    Returns:
+        ``"the directory 'F' does not exist; ..."``, ``"'F' is not a directory; ..."`` or
+        ``"cannot write in 'F' (Permission denied); ..."``, each with what to do; or ``None``.
+    """
+    import tempfile  # only when a destination is checked
+
+    name = repr(os.fspath(folder))
+    if not os.path.isdir(folder):
+        if os.path.lexists(folder):
+            return f"{name} is not a directory; choose a directory"
+        return f"the directory {name} does not exist; create it or choose another one"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"cannot write in {name} ({e.strerror or e}); choose a writable directory"
+    return None
 
 
 class LockHeldError(TimeoutError):

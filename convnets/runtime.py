@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 from pathlib import Path
 from dataclasses import dataclass
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Literal
 
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
@@ -25,9 +28,10 @@ from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AMP_DTYPES", "GRAD_SCALER_INIT", "MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "Precision", "PrecisionName", "check_precision",
-           "check_precision_name", "check_workers", "cpu_has_bf16", "default_workers", "memory_format_name", "parse_memory_format",
-           "precision_dtype", "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores"]
+__all__ = ["AMP_DTYPES", "GRAD_SCALER_INIT", "MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "Precision",
+           "PrecisionName", "check_precision", "check_precision_name", "check_workers", "cpu_has_bf16",
+           "default_workers", "init_worker", "memory_format_name", "parse_memory_format", "precision_dtype",
+           "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -338,3 +342,29 @@ def check_workers(workers: object, *, option: str = "workers") -> int:
         raise InvalidArgumentError(f"{setting(option, workers)}: the number of decoding processes must be a "
                                    "non-negative integer (0: decode in this process)")
     return workers
+
+
+def init_worker(worker_id: int) -> None:
+    """Set up a decoding process (the ``worker_init_fn`` of every DataLoader here: predict, embed,
+    evaluate, train) so that it stops quietly with the main process, which says why it stopped:
+
+    * SIGTERM ends it at once with status 0, whoever sends it. PyTorch does so only when the main
+      process sends it; from anyone else (``kill`` of the process group, a service manager) the
+      worker would die of the signal, and the main process's SIGCHLD handler would raise an error
+      about it in the middle of its own clean stop.
+    * A connection reset is not printed. The main process fetches each batch's tensor through a
+      connection that :mod:`multiprocessing`'s resource sharer serves in a thread of the worker; when
+      the main process stops (SIGINT, SIGTERM) during such a fetch, that thread prints the reset
+      through :func:`sys.excepthook`.
+    """
+    signal.signal(signal.SIGTERM, _stop_worker)
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        if not issubclass(kind, (ConnectionError, EOFError)):
+            previous(kind, error, trace)
+    sys.excepthook = excepthook
+
+
+def _stop_worker(signum: int, frame: FrameType | None) -> None:
+    os._exit(0)  # as PyTorch's own handler: no cleanup, the main process owns the queues

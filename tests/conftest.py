@@ -216,6 +216,31 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
                           env=full_env, cwd=cwd or REPO, timeout=timeout)
 
 
+#: Modules that the command line must not import before it has checked its arguments (each costs
+#: seconds or pulls in PyTorch).
+HEAVY_MODULES = ("torch", "torchvision", "numpy", "convnets.registry")
+
+
+def run_cli_imports(*args: str, input: bytes | None = None,
+                    timeout: float = 120) -> tuple["subprocess.CompletedProcess[str]", set[str]]:
+    """Run ``python -X importtime -m convnets ARGS`` and return the completed process (its stderr
+    without the import report) and the modules it imported, read from the interpreter's own report:
+    what a command did before PyTorch, without depending on timing."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "convnets", *args], capture_output=True,
+                          env=env, cwd=REPO, timeout=timeout, input=input)
+    stderr = proc.stderr.decode(errors="replace").splitlines()
+    imported = {line.rsplit("|", 1)[-1].strip() for line in stderr if line.startswith("import time:")}
+    assert "convnets.cli" in imported, stderr[-20:]  # the report is there at all
+    text = "".join(f"{line}\n" for line in stderr if not line.startswith("import time:"))
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(errors="replace"), text), imported
+
+
+def heavy_imports(imported: set[str]) -> list[str]:
+    """The modules of :data:`HEAVY_MODULES` (and their submodules) among ``imported``."""
+    return sorted(m for m in imported if any(m == h or m.startswith(h + ".") for h in HEAVY_MODULES))
+
+
 Factory = Callable[..., torch.nn.Module]
 
 

@@ -285,7 +285,7 @@ def test_cli_reports_exhausted_memory_in_one_line(error: Exception, monkeypatch:
     def fail(args: object) -> int:
         raise error
     monkeypatch.delenv("CONVNETS_DEBUG", raising=False)
-    monkeypatch.setattr(predict, "run", fail)
+    monkeypatch.setattr(predict, "prepare", lambda args, stack: lambda: fail(args))
     assert main(["predict", str(IMAGE)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("convnets predict: error: "), err
@@ -297,7 +297,7 @@ def test_cli_still_shows_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def fail(args: object) -> int:
         raise RuntimeError("an internal invariant")
-    monkeypatch.setattr(predict, "run", fail)
+    monkeypatch.setattr(predict, "prepare", lambda args, stack: lambda: fail(args))
     with pytest.raises(RuntimeError, match="invariant"):
         main(["predict", str(IMAGE)])
 

@@ -1,4 +1,4 @@
-"""The command line parses before it imports PyTorch: help and usage errors answer at once.
+"""The command line parses before it imports PyTorch: help, usage errors and mistakes in paths answer at once.
 
 Each case runs ``python -X importtime -m convnets ...`` in a fresh process and reads the list of
 imported modules from the interpreter's own report, so nothing here depends on timing.
@@ -9,30 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, heavy_imports, run_cli_imports
 
 from convnets.cli import COMMANDS, build_parser
-
-#: Modules that a help or usage error must not import (each costs seconds or pulls in PyTorch).
-HEAVY = ("torch", "torchvision", "numpy", "convnets.registry")
-
-
-def _run_timed_imports(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "convnets", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=120)
-    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert "convnets.cli" in imported, proc.stderr[-2000:]  # the report is there at all
-    return proc, imported
-
-
-def _heavy(imported: set[str]) -> list[str]:
-    return sorted(m for m in imported if any(m == h or m.startswith(h + ".") for h in HEAVY))
 
 
 LIGHT_COMMANDS = [name for name in COMMANDS if name != "train"]
@@ -41,10 +22,10 @@ LIGHT_COMMANDS = [name for name in COMMANDS if name != "train"]
 @pytest.mark.parametrize("args", [["--help"], *([name, "--help"] for name in LIGHT_COMMANDS)],
                          ids=lambda a: " ".join(a))
 def test_help_imports_no_torch(args: list[str]) -> None:
-    proc, imported = _run_timed_imports(*args)
+    proc, imported = run_cli_imports(*args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage: convnets" in proc.stdout
-    assert _heavy(imported) == []
+    assert heavy_imports(imported) == []
 
 
 @pytest.mark.parametrize("args, message", [
@@ -65,23 +46,97 @@ def test_help_imports_no_torch(args: list[str]) -> None:
     (["train", "--workers", "-1"], "argument --workers: must be a non-negative integer, got '-1'"),
 ])
 def test_usage_errors_import_no_torch(args: list[str], message: str) -> None:
-    proc, imported = _run_timed_imports(*args)
-    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    proc, imported = run_cli_imports(*args)
+    lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and message in lines[-1], lines
-    assert _heavy(imported) == []
+    assert heavy_imports(imported) == []
+
+
+#: A directory nobody here can write in: root writes in any mode-0555 directory, but not in sysfs.
+def _read_only_dir(tmp_path: Path) -> Path:
+    if os.geteuid() == 0:
+        return Path("/sys")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+#: Mistakes in paths, each with the start of its one error line and what it says. ``{tmp}``: this
+#: test's temporary directory, ``{ro}``: a directory that cannot be written. Paths without them are
+#: relative to the repository, where the command runs (``examples/`` exists, ``exmaples/`` does not).
+PATH_MISTAKES = [
+    # The three of issue 25: a misspelt input folder, an output in a missing directory, an unknown format.
+    (["predict", "exmaples/"], "convnets predict: error: INPUT exmaples/ does not exist", f"in the working "
+     f"directory {str(REPO)!r}"),
+    (["predict", "--output", "{tmp}/no/such/out.jsonl", "examples"], "convnets predict: error: --output "
+     "{tmp}/no/such/out.jsonl: ", "the directory '{tmp}/no/such' does not exist"),
+    (["embed", "--output", "vec.txt", "examples"], "convnets embed: error: --output vec.txt: ",
+     "unknown embedding format '.txt'; end the file name in .npy, .parquet"),
+    # A URL is not looked at (its download says what is wrong), so the next mistake is the one named.
+    (["predict", "http://127.0.0.1:9/cat.jpg", "--weights", "{tmp}/no.pth"], "convnets predict: error: --weights "
+     "{tmp}/no.pth does not exist", ""),
+    (["predict", "--from-file", "{tmp}/list.txt", "examples"], "convnets predict: error: --from-file {tmp}/list.txt "
+     "does not exist", ""),
+    (["predict", "--output", "{ro}/out.csv", "examples"], "convnets predict: error: --output {ro}/out.csv: ",
+     "cannot write in '{ro}'"),
+    (["predict", "--output", "examples", "examples"], "convnets predict: error: --output examples: ",
+     "unknown format '(no suffix)'"),
+    (["predict", "--show", "{tmp}/no/sheet.png", "examples"], "convnets predict: error: --show {tmp}/no/sheet.png: ",
+     "the directory '{tmp}/no' does not exist"),
+    (["predict", "--show", "sheet.jpg", "examples"], "convnets predict: error: --show sheet.jpg: ", "PNG"),
+    (["embed", "--output", "{tmp}/no/v.npy", "examples"], "convnets embed: error: --output {tmp}/no/v.npy: ",
+     "does not exist"),
+    (["evaluate", "--data", "{tmp}/val"], "convnets evaluate: error: --data {tmp}/val does not exist", ""),
+    (["evaluate", "--data", "examples", "--labels", "{tmp}/labels.csv"], "convnets evaluate: error: --labels "
+     "{tmp}/labels.csv does not exist", ""),
+    (["evaluate", "--data", "examples", "--output", "{ro}/report"], "convnets evaluate: error: --output {ro}/report: ",
+     "cannot write in '{ro}'"),
+    (["export", "--weights", "{tmp}/w.pth", "--output", "{tmp}/out"], "convnets export: error: --weights {tmp}/w.pth "
+     "does not exist", ""),
+    (["export", "--images", "examples/rocket.jpg", "{tmp}/cat.jpg", "--output", "{tmp}/out"],
+     "convnets export: error: --images {tmp}/cat.jpg does not exist", ""),
+    (["export", "--output", "examples/rocket.jpg/onnx"], "convnets export: error: --output examples/rocket.jpg/onnx: ",
+     "'examples/rocket.jpg' is not a directory"),
+    (["benchmark", "--output", "{tmp}/no/bench.json"], "convnets benchmark: error: --output {tmp}/no/bench.json: ",
+     "does not exist"),
+    (["benchmark", "--json", "{tmp}/no/bench.json"], "convnets benchmark: error: --json {tmp}/no/bench.json: ",
+     "does not exist"),
+    (["train", "--data", "{tmp}/data", "--output", "{tmp}/run"], "convnets train: error: --data {tmp}/data does "
+     "not exist", ""),
+    (["train", "--data", "examples", "--output", "{tmp}/run", "--resume", "{tmp}/run/checkpoint.pth.tar"],
+     "convnets train: error: --resume {tmp}/run/checkpoint.pth.tar does not exist", ""),
+    (["train", "--data", "examples", "--output", "{ro}/run"], "convnets train: error: --output {ro}/run: ",
+     "cannot write in '{ro}'"),
+]
+
+
+@pytest.mark.parametrize("args, start, problem", PATH_MISTAKES, ids=[" ".join(m[0][:2]) + f" #{i}"
+                                                                     for i, m in enumerate(PATH_MISTAKES)])
+def test_path_mistakes_are_usage_errors_before_torch(args: list[str], start: str, problem: str,
+                                                     tmp_path: Path) -> None:
+    """A path that does not exist, an output that cannot be created or has an unknown format: one line
+    naming the option, exit status 2, and nothing heavy imported (so it answers at once)."""
+    values = {"tmp": str(tmp_path), "ro": str(_read_only_dir(tmp_path))}
+    proc, imported = run_cli_imports(*(a.format(**values) for a in args))
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(start.format(**values)) and problem.format(**values) in lines[0], lines
+    assert heavy_imports(imported) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["ro"] if os.geteuid() != 0 else [])  # nothing written
 
 
 def test_help_shows_the_shared_options() -> None:
-    proc, _ = _run_timed_imports("benchmark", "--help")
+    proc, _ = run_cli_imports("benchmark", "--help")
     for option in ("--model", "--weights", "--pretrained", "--random-init", "--arch-kwargs", "--device",
                    "--precision", "--memory-format"):
         assert option in proc.stdout, option
 
 
 def test_train_help_imports_no_torch() -> None:
-    proc, imported = _run_timed_imports("train", "--help")
+    proc, imported = run_cli_imports("train", "--help")
     assert proc.returncode == 0
-    assert _heavy(imported) == []
+    assert heavy_imports(imported) == []
 
 
 def test_every_command_builds_and_parses_its_options() -> None:

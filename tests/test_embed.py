@@ -198,11 +198,11 @@ def test_output_checks_before_the_model_loads(checkpoint: Path, images: Path, tm
     (tmp_path / "done.npy").write_bytes(b"keep")
     (tmp_path / "left.npy.spool").write_bytes(b"CNVEMB1\n")
     cases = [(["--output", "x.txt"], "--output x.txt: unknown embedding format '.txt'; end the file name in .npy, "
-                                     ".parquet"),
-             (["--output", "done.npy"], "--output done.npy exists"),
-             (["--output", "left.npy"], "left.npy.spool exists: a stopped run left it; pass --resume")]
-    for args, message in cases:
-        assert main(["embed", "--weights", str(checkpoint), *args, str(images)]) == 1
+                                     ".parquet", 2),  # a usage error
+             (["--output", "done.npy"], "--output done.npy exists", 1),
+             (["--output", "left.npy"], "left.npy.spool exists: a stopped run left it; pass --resume", 1)]
+    for args, message, status in cases:
+        assert main(["embed", "--weights", str(checkpoint), *args, str(images)]) == status
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     with pytest.raises(SystemExit):

@@ -270,8 +270,8 @@ def test_layout_errors_name_the_option(imagenet_like: dict[str, Path], tmp_path:
     shutil.copy(next(imagenet_like["tree"].glob("*/*.JPEG")), wrong)
     with pytest.raises(DataError, match="WordNet-id folders"):
         evaluate_model(weights, wrong.parent, workers=0, device="cpu")
-    assert cli.main(["evaluate", "--data", str(tmp_path / "nowhere"), "--weights", weights]) == 1
-    assert "--data " in capsys.readouterr().err
+    assert cli.main(["evaluate", "--data", str(tmp_path / "nowhere"), "--weights", weights]) == 2  # a usage error
+    assert f"--data {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
 
 
 def test_many_classes_show_the_most_confused_submatrix(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, command_lines, run_cli
+from conftest import REPO, command_lines, heavy_imports, run_cli, run_cli_imports
 from PIL import Image
 
 import convnets
@@ -106,13 +106,13 @@ def _kill_after_first_batch(command: list[str], watched: Path, lines: list[str],
 # --show ------------------------------------------------------------------------------------------
 
 
-def test_show_refuses_existing_sheets_before_the_model_loads(folder: Path, tmp_path: Path) -> None:
+def test_show_refuses_existing_sheets_before_torch(folder: Path, tmp_path: Path, weights: list[str]) -> None:
     mine = {name: f"mine {name}".encode() for name in ("show.png", "show-2.png", "show-3.png")}
     for name, data in mine.items():
         (tmp_path / name).write_bytes(data)
-    done = run_cli("predict", "--weights", str(tmp_path / "no-such-weights.pth"), *COMMON, "--show",
-                   str(tmp_path / "show.png"), str(folder / "img000.png"))
-    assert done.returncode != 0
+    done, imported = run_cli_imports("predict", *weights, *COMMON, "--show", str(tmp_path / "show.png"),
+                                     str(folder / "img000.png"))
+    assert done.returncode == 2 and heavy_imports(imported) == []
     lines = command_lines(done.stderr)
     assert len(lines) == 1 and lines[0].startswith(f"convnets predict: error: --show {tmp_path / 'show.png'}"), lines
     assert all(str(tmp_path / name) in lines[0] for name in mine), lines  # names every existing sheet
@@ -218,10 +218,11 @@ def test_two_predict_runs_on_one_output_the_second_fails_at_once(weights: list[s
             assert first.poll() is None and time.monotonic() < deadline, "the first run wrote nothing"
             time.sleep(0.02)
         assert lock.exists()
-        start = time.monotonic()
-        second = run_cli("predict", *weights, *COMMON, "--output", str(out), "--resume", "--from-file", str(listing))
-        assert time.monotonic() - start < 60 and first.poll() is None
-        assert second.returncode != 0
+        # Refused while the command line is checked: before PyTorch (the interpreter's import report).
+        second, imported = run_cli_imports("predict", *weights, *COMMON, "--output", str(out), "--resume",
+                                           "--from-file", str(listing))
+        assert first.poll() is None
+        assert second.returncode == 1 and heavy_imports(imported) == []
         lines = command_lines(second.stderr)
         assert len(lines) == 1 and f"--output {out} is being written by another run (PID {first.pid} on host" in lines[0]
         first.stdin.write(b"".join(os.fsencode(n) + b"\n" for n in names[100:]))
@@ -233,6 +234,17 @@ def test_two_predict_runs_on_one_output_the_second_fails_at_once(weights: list[s
             first.wait()
     assert _jsonl_inputs(out) == names  # exactly 200 records, each once
     assert not lock.exists()  # removed by its holder at the end
+
+
+def test_embed_on_a_held_output_is_refused_before_torch(weights: list[str], folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "v.npy"
+    with exclusive_lock(tmp_path / "v.npy.lock", timeout=0):  # as a running embed holds it
+        done, imported = run_cli_imports("embed", *weights, *COMMON, "--output", str(out), str(folder))
+    lines = command_lines(done.stderr)
+    assert done.returncode == 1 and heavy_imports(imported) == [], lines
+    assert len(lines) == 1 and lines[0].startswith(f"convnets embed: error: --output {out} is being written by "
+                                                   f"another run (PID {os.getpid()} on host "), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the holder's lock file went with it; nothing else
 
 
 def test_two_train_runs_on_one_output_directory_the_second_fails_at_once(tmp_path: Path) -> None:
@@ -275,12 +287,13 @@ def test_a_symlinked_lock_file_is_never_followed(tmp_path: Path, weights: list[s
     with pytest.raises(OSError), exclusive_lock(dangling, timeout=0):
         pass
     assert not (tmp_path / "created-through-the-link").exists()
-    # On the command line: one error line, before the model loads.
+    # On the command line: one error line, before PyTorch.
     (tmp_path / "r.jsonl.lock").symlink_to(victim)
-    done = run_cli("predict", "--weights", str(tmp_path / "no-such.pth"), *COMMON, "--output",
-                   str(tmp_path / "r.jsonl"), str(folder / "img000.png"))
+    done, imported = run_cli_imports("predict", *weights, *COMMON, "--output", str(tmp_path / "r.jsonl"),
+                                     str(folder / "img000.png"))
     lines = command_lines(done.stderr)
     assert done.returncode != 0 and len(lines) == 1 and "symbolic link" in lines[0], lines
+    assert heavy_imports(imported) == []
     assert victim.read_text() == "precious"
 
 
@@ -308,8 +321,8 @@ def test_fifo_input_is_refused_without_blocking(weights: list[str], folder: Path
 
 
 @pytest.mark.parametrize("command", ["predict", "embed"])
-def test_output_in_a_missing_or_read_only_directory_fails_before_the_model_loads(command: str, folder: Path,
-                                                                                 tmp_path: Path) -> None:
+def test_output_in_a_missing_or_read_only_directory_fails_before_torch(command: str, folder: Path, tmp_path: Path,
+                                                                       weights: list[str]) -> None:
     missing = tmp_path / "no" / "such"
     suffix = "npy" if command == "embed" else "jsonl"
     read_only = Path("/sys") if os.geteuid() == 0 else tmp_path / "ro"  # root writes in any mode-0555 directory
@@ -318,11 +331,10 @@ def test_output_in_a_missing_or_read_only_directory_fails_before_the_model_loads
         read_only.chmod(0o555)
     for directory, problem in ((missing, "does not exist"), (read_only, "cannot write in")):
         target = directory / f"out.{suffix}"
-        # Weights that do not exist: a model that loaded would fail with another message.
-        done = run_cli(command, "--weights", str(tmp_path / "no-such.pth"), *COMMON, "--output", str(target),
-                       str(folder / "img000.png"))
+        done, imported = run_cli_imports(command, *weights, *COMMON, "--output", str(target),
+                                         str(folder / "img000.png"))
         lines = command_lines(done.stderr)
-        assert done.returncode != 0 and len(lines) == 1, lines
+        assert done.returncode == 2 and len(lines) == 1 and heavy_imports(imported) == [], lines
         assert lines[0].startswith(f"convnets {command}: error: --output {target}: ") and problem in lines[0], lines
 
 

@@ -239,6 +239,7 @@ def test_what_a_sharded_run_refuses(args: list[str], message: str, tmp_path: Pat
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     (tmp_path / "x.jsonl.part-00001-of-00002.jsonl").write_text("")
+    (tmp_path / "a.png").write_bytes(b"")  # an INPUT that exists (checked first); refused before it is read
     assert main(["predict", "--random-init", "--model", "resnet50", *args, "a.png"]) == 1
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
@@ -259,6 +260,7 @@ def test_a_rank_outside_the_world_is_one_clear_error(command: list[str], tmp_pat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    (tmp_path / "a.png").write_bytes(b"")  # an INPUT that exists (checked first); refused before it is read
     assert main(command) == 1
     err = capsys.readouterr().err
     assert "RANK=2 and WORLD_SIZE=2: need 0 <= RANK < WORLD_SIZE" in err and len(err.strip().splitlines()) == 1, err
@@ -364,6 +366,7 @@ def test_sharded_embed_refuses_a_single_process_spool(tmp_path: Path, monkeypatc
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     (tmp_path / "v.npy.spool").write_bytes(SPOOL_MAGIC)
+    (tmp_path / "a.png").write_bytes(b"")  # an INPUT that exists (checked first); refused before it is read
     assert main(["embed", "--random-init", "--model", "resnet50", "--output", "v.npy", "--resume", "a.png"]) == 1
     err = capsys.readouterr().err
     assert "v.npy.spool was left by a run of one process: continue it with one process" in err, err

@@ -169,23 +169,24 @@ def test_from_file_list_with_comments_and_stdin(reference: dict, images: Path) -
     assert _same_records([json.loads(line) for line in proc.stdout.splitlines()], expected)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--output", "out.txt"], "--output out.txt: unknown format '.txt'"),
-    (["--resume", "--jsonl"], "--resume continues an --output FILE"),
-    (["--output", "x.parquet", "--resume"], "--resume works with .jsonl and .csv"),
-    (["--output", "exists.jsonl"], "--output exists.jsonl exists; pass --resume"),
+@pytest.mark.parametrize("args, message, status", [
+    (["--output", "out.txt"], "--output out.txt: unknown format '.txt'", 2),  # a usage error
+    (["--resume", "--jsonl"], "--resume continues an --output FILE", 1),
+    (["--output", "x.parquet", "--resume"], "--resume works with .jsonl and .csv", 1),
+    (["--output", "exists.jsonl"], "--output exists.jsonl exists; pass --resume", 1),
 ])
-def test_bad_output_options_end_in_one_line(args: list[str], message: str, tmp_path: Path,
+def test_bad_output_options_end_in_one_line(args: list[str], message: str, status: int, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     from convnets.cli import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "exists.jsonl").write_text("keep me\n")
-    assert main(["predict", *RANDOM, *args, "x.png"]) == 1
+    (tmp_path / "x.png").write_bytes(b"")  # an INPUT that exists: refused before it is read
+    assert main(["predict", *RANDOM, *args, "x.png"]) == status
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1  # before the model loads: not even its warning
     assert (tmp_path / "exists.jsonl").read_text() == "keep me\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.jsonl", "x.png"]
 
 
 def _write_records(path: Path, records: list[dict]) -> None:

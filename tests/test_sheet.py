@@ -195,7 +195,7 @@ def test_a_sheet_created_by_someone_else_during_the_run_is_not_overwritten(tmp_p
 
 @pytest.mark.parametrize("name, problem", [
     ("sheet.jpg", "ending in .png"), ("folder.png", "is a directory"), ("no/such/dir/s.png", "does not exist"),
-    ("file.txt/s.png", "does not exist")])
+    ("file.txt/s.png", "file.txt' is not a directory")])
 def test_bad_destinations_are_refused_before_any_work(tmp_path: Path, name: str, problem: str) -> None:
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "folder.png").mkdir()
@@ -264,6 +264,6 @@ def test_cli_bad_show_fails_before_the_model_loads(tmp_path: Path, closed_port_u
     # No weights cached and the mirror unreachable: loading the model first would fail on the download instead.
     done = run_cli("predict", "--show", str(tmp_path / show), str(EXAMPLES),
                    env={"CONVNETS_WEIGHTS_MIRROR": closed_port_url})
-    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr  # a usage error
     assert len(command_lines(done.stderr)) == 1 and f"--show {tmp_path / show}" in done.stderr
     assert problem in done.stderr

@@ -61,11 +61,12 @@ def test_two_process_run_writes_once_and_averages_over_ranks(tmp_path: Path) -> 
 
 
 def test_every_rank_reports_an_error_and_the_job_fails(tmp_path: Path) -> None:
-    proc = torchrun("--data", str(tmp_path / "missing"), "--output", str(tmp_path / "out"),
+    (tmp_path / "empty").mkdir()
+    proc = torchrun("--data", str(tmp_path / "empty"), "--output", str(tmp_path / "out"),
                     "--arch-kwargs", str(TINY_ARCH).replace("'", '"'))
     assert proc.returncode != 0
     for rank in (0, 1):
-        assert f"convnets train: error: rank {rank}/2: data directory {tmp_path / 'missing'} does not exist" \
+        assert f"convnets train: error: rank {rank}/2: {tmp_path / 'empty' / 'train'} is not a directory" \
             in proc.stderr
     assert not (tmp_path / "out" / "checkpoint.pth.tar").exists()
 

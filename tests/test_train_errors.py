@@ -47,9 +47,9 @@ def _training_checkpoint(path: Path, **arch: object) -> Path:
 
 OTHER_ARCH = dict(TINY_ARCH, widths=[8, 16, 32, 64])
 
+# A --data, --weights or --resume that does not exist is a usage error, refused before PyTorch loads:
+# tests/test_cli_startup.py (PATH_MISTAKES).
 CASES: dict[str, tuple[Case, str]] = {
-    "missing data directory": (
-        lambda d, t: tiny_args(t / "nowhere", t / "out", 1), "data directory {t}/nowhere does not exist"),
     "data directory without train/": (
         lambda d, t: tiny_args(d / "val", t / "out", 1), "{d}/val/train is not a directory; --data must hold"),
     "data directory without images": (_data_without_images, "{t}/empty/train has no usable images"),
@@ -75,8 +75,6 @@ CASES: dict[str, tuple[Case, str]] = {
         lambda d, t: (torch.save(convnets.get_model("resnet50", **TINY_ARCH).state_dict(), t / "sd.pth"),
                       tiny_args(d, t / "out", 1, "--resume", str(t / "sd.pth")))[1],
         "is not a convnets training checkpoint"),
-    "resume from a missing file": (
-        lambda d, t: tiny_args(d, t / "out", 1, "--resume", str(t / "gone.pth.tar")), "does not exist"),
     "output of another run": (
         lambda d, t: ((t / "out").mkdir(), (t / "out" / "checkpoint.pth.tar").write_bytes(b"x"),
                       tiny_args(d, t / "out", 1))[2], "already holds checkpoint.pth.tar"),

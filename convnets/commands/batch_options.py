@@ -1,7 +1,8 @@
 """The options of the batch jobs, ``convnets predict`` and ``convnets embed``: inputs at scale, batches, output, progress.
 
 Each ``add_*`` function adds one group to a command's parser (nothing heavy is imported: ``--help``
-and usage errors answer at once); :func:`job_settings` turns the parsed values into the
+and usage errors answer at once); :func:`prepare_job` checks the paths they name and claims the
+output (its lock) before PyTorch, and :func:`job_settings` turns the parsed values into the
 :class:`~convnets.inference.job.JobSettings` that the batch-job driver (:mod:`convnets.inference.job`)
 runs with, including the :class:`~convnets.inference.loader.Decoding` that reaches the decoder. The
 model, device and precision options are :mod:`convnets.commands.options`'.
@@ -13,20 +14,26 @@ import argparse
 from typing import TYPE_CHECKING
 
 from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, batch_size,
-                                       non_negative_int, positive_seconds)
+                                       check_inputs_exist, check_output_file, non_negative_int, positive_seconds,
+                                       usage_errors)
 from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
-    from convnets.inference.job import JobSettings
+    from collections.abc import Callable, Mapping
+    from contextlib import ExitStack
+
+    from convnets.inference.job import BatchJob, JobSettings
 
 __all__ = ["add_batch_arguments", "add_fast_decode_argument", "add_input_arguments", "add_output_arguments",
-           "add_private_urls_argument", "add_progress_argument", "job_settings"]
+           "add_private_urls_argument", "add_progress_argument", "job_settings", "prepare_job"]
 
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``INPUT...`` and the ``inputs at scale`` group (``--recursive``, ``--from-file``);
     :func:`job_settings` carries them to the driver. At least one INPUT or ``--from-file`` is required."""
-    parser.add_argument("inputs", nargs="*", metavar="INPUT", help="image file, directory of images, or URL")
+    parser.add_argument("inputs", nargs="*", metavar="INPUT",
+                        help="image file, directory of images, or URL; a file or directory must exist (checked "
+                             "before anything runs; URLs and --from-file lines are read when the run reaches them)")
     group = parser.add_argument_group("inputs at scale")
     group.add_argument("--recursive", action="store_true",
                        help="search directories' subfolders too, depth first in sorted order (default: only the "
@@ -134,3 +141,41 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     return JobSettings(inputs=args.inputs, decoding=decoding,
                        recursive=args.recursive, from_file=args.from_file, output=args.output, resume=args.resume,
                        batch_size=args.batch_size, image_size=args.image_size, progress=args.progress)
+
+
+def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack, *, formats: Mapping[str, str],
+                kind: str = "format") -> Callable[[], int] | int:
+    """A batch job's ``prepare`` (see :mod:`convnets.cli`): before anything heavy is imported, check the
+    paths that the options of this module and ``--weights`` name, then claim the output (its lock,
+    held in ``stack`` until the run ends, and the job's own checks:
+    :func:`convnets.inference.job.claim_output`).
+
+    Args:
+        job: the command's plug-in.
+        args: parsed by a parser with this module's groups and the model options.
+        stack: holds the output's lock.
+        formats, kind: the formats ``--output``'s suffix may name, and what a message calls one.
+
+    Returns:
+        The run (:func:`convnets.inference.job.run_job`), or the exit status 0 when there is
+        nothing to do.
+
+    Raises:
+        argparse.ArgumentError: an INPUT, ``--from-file`` list or ``--weights`` file that does not
+            exist; an ``--output`` of an unknown format or in a directory that is missing or cannot
+            be written.
+        InvalidArgumentError: the output is held by another run, or refused by the job's checks.
+    """
+    from convnets.inference.job import claim_output, run_job
+
+    with usage_errors():
+        if args.output is not None:
+            check_output_file(args.output, formats=formats, kind=kind)
+        check_inputs_exist("INPUT", *args.inputs)
+        check_inputs_exist("--from-file", None if args.from_file == "-" else args.from_file)
+        check_inputs_exist("--weights", args.weights)
+    destination = claim_output(job, output=args.output, resume=args.resume, batch_size=args.batch_size,
+                               reads_stdin=args.from_file == "-", stack=stack)
+    if destination is None:
+        return 0
+    return lambda: run_job(job, job_settings(args), destination)

@@ -19,13 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument,                                        add_image_size_argument, add_json_argument, add_memory_format_argument,
-                                       add_model_arguments, add_output_argument, add_precision_argument,
-                                       bounded_int, device_from_args, load_from_args, positive_int)
+                                       add_engine_argument, add_image_size_argument, add_json_argument,
+                                       add_memory_format_argument, add_model_arguments, add_output_argument,
+                                       add_precision_argument, bounded_int, check_inputs_exist, check_output_file,
+                                       device_from_args, load_from_args, positive_int, usage_errors)
 from convnets.constants import DEFAULT_IMAGE_SIZE, MAX_BATCH_SIZE
 from convnets.errors import InvalidArgumentError
 
@@ -90,6 +93,18 @@ def _batch_sizes(text: str) -> list[int]:
         except argparse.ArgumentTypeError:
             raise argparse.ArgumentTypeError(f"{rule}; got {part.strip()[:40]!r} in {text[:60]!r}") from None
     return sizes
+
+
+def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
+    """Before anything heavy is imported: ``--weights`` exists, ``--output`` (and the older ``--json
+    FILE``) can be written (usage errors, see :mod:`convnets.cli`); returns the run."""
+    with usage_errors():
+        check_inputs_exist("--weights", args.weights)
+        if args.output is not None:
+            check_output_file(args.output)
+        if isinstance(args.json, str):
+            check_output_file(args.json, option="json")
+    return lambda: run(args)
 
 
 def run(args: argparse.Namespace) -> int:

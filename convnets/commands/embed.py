@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
-                                             add_progress_argument, job_settings)
+                                             add_progress_argument, prepare_job)
 from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
                                        add_engine_argument, add_model_arguments,
                                        add_precision_argument, device_from_args, load_from_args)
 from convnets.constants import DEFAULT_MODEL, LAYERS
 from convnets.errors import InvalidArgumentError
-from convnets.inference.job import BatchJob, run_job
+from convnets.inference.job import BatchJob
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from convnets.inference.shard import PartFiles, ShardedRun
     from convnets.models.resnet import ResNet
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "prepare"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,16 +65,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_arguments(
         parser, required=True,
         output_help="where the vectors go; its suffix picks the format: .npy (float32 [N, D]; the inputs, one per "
-                    "line, in FILE.inputs.txt) or .parquet (input, embedding; needs pyarrow). Written at the end "
-                    "from FILE.spool, which grows as batches finish. An existing FILE is refused",
+                    "line, in FILE.inputs.txt) or .parquet (input, embedding; needs pyarrow), in an existing "
+                    "directory. Written at the end from FILE.spool, which grows as batches finish. An existing FILE "
+                    "is refused. The run holds FILE.lock until it ends: a second run on FILE is refused at once",
         resume_help="continue the FILE.spool that a stopped or killed run left: its torn last record is cut away "
                     "and the inputs it records are skipped")
     add_progress_argument(parser)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run ``convnets embed``; exit status 1 if any input could not be read."""
-    return run_job(EmbedJob(args), job_settings(args))
+def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | int:
+    """Check the paths on the command line and claim ``--output`` (see
+    :func:`~convnets.commands.batch_options.prepare_job`); the run's exit status is 1 if any input could
+    not be read."""
+    from convnets.inference.spool import EMBEDDING_FORMATS
+
+    return prepare_job(EmbedJob(args), args, stack, formats=EMBEDDING_FORMATS, kind="embedding format")
 
 
 class EmbedJob(BatchJob):

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 from convnets.commands.batch_options import add_fast_decode_argument
 from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
                                        add_engine_argument, add_memory_format_argument, add_model_arguments,
-                                       add_output_argument, add_precision_argument, batch_size, device_from_args,
-                                       load_from_args, non_negative_int)
+                                       add_output_argument, add_precision_argument, batch_size, check_inputs_exist,
+                                       check_output_directory, device_from_args, load_from_args, non_negative_int,
+                                       usage_errors)
 
 _EPILOG = """\
 data layouts (detected):
@@ -64,6 +67,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cache_argument(run)
     add_compile_argument(run, default=False, help="faster per image on large sets, but the first batch waits for "
                                                   "the compiler (--engine torch)")
+
+
+def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
+    """Before anything heavy is imported: ``--data``, ``--labels`` and ``--weights`` exist, ``--output``
+    can be written (usage errors, see :mod:`convnets.cli`); returns the run."""
+    with usage_errors():
+        check_inputs_exist("--data", args.data)
+        check_inputs_exist("--labels", args.labels)
+        check_inputs_exist("--weights", args.weights)
+        if args.output is not None:
+            check_output_directory(args.output)
+    return lambda: run(args)
 
 
 def run(args: argparse.Namespace) -> int:

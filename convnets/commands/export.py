@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import add_private_urls_argument
 from convnets.commands.options import (add_image_size_argument, add_json_argument, add_model_arguments,
-                                       add_output_argument, add_precision_argument, batch_size, load_from_args)
+                                       add_output_argument, add_precision_argument, batch_size, check_inputs_exist,
+                                       check_output_directory, load_from_args, usage_errors)
 from convnets.constants import DEFAULT_IMAGE_SIZE, TRITON_BACKENDS
 from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError, message_for
@@ -95,6 +98,16 @@ def _format_options(args: argparse.Namespace, fmt: ExportFormat) -> dict[str, An
             except InvalidArgumentError as e:  # the format's message names the keyword: name the flag too
                 raise InvalidArgumentError(f"{option.flag} {given[option.name]}: {message_for(e, 'cli')}") from e
     return given
+
+
+def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
+    """Before anything heavy is imported: ``--weights`` and the local ``--images`` exist, ``--output``
+    can be written (usage errors, see :mod:`convnets.cli`); returns the run."""
+    with usage_errors():
+        check_inputs_exist("--weights", args.weights)
+        check_inputs_exist("--images", *(args.images or ()))
+        check_output_directory(args.output)
+    return lambda: run(args)
 
 
 def run(args: argparse.Namespace) -> int:

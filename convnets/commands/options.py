@@ -9,6 +9,9 @@ differs (a default, what its ``--output`` names). The ``*_from_args`` functions 
 values to the library inside a command's ``run()``, in command-line words: the model is built by
 :func:`convnets.registry.choose_model`. Nothing here imports PyTorch when the options are added or
 parsed (so ``--help`` and usage errors answer at once); the ``*_from_args`` functions import it.
+The ``check_*`` functions check the paths that options name (inputs exist, outputs can be written)
+inside a command's ``prepare`` (see :mod:`convnets.cli`), also before PyTorch; under
+:func:`usage_errors` what they refuse is a usage error.
 Engine and export format choices come from their registries (:mod:`convnets.deploy.engines`,
 :mod:`convnets.deploy.formats`), which import nothing heavy either.
 
@@ -26,16 +29,20 @@ The model options (:func:`add_model_arguments`) mean the same in every command:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
+import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from convnets.constants import CACHE_DIR_ENV, CACHE_MAX_SIZE_ENV, DEFAULT_IMAGE_SIZE, MAX_BATCH_SIZE, MAX_IMAGE_SIZE
 from convnets.errors import CheckpointError, InvalidArgumentError, message_for
 from convnets.models.specs import MODEL_SPECS, list_models
+from convnets.preprocessing.sources import is_url
 from convnets.runtime import (MEMORY_FORMAT_ALIASES, MEMORY_FORMATS, PRECISIONS, check_precision, memory_format_name,
                               resolve_device)
 
@@ -48,8 +55,9 @@ __all__ = ["MODEL_OPTION_NAMES", "WEIGHT_SOURCES", "add_arch_kwargs_argument", "
            "add_compile_argument", "add_device_argument", "add_engine_argument", "add_image_size_argument", "add_json_argument",
            "add_memory_format_argument", "add_model_argument", "add_model_arguments", "add_output_argument",
            "add_precision_argument", "add_pretrained_argument", "add_weights_argument", "batch_size", "bounded_int",
-           "device_from_args", "load_from_args", "model_name", "non_negative_int", "parse_arch_kwargs", "pixels",
-           "positive_int", "positive_seconds"]
+           "check_inputs_exist", "check_output_directory", "check_output_file", "device_from_args", "load_from_args",
+           "model_name", "non_negative_int", "parse_arch_kwargs", "pixels", "positive_int", "positive_seconds",
+           "usage_errors"]
 
 #: What an ``add_*`` function adds options to: a parser or one of its argument groups.
 Parser = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
@@ -447,3 +455,88 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
     return value
+
+
+# --- paths named on the command line -------------------------------------------------------------
+#
+# Checked by a command's prepare(args, stack) (see convnets.cli) before anything heavy is imported,
+# so that a misspelt input or an output that cannot be written answers at once, as a usage error.
+
+
+@contextlib.contextmanager
+def usage_errors() -> Iterator[None]:
+    """Report the :class:`InvalidArgumentError` of the checks inside as a usage error
+    (:class:`argparse.ArgumentError`): the command line prints its message in one line and exits
+    with status 2, as for argparse's own errors."""
+    try:
+        yield
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentError(None, message_for(e, "cli")) from e
+
+
+def check_inputs_exist(name: str, *values: str | os.PathLike[str] | None) -> None:
+    """Each of ``values`` that is a local path must exist; URLs and ``None`` are skipped (a
+    download says what is wrong with a URL), and so are paths that cannot be looked at (a
+    permission denied: the run reports it, naming the input).
+
+    Args:
+        name: the option as the command line spells it (``--weights``, ``INPUT``).
+        values: its values.
+
+    Raises:
+        InvalidArgumentError: a path that does not exist.
+    """
+    for value in values:
+        if value is None or is_url(value):
+            continue
+        try:
+            os.stat(value)
+        except (FileNotFoundError, NotADirectoryError):
+            where = "" if os.path.isabs(value) else f" (in the working directory {os.getcwd()!r})"
+            raise InvalidArgumentError(f"{name} {os.fspath(value)} does not exist{where}") from None
+        except (OSError, ValueError):
+            continue
+
+
+def check_output_file(path: str | os.PathLike[str], *, option: str = "output",
+                      formats: Mapping[str, str] | None = None, kind: str = "format") -> None:
+    """The file ``path`` can be created: its suffix names one of ``formats``, it is not a
+    directory, and its directory exists and can be written in.
+
+    Args:
+        path: the output file.
+        option: the option without its dashes (``output`` names ``--output``).
+        formats: suffix -> format (``None``: any suffix).
+        kind: what the message calls a format (``"embedding format"``).
+
+    Raises:
+        InvalidArgumentError: what is wrong, naming the option.
+    """
+    from convnets.fileio import directory_problem
+    from convnets.inference.records import suffix_format
+
+    if formats is not None:
+        suffix_format(path, dict(formats), option=option, kind=kind)
+    if os.path.isdir(path):
+        raise InvalidArgumentError(f"--{option} {os.fspath(path)} is a directory; give a file name")
+    problem = directory_problem(os.path.dirname(path) or os.curdir)
+    if problem is not None:
+        raise InvalidArgumentError(f"--{option} {os.fspath(path)}: {problem}")
+
+
+def check_output_directory(path: str | os.PathLike[str], *, option: str = "output") -> None:
+    """The directory ``path`` can be written, or created with its missing parents (as the commands
+    that take an ``--output DIR`` do): the nearest existing one of it and its parents is a
+    directory that can be written in.
+
+    Raises:
+        InvalidArgumentError: what is wrong, naming the option.
+    """
+    from convnets.fileio import directory_problem
+
+    existing = Path(path)
+    while not os.path.lexists(existing) and existing.parent != existing:  # "a/b" -> "a" -> "."; "/a" -> "/"
+        existing = existing.parent
+    problem = directory_problem(existing)
+    if problem is not None:
+        raise InvalidArgumentError(f"--{option} {os.fspath(path)}: {problem}")

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
-                                             add_progress_argument, job_settings)
+                                             add_progress_argument, prepare_job)
 from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
                                        add_engine_argument, add_json_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args, positive_int)
+                                       add_precision_argument, device_from_args, load_from_args, positive_int,
+                                       usage_errors)
 from convnets.constants import DEFAULT_MODEL, DEFAULT_TOPK
 from convnets.errors import InvalidArgumentError
-from convnets.inference.job import BatchJob, run_job
+from convnets.inference.job import BatchJob
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -46,8 +47,7 @@ if TYPE_CHECKING:
     from convnets.inference.sheet import ContactSheetWriter
     from convnets.models.resnet import ResNet
 
-__all__ = ["add_arguments", "run"]
-
+__all__ = ["add_arguments", "prepare"]
 
 
 def resolve_topk(topk: int | None, classes: int) -> int:
@@ -62,6 +62,7 @@ def resolve_topk(topk: int | None, classes: int) -> int:
         raise InvalidArgumentError(f"--topk {topk} is more than the {classes} classes of the model; use --topk "
                                    f"{classes} or less")
     return topk
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
@@ -84,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = add_output_arguments(
         parser, output_help="write records to FILE as batches finish, in input order; its suffix picks the "
                             "format: .jsonl, .csv (input, rank, index, label, probability, error) or .parquet "
-                            "(needs pyarrow). An existing FILE is refused unless --resume",
+                            "(needs pyarrow), in an existing directory. An existing FILE is refused unless --resume. "
+                            "The run holds FILE.lock until it ends: a second run on FILE is refused at once",
         resume_help="continue an existing --output FILE (.jsonl or .csv) that a stopped or killed run "
                     "left: its torn last record is cut away and the inputs it records are skipped")
     add_json_argument(where, help="one array (an object per image) instead of a table")
@@ -99,9 +101,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_progress_argument(parser)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run ``convnets predict``; exit status 1 if any input could not be read."""
-    return run_job(PredictJob(args), job_settings(args))
+def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | int:
+    """Check the paths on the command line and claim ``--output`` (see
+    :func:`~convnets.commands.batch_options.prepare_job`); the run's exit status is 1 if any input could
+    not be read."""
+    from convnets.inference.records import FORMATS
+
+    if args.show is not None:
+        from convnets.inference.sheet import check_sheet_destination
+
+        with usage_errors():
+            check_sheet_destination(args.show, option="show")
+    return prepare_job(PredictJob(args), args, stack, formats=FORMATS)
 
 
 class PredictJob(BatchJob):
@@ -126,12 +137,9 @@ class PredictJob(BatchJob):
             check_destination(args.output, resume=args.resume)
             if run.world > 1 and part is not None:
                 check_destination(part, resume=args.resume)
-        if args.show is not None:
-            if run.world > 1:  # each rank sees only its shard; one process must draw them all
-                raise InvalidArgumentError("--show draws the contact sheets in one process, not under torchrun; "
-                                           "drop --show here and draw sheets from a single-process run")
-            from convnets.inference.sheet import check_sheet_destination
-            check_sheet_destination(args.show, option="show")
+        if args.show is not None and run.world > 1:  # each rank sees only its shard; one process must draw them all
+            raise InvalidArgumentError("--show draws the contact sheets in one process, not under torchrun; "
+                                       "drop --show here and draw sheets from a single-process run")
         return True
 
     def device(self) -> torch.device:

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import typing
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Union
 
@@ -154,6 +155,18 @@ def _add_cli_advice(error: BaseException, config: TrainConfig) -> None:
     if (isinstance(error, CheckpointError) and error.architecture and config.pretrained_from_file is not None
             and config.resume is None and error.architecture != config.arch):
         error.add_cli_advice(f"To fine-tune it, use --arch {error.architecture}.")
+
+
+def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
+    """Before anything heavy is imported: ``--data``, ``--weights`` and ``--resume`` exist, ``--output``
+    can be written (usage errors, see :mod:`convnets.cli`); returns the run."""
+    with options.usage_errors():
+        options.check_inputs_exist("--data", args.data)
+        options.check_inputs_exist("--weights", args.pretrained_from_file)
+        options.check_inputs_exist("--resume", args.resume)
+        if args.output is not None:
+            options.check_output_directory(args.output)
+    return lambda: run(args)
 
 
 def run(args: argparse.Namespace) -> int:

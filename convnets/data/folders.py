@@ -37,6 +37,7 @@ from convnets.preprocessing.presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGEN
 from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
 from convnets.data.batches import Batch, DataSource, sample_seed
 from convnets.constants import BACKENDS
+from convnets.runtime import init_worker
 
 __all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "class_samples", "eval_loader",
            "make_data", "sample_seed", "scan_split", "train_transform", "val_transform"]
@@ -315,7 +316,8 @@ def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_sampl
              steps: int, *, batch_size: int, image_size: int, workers: int, seed: int,
              ctx: DistContext) -> DataSource:
     loader_kwargs: dict[str, Any] = dict(batch_size=batch_size, num_workers=workers, collate_fn=collate,
-                                         pin_memory=ctx.device.type == "cuda", persistent_workers=workers > 0)
+                                         pin_memory=ctx.device.type == "cuda", persistent_workers=workers > 0,
+                                         worker_init_fn=init_worker)
     train_set = ImageFolderDataset(train_samples, train_transform(image_size), substitute=True)
     sampler = SeededSampler(train_set, ctx, seed)
     train_loader = DataLoader(train_set, sampler=sampler, drop_last=True, **loader_kwargs)
@@ -350,7 +352,7 @@ def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch
                                  draft=fast_decode_draft(preset) if fast_decode else None, resize=preset.resize_size)
     return DataLoader(dataset, sampler=list(range(ctx.rank, len(dataset), ctx.world_size)), batch_size=batch_size,
                       num_workers=workers, collate_fn=collate, pin_memory=ctx.device.type == "cuda",
-                      persistent_workers=workers > 0)
+                      persistent_workers=workers > 0, worker_init_fn=init_worker)
 
 
 def _synthetic(batch_size: int, image_size: int, seed: int, ctx: DistContext) -> DataSource:

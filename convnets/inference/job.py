@@ -2,16 +2,17 @@
 
 A batch job reads inputs (INPUTs, then a ``--from-file`` list; :mod:`convnets.inference.inputs`),
 keeps its shard of them under ``torchrun`` (:mod:`convnets.inference.shard`), locks and checks its
-destination before PyTorch loads (``FILE.lock``, held to the end, so that a second run on the same
-output fails at once, naming the first: :func:`lock_output`), continues a resumed file (skipping exactly the inputs it
-records), decodes in worker processes (:class:`~convnets.inference.loader.Decoding`), shows a
+destination before PyTorch loads (:func:`claim_output`: ``FILE.lock``, held to the end, so that a
+second run on the same output fails at once, naming the first), continues a resumed file (skipping
+exactly the inputs it records), decodes in worker processes (:class:`~convnets.inference.loader.Decoding`), shows a
 progress bar, writes records as batches finish, reports each unreadable input on stderr, and ends
 with one summary line and the exit status (1 if any input, now or in the resumed run, could not
 be read). :func:`run_job` does all of that; what differs between jobs is a :class:`BatchJob`
 plug-in: its destination checks, its model, what it computes on a batch, what its record looks
 like, which writer, and its words. The commands (:mod:`convnets.commands.predict`,
-:mod:`convnets.commands.embed`) build a :class:`JobSettings` from their options
-(:mod:`convnets.commands.batch_options`) and a plug-in, and call :func:`run_job`.
+:mod:`convnets.commands.embed`) claim the output while the command line is checked, then build
+a :class:`JobSettings` from their options (:mod:`convnets.commands.batch_options`) and call
+:func:`run_job` with the plug-in and what :func:`claim_output` returned.
 
 This module imports nothing heavy at module level (the commands subclass :class:`BatchJob` while
 the command line is parsed); PyTorch, tqdm and the job's model load inside :func:`run_job`.
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     from convnets.inference.records import Record, ScanResult, Writer
     from convnets.models.resnet import ResNet
 
-__all__ = ["BatchJob", "JobSettings", "input_error_message", "lock_output", "progress", "run_job", "skip_recorded"]
+__all__ = ["BatchJob", "Destination", "JobSettings", "claim_output", "input_error_message", "lock_output",
+           "progress", "run_job", "skip_recorded"]
 
 
 @dataclass(frozen=True)
@@ -140,12 +142,58 @@ class BatchJob(ABC):
         return None
 
 
-def run_job(job: BatchJob, settings: JobSettings) -> int:
+@dataclass(frozen=True)
+class Destination:
+    """Where this process writes, claimed by :func:`claim_output`: its share of the run and its
+    part of the output (``None``: no output file)."""
+
+    run: ShardedRun
+    part: Path | None
+
+
+def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size: int, reads_stdin: bool,
+                 stack: ExitStack) -> Destination | None:
+    """Before PyTorch: this process's shard, the output's locks (held until ``stack`` unwinds) and
+    the job's checks of its destination (:meth:`BatchJob.check`), so that a wrong or busy output
+    fails at once. The command line calls this while it parses (:mod:`convnets.commands.batch_options`).
+
+    Args:
+        job: what is written.
+        output, resume, batch_size: as in :class:`JobSettings`.
+        reads_stdin: the inputs come from standard input (``from_file="-"``).
+        stack: holds the locks.
+
+    Returns:
+        Where to write, or ``None`` when there is nothing to do (the exit status is then 0).
+
+    Raises:
+        InvalidArgumentError: ``resume`` without ``output``, another run holds the output, a
+            destination that cannot be written, options that a sharded run cannot take.
+    """
+    if resume and output is None:
+        raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
+    # Under torchrun, this process's shard of the inputs and its part of --output.
+    run = ShardedRun.from_env(output=output, batch_size=batch_size, reads_stdin=reads_stdin)
+    part = None if output is None else run.part(output)
+    # Held to the end (the merge included): a second run on the same output fails at once.
+    if output is not None and part is not None:
+        if run.is_main:
+            lock_output(Path(output), stack)
+        if part != Path(output):
+            lock_output(part, stack)
+    if not job.check(run, part):
+        return None
+    return Destination(run, part)
+
+
+def run_job(job: BatchJob, settings: JobSettings, destination: Destination | None = None) -> int:
     """Run a batch job (see the module docstring) as this process's share of the run.
 
     Args:
         job: what is computed and written.
         settings: the inputs, output and batches.
+        destination: what :func:`claim_output` returned for this ``job`` and ``settings``, its
+            locks still held; default: claimed here, and released at the end.
 
     Returns:
         The exit status: 1 if any input could not be read (now or in the resumed run), else 0.
@@ -154,23 +202,13 @@ def run_job(job: BatchJob, settings: JobSettings) -> int:
         InvalidArgumentError: options that do not go together, a destination that cannot be
             written, a resumed file whose records are not a prefix of the inputs.
     """
-    # Before PyTorch and the model load: a wrong --output fails at once.
-    if settings.resume and settings.output is None:
-        raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
-    # Under torchrun, this process's shard of the inputs and its part of --output.
-    run = ShardedRun.from_env(output=settings.output, batch_size=settings.batch_size,
-                              reads_stdin=settings.from_file == "-")
-    part = None if settings.output is None else run.part(settings.output)
+    if destination is not None:
+        return _run_locked(job, settings, destination)
     with ExitStack() as locks:
-        # Held to the end (the merge included): a second run on the same output fails at once.
-        if settings.output is not None and part is not None:
-            if run.is_main:
-                lock_output(Path(settings.output), locks)
-            if part != Path(settings.output):
-                lock_output(part, locks)
-        if not job.check(run, part):
-            return 0
-        return _run_locked(job, settings, run, part)
+        destination = claim_output(job, output=settings.output, resume=settings.resume,
+                                   batch_size=settings.batch_size, reads_stdin=settings.from_file == "-",
+                                   stack=locks)
+        return 0 if destination is None else _run_locked(job, settings, destination)
 
 
 def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None:
@@ -184,10 +222,9 @@ def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None
     Raises:
         InvalidArgumentError: another run holds the lock, or the lock file cannot be created.
     """
-    from convnets.fileio import LockHeldError, exclusive_lock
+    from convnets.fileio import LockHeldError, directory_problem, exclusive_lock
 
     lock = path.with_name(path.name + ".lock")
-    folder = path.parent
     where = f"--{option} {path}"
     try:
         stack.enter_context(exclusive_lock(lock, timeout=0))
@@ -196,22 +233,22 @@ def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None
         raise InvalidArgumentError(f"{where} is being written by another run ({holder}; lock file {lock}): wait for "
                                    f"it to finish, or choose another --{option}") from e
     except OSError as e:
-        if isinstance(e, FileNotFoundError) and not folder.is_dir():
-            problem = f"the directory {str(folder)!r} does not exist; create it or choose another one"
-        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            problem = f"cannot write in {str(folder)!r} ({e.strerror}); choose a writable directory"
-        else:
-            problem = f"cannot lock it ({e.strerror or e})"
-        raise InvalidArgumentError(f"{where}: {problem}") from e
+        problem = directory_problem(path.parent) if e.errno in _DIRECTORY_ERRNOS else None
+        raise InvalidArgumentError(f"{where}: {problem or f'cannot lock it ({e.strerror or e})'}") from e
 
 
-def _run_locked(job: BatchJob, settings: JobSettings, run: ShardedRun, part: Path | None) -> int:
+#: Errors of creating a lock file that its directory explains (missing, not a directory, not writable).
+_DIRECTORY_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) -> int:
     """:func:`run_job` once the output is checked and locked."""
     from tqdm.auto import tqdm
 
     from convnets.inference.inputs import iter_inputs, read_sources
     from convnets.preprocessing.presets import preset_for_model
 
+    run, part = destination.run, destination.part
     device = run.join(job.device(), resume=settings.resume, repair=job.repair)
     model = job.load(device)
     preset = preset_for_model(model).with_crop_size(settings.image_size or model.input_size)
@@ -272,7 +309,7 @@ def progress(settings: JobSettings, stderr_is_terminal: bool, run: ShardedRun) -
     Returns:
         This rank's number of inputs (``None``: unknown) and whether to show the bar.
     """
-    from convnets.preprocessing.io import is_url
+    from convnets.preprocessing.sources import is_url
 
     total = None if settings.recursive or settings.from_file is not None or any(
         not is_url(i) and os.path.isdir(i) for i in settings.inputs) else len(settings.inputs)

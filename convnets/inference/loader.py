@@ -43,7 +43,7 @@ from convnets.inference.inputs import InputItem as Item
 from convnets.preprocessing.io import is_url
 from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset
-from convnets.runtime import check_workers
+from convnets.runtime import check_workers, init_worker
 
 __all__ = ["PREFETCH", "DecodedBatch", "Decoding", "Result", "decode", "iter_batches", "iter_chunks", "map_batches"]
 
@@ -227,7 +227,7 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding |
     # them ahead, no more). collate_fn: the decoder already returns the batch.
     loader: Any = torch.utils.data.DataLoader(decoder, batch_sampler=chunks,  # type: ignore[arg-type]
                                               num_workers=workers, collate_fn=_identity, pin_memory=pin,
-                                              prefetch_factor=PREFETCH)
+                                              prefetch_factor=PREFETCH, worker_init_fn=init_worker)
     log.debug("decoding in %d worker processes", workers)
     for batch in loader:
         yield batch.to(device)

@@ -27,7 +27,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import Interface, InvalidArgumentError, UnknownArgumentError, message_for
-from convnets.fileio import atomic_write
+from convnets.fileio import atomic_write, directory_problem
 from convnets.inference.names import display_name
 
 if TYPE_CHECKING:
@@ -111,14 +110,9 @@ def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path
         raise refuse("a contact sheet is a PNG file", "give a file name ending in .png")
     if path.is_dir():
         raise refuse("is a directory", "give a file name ending in .png")
-    folder = path.parent
-    if not folder.is_dir():
-        raise refuse(f"the directory {str(folder)!r} does not exist", "create it or choose another one")
-    try:  # a real write: os.access cannot see read-only file systems, and root passes every access check
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise refuse(f"cannot write in {str(folder)!r} ({e.strerror})", "choose a writable directory") from e
+    problem = directory_problem(path.parent)
+    if problem is not None:
+        raise InvalidArgumentError(f"{python}: {problem}", cli=f"{cli}: {problem}", keyword=option)
     existing = [] if overwrite else existing_sheets(path)
     if existing:
         names = ", ".join(display_name(str(p)) for p in existing[:5]) + (", ..." if len(existing) > 5 else "")

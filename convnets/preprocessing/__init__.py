@@ -4,6 +4,8 @@ Modules, in import order (each imports only those before it):
 
 * :mod:`~convnets.preprocessing.presets`: :class:`EvalPreset` (crop, resize, interpolation,
   mean, std), ``DEFAULT_PRESET``, ``preset_for_model``; no torch.
+* :mod:`~convnets.preprocessing.sources`: ``is_url``, whether an input names a URL or a local path;
+  standard library only.
 * :mod:`~convnets.preprocessing.io`: open an image from a path, URL, bytes or PIL image, safely.
 * :mod:`~convnets.preprocessing.transforms`: EXIF / mode normalisation and the eval transform.
 * :mod:`~convnets.preprocessing.pipeline`: many inputs into one batch, concurrently.

@@ -16,11 +16,10 @@ import io
 import logging
 import os
 import stat
-import re
 import struct
 import time
 from pathlib import Path
-from typing import BinaryIO, TypeGuard, Union
+from typing import BinaryIO, Union
 
 import requests
 import urllib3
@@ -35,6 +34,7 @@ from convnets.errors import (
     ImageNotFoundError,
     InvalidArgumentTypeError,
 )
+from convnets.preprocessing.sources import is_url, url_scheme
 from convnets.urls import BlockedAddressError, RedirectError, open_url, read_chunks
 
 __all__ = [
@@ -57,7 +57,6 @@ DEFAULT_MAX_BYTES = 64 * 2**20
 
 USER_AGENT = f"convnets-processing-utils (python-requests/{requests.__version__})"
 _CHUNK_BYTES = 64 * 1024
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # Content types that are certainly not an image: an error or login page served with status 200.
 _NON_IMAGE_TYPES = ("text/", "application/json", "application/xml", "application/xhtml+xml",
                     "application/javascript")
@@ -90,23 +89,6 @@ def describe_input(source: object) -> str:
     if isinstance(source, (str, os.PathLike)):
         return repr(_abbreviate(os.fspath(source)))
     return _abbreviate(repr(source))
-
-
-def _scheme(source: str) -> str | None:
-    match = _SCHEME.match(source)
-    return match.group(1).lower() if match else None
-
-
-def is_url(source: object) -> TypeGuard[str]:
-    """Whether ``source`` is a string with a URL scheme (``scheme://...``), i.e. not a local path.
-
-    Args:
-        source: a candidate image input.
-
-    Returns:
-        True for any ``scheme://`` string; :func:`open_image` downloads only ``http``/``https``.
-    """
-    return isinstance(source, str) and _scheme(source) is not None
 
 
 def _timed_out(label: str, timeout: float) -> ImageDownloadError:
@@ -185,7 +167,7 @@ def download(url: str, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEF
             HTTP 4xx/5xx, non-image content type, timeout, body over ``max_bytes`` or cut short.
     """
     label = describe_input(url)
-    scheme = _scheme(url)
+    scheme = url_scheme(url)
     if scheme not in ("http", "https"):
         hint = " Pass the local path instead." if scheme == "file" else (
             " Download it yourself and pass the path or the bytes.")
