@@ -248,6 +248,14 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
     ("convnets/deploy/cache/__init__.py", "OSError"): (
         1, "a full disk while the engine cache is filled: raised as the OSError(ENOSPC) that the runtime's write "
            "lost (OpenVINO raises RuntimeError without an errno), naming the entry"),
+    ("convnets/deploy/cache/disk.py", "ValueError"): (
+        4, "an engine cache file that is not a regular file, is too large or is off its schema: caught where "
+           "entries are read, and the entry counts as missing (rebuilt)"),
+    ("convnets/deploy/cache/store.py", "ValueError"): (
+        1, "parse_size: both callers re-raise it naming what the user set ($CONVNETS_CACHE_MAX_SIZE as an "
+           "InvalidArgumentError, --max-size as argparse's usage error)"),
+    ("convnets/deploy/export.py", "ValueError"): (
+        1, "Verification.from_dict on a verdict.json off its schema: the engine cache reads it as no verdict"),
     ("convnets/urls.py", "TimeoutError"): (
         2, "a download's deadline passed: both callers (preprocessing.io, weights.download) catch it and "
            "raise ImageDownloadError / WeightsUnavailableError naming the URL and the limit"),
