@@ -193,10 +193,14 @@ def _main(argv: list[str]) -> int:
     # --engine auto says which engine it picked, one line on stderr, also without -v.
     logging.getLogger("convnets.auto").setLevel(min(level, logging.INFO))
     # What prepare holds (an output's lock) stays held until the run has ended.
-    with ExitStack() as held, _pillow_warnings_counted(args.command):
+    with ExitStack() as held:
         try:
             run = args._prepare(args, held)
-            return run if isinstance(run, int) else int(run() or 0)
+            if isinstance(run, int):
+                return run
+            # Around the run only: prepare's answers (usage errors, a held output) need no shared memory.
+            with _pillow_warnings_counted(args.command):
+                return int(run() or 0)
         except argparse.ArgumentError as e:  # prepare's usage errors: one line, argparse's status
             sys.stderr.write(f"convnets {args.command}: error: {e}\n")
             return EXIT_USAGE
