@@ -121,3 +121,16 @@ def test_an_explicit_topk_above_the_classes_is_still_an_error(two_classes: Path,
                                          (0.999, "1"), (0.0, "0")])
 def test_rates_below_one_keep_two_significant_digits(rate: float, shown: str) -> None:
     assert format_rate(rate) == shown
+
+
+def test_the_default_topk_is_what_a_resumed_csv_holds(two_classes: Path, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A CSV record is complete with topk rows: with a default above the model's 2 classes, --resume would
+    take the first run's complete record for a torn one and cut it away."""
+    out = tmp_path / "p.csv"
+    first = ["predict", "--weights", str(two_classes), "--engine", "torch", "--output", str(out)]
+    assert main([*first, str(PHOTOS[0])]) == 0
+    assert main([*first, "--resume", str(PHOTOS[0]), str(PHOTOS[1])]) == 0
+    rows = out.read_text().splitlines()[1:]
+    assert len(rows) == 2 * 2  # two inputs, two classes each
+    assert "torn tail" not in caplog.text
