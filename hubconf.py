@@ -38,7 +38,7 @@ def _entry_point(info: _ModelInfo, hub_name: str,
     def entry(pretrained: bool = has_weights, **kwargs: _Any) -> "convnets.ResNet | convnets.ResNetFeatures":
         return getattr(convnets, name)(pretrained=pretrained, **kwargs)
 
-    title = info.summary.splitlines()[0]
+    title = (getattr(convnets, name).__doc__ or name).strip().splitlines()[0]
     alias = "" if hub_name == info.hub_names[0] else f"Upstream's alias of ``{info.hub_names[0]}``.\n    "
     weights = ("with NVIDIA's NGC ImageNet weights by default" if has_weights
                else "with random weights by default (no pretrained weights are published)")
@@ -77,8 +77,7 @@ _add_entry_points()  # last, so that a hub name clashing with anything above is 
 if _TYPE_CHECKING:
     # What _add_entry_points defines, for type checkers and IDEs: each hub name is its model's
     # builder (the same signature; the default of ``pretrained`` differs, which types do not show).
-    # One line per hub name; tests/test_typing.py checks it and prints the line to add.
-    from convnets.registry import resnet50 as nvidia_resnet50
-    from convnets.registry import resnext101_32x4d as nvidia_resnext101_32x4d
-    from convnets.registry import resnext101_32x4d as nvidia_resneXt
-    from convnets.registry import se_resnext101_32x4d as nvidia_se_resnext101_32x4d
+    from convnets.registry import Builder as _Builder
+
+    def __getattr__(name: str) -> _Builder:
+        raise AttributeError(name)

@@ -48,13 +48,14 @@ if TYPE_CHECKING:
     from convnets.inference.predict import Predictions, predict
     from convnets.models.features import ResNetFeatures
     from convnets.models.resnet import ResNet
-    from convnets.registry import get_model, load_model, resnet50, resnext101_32x4d, se_resnext101_32x4d
+    from convnets.builders import *  # noqa: F403  # every model's builder, convnets.builders.__all__
+    from convnets.registry import get_model, load_model
     from convnets.evaluation.loop import evaluate_model
 
 __version__ = "0.1.0"
 
 #: public name -> module that defines it, imported on first access (PEP 562). Every registered
-#: model's builder (``convnets.resnet50``, ...) comes from the registry.
+#: model's builder (``convnets.resnet50``, ...) comes from :mod:`convnets.builders`.
 _LAZY: dict[str, str] = {
     "ResNet": "convnets.models.resnet",
     "ResNetFeatures": "convnets.models.features",
@@ -66,7 +67,7 @@ _LAZY: dict[str, str] = {
     "load_model": "convnets.registry",
     "optimize_for_inference": "convnets.deploy.optimize",
     "evaluate_model": "convnets.evaluation.loop",
-    **{name: "convnets.registry" for name in list_models()},
+    **{name: "convnets.builders" for name in list_models()},
 }
 
 __all__ = [

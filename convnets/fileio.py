@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 __all__ = ["LockHeldError", "atomic_output", "atomic_write", "directory_problem", "disk_full", "exclusive_lock",
-           "file_kind", "naming"]
+           "file_kind", "naming", "pid_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,14 @@ def _temp_pattern(path: Path) -> re.Pattern[str]:
     return re.compile(rf"^\.{re.escape(path.name)}\.([0-9a-f]{{8}})-(\d+)-[0-9a-f]+\.tmp$")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (POSIX only: on Windows ``os.kill`` would end it)."""
     try:
-        os.kill(pid, 0)  # signal 0: existence check only (POSIX; never called on Windows)
+        os.kill(pid, 0)  # signal 0: existence check only
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # someone else's live process
+    except OSError:
+        return True  # e.g. EPERM: someone else's live process
     return True
 
 
@@ -75,7 +76,7 @@ def _remove_stale_temps(path: Path) -> None:
     for name in names:
         m = pattern.match(name)
         # Another host's writer may be alive on a shared file system: only our host's pids can be checked.
-        if m and m.group(1) == _HOST and not _pid_alive(int(m.group(2))):
+        if m and m.group(1) == _HOST and not pid_alive(int(m.group(2))):
             with contextlib.suppress(OSError):
                 (path.parent / name).unlink()
                 log.info("removed %s, left by a writer of %s that was killed", name, path)
@@ -85,15 +86,13 @@ def _remove_stale_temps(path: Path) -> None:
 def atomic_output(path: str | os.PathLike[str], *, exclusive: bool = False) -> Iterator[BinaryIO]:
     """Open a temporary file that replaces ``path`` when the ``with`` block ends without error.
 
-    The file object's ``name`` is the temporary file's path, for code that must read back what it
-    wrote before it is committed (e.g. to validate a download). On an exception the temporary file
-    is removed and ``path`` is left as it was.
+    The file object's ``name`` is the temporary file's path (to read back what was written before it
+    is committed, e.g. to validate a download). On an exception ``path`` is left as it was.
 
     Args:
         path: the destination; its directory must exist.
-        exclusive: put the file in place only if ``path`` does not exist then (a hard link, which
-            fails on an existing name; never a replace), so that a file someone else created there
-            meanwhile is left alone.
+        exclusive: put the file in place only if ``path`` does not exist then (a hard link, never a
+            replace): a file someone else created there meanwhile is left alone.
 
     Yields:
         The temporary file, open for binary writing.
@@ -175,14 +174,10 @@ _FULL_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT") i
 
 
 def _naming(error: OSError, path: Path, tmp: Path, *, always: bool = False) -> OSError:
-    """``error`` naming the destination ``path`` (the file the user asked for, not the temporary
-    one), as the same ``OSError`` subclass (``errno`` decides it) with the same ``errno``, so callers still
-    catch it.
-
-    Unchanged when it names a file already (other than the temporary one), when it is not a plain
-    ``OSError`` (e.g. a :class:`~convnets.errors.ConvnetsError`, which has its own message), or when
-    it does not come from writing (``always``: it comes from this module's own file operations).
-    """
+    """``error`` naming the destination ``path`` (not the temporary file), with the same ``errno`` (so
+    the same ``OSError`` subclass). Unchanged when it names another file already, is not a plain
+    ``OSError`` (a ConvnetsError has its own message), or does not come from writing (``always``: it
+    comes from this module's own file operations)."""
     code = error.errno
     names_other = error.filename is not None and os.fspath(error.filename) != os.fspath(tmp)
     if code is None or type(error).__module__ != "builtins" or names_other or not (always or code in _WRITE_ERRNOS):
@@ -364,9 +359,8 @@ def _holder(path: Path) -> str:
 def _busy(path: Path, waited: float) -> LockHeldError:
     holder = _holder(path)
     who = holder or "another process"
-    if waited > 0:
-        return LockHeldError(f"waited {waited:.0f} s for {who} holding the lock {path}", path=path, holder=holder)
-    return LockHeldError(f"{who} holds the lock {path}", path=path, holder=holder)
+    message = f"waited {waited:.0f} s for {who} holding the lock {path}" if waited > 0 else f"{who} holds the lock {path}"
+    return LockHeldError(message, path=path, holder=holder)
 
 
 @contextlib.contextmanager

@@ -4,8 +4,8 @@ Every way of getting a model (these builders, :func:`get_model`, the torch.hub e
 command line) goes through :func:`_build`: architecture spec from :data:`MODEL_SPECS`, weights from
 a file or the verified cache (:mod:`convnets.weights`), then device and memory format.
 
-The builders (``resnet50``, ``resnext101_32x4d``, ``se_resnext101_32x4d``, ...) are generated, one
-per :func:`~convnets.models.specs.register_model` call, with the docstring below.
+The builders themselves (``resnet50``, ``resnext101_32x4d``, ``se_resnext101_32x4d``) are explicit
+functions in :mod:`convnets.builders`, each decorated with :func:`builder`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from convnets.errors import (InvalidArgumentError, UnknownArgumentError, Unknown
                              message_for, short_repr)
 from convnets.models.features import DEFAULT_OUT_INDICES, ResNetFeatures, resolve_out_indices
 from convnets.models.resnet import ResNet, check_backbone_options, freeze_batchnorm
-from convnets.models.specs import (ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, ModelInfo, check_num_classes, list_models,
+from convnets.models.specs import (ARCH_FIELDS, MODEL_SPECS, MODELS, ArchSpec, check_num_classes, list_models,
                                    registered_name)
 from convnets.weights.record import ModelRecord
 from convnets.weights.download import fetch_weights
@@ -33,8 +33,8 @@ from convnets.weights.layouts import infer_spec
 from convnets.weights.load import build_model, check_fits, meta_model, read_state_dict
 from convnets.weights.manifest import load_manifest
 
-__all__ = ["Builder", "ChosenModel", "check_classifier_kwargs", "choose_model", "fetch_pretrained", "get_model",
-           "list_models", "load_model", *list_models()]
+__all__ = ["Builder", "ChosenModel", "builder", "check_classifier_kwargs", "choose_model", "fetch_pretrained",
+           "get_model", "list_models", "load_model"]
 
 log = logging.getLogger(__name__)
 
@@ -251,31 +251,19 @@ class Builder(Protocol):
                  **kwargs: Any) -> ResNet | ResNetFeatures: ...
 
 
-def _make_builder(info: ModelInfo) -> Builder:
-    """The public builder of one registered model, e.g. :func:`resnet50`."""
-    name = info.name
+def builder(function: Callable[..., ResNet | ResNetFeatures]) -> Builder:
+    """Declare ``function`` the builder of the registered model of the same name: it gets the shared
+    keywords' documentation and :class:`Builder`'s types (a classifier, or with ``features_only=True``
+    a backbone), which it returns by calling :func:`_build`.
 
-    def builder(pretrained: bool = False, **kwargs: Any) -> ResNet | ResNetFeatures:
-        return _build(name, pretrained, **kwargs)
-
-    builder.__name__ = builder.__qualname__ = name
-    builder.__module__ = __name__
-    builder.__doc__ = info.summary + "\n" + _BUILDER_DOC
-    return builder  # type: ignore[return-value]  # its overloads are the keywords' documented meaning
-
-
-# One builder per registration (``from convnets.registry import resnet50`` and
-# ``convnets.resnet50`` resolve to these).
-for _info in MODELS.values():
-    globals()[_info.name] = _make_builder(_info)
-del _info
-
-if TYPE_CHECKING:
-    # What the loop above defines, spelled out for type checkers and IDEs (which do not run it).
-    # One line per register_model call; tests/test_typing.py checks it and prints the line to add.
-    resnet50: Builder
-    resnext101_32x4d: Builder
-    se_resnext101_32x4d: Builder
+    Raises:
+        InvalidArgumentError: no model of that name is registered (``register_model`` first).
+    """
+    if function.__name__ not in MODELS:
+        raise InvalidArgumentError(f"builder {function.__name__!r} has no registered model; call "
+                                   "convnets.models.specs.register_model first")
+    function.__doc__ = (function.__doc__ or "").rstrip() + "\n" + _BUILDER_DOC
+    return function  # type: ignore[return-value]  # its overloads are the keywords' documented meaning
 
 
 @overload

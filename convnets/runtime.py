@@ -314,15 +314,12 @@ def usable_cores() -> int:
 def default_workers(device_type: str = "cpu") -> int:
     """Decoding processes when none are asked for (``convnets predict`` / ``embed``).
 
-    For a model on the CPU, ``min(4, cores - 2)``: the model's own threads keep two cores. Measured
-    on 2 cores (benchmarks/bench_predict_pipeline.py, 2026-11-22), one decoding process beside a
-    two-threaded model lost end-to-end speed to the oversubscription (bf16: 0.81 of the model-only
-    rate, against 0.88 decoding in-process between batches), so small machines decode in-process.
-    For a model on a GPU, ``min(16, cores - 1)``: the CPU only decodes, and however many cores
-    decode, the GPU waits for them. Measured on an H200 whose host has 16 cores
-    (benchmarks/bench_fast_decode.py --device cuda, 12-megapixel JPEGs, 2026-11-26): 4 processes
-    decoded 30 img/s, 8 37 img/s and 15 54 img/s, for a model that ran ~900 img/s. 16 at most:
-    more were not measured, and each process costs memory.
+    For a model on the CPU, ``min(4, cores - 2)``: the model's own threads keep two cores, and a
+    small machine decodes in-process between batches (one decoding process beside the model lost
+    end-to-end speed to oversubscription on 2 cores: benchmarks/bench_predict_pipeline.py). For a
+    model on a GPU, ``min(16, cores - 1)``: the CPU only decodes, and the more processes decode the
+    less the GPU waits (benchmarks/bench_fast_decode.py ``--device cuda --workers N``); 16 at most,
+    as each process costs memory.
 
     Args:
         device_type: where the model runs (``torch.device.type``).

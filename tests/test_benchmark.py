@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from convnets.cli import main
-from convnets.deploy.benchmark import benchmark_inference, format_table, parse_batch_sizes
+from convnets.deploy.benchmark import benchmark_inference, format_table
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_BLOCK = json.dumps(dict(layers=[1], widths=[16], cardinality=4, stem_width=16))
@@ -96,17 +96,6 @@ def test_fp16_on_cpu_and_bad_batch_sizes_are_one_line_errors(tmp_path: Path) -> 
     assert proc.stderr.startswith("convnets benchmark: error: fp16") and "CUDA" in proc.stderr
     proc = run_cli("benchmark", "--model", "resnet50", "--batch-sizes", "1,zero", cwd=tmp_path)
     assert proc.returncode == 2 and "batch sizes" in proc.stderr  # argparse's usage error
-
-
-@pytest.mark.parametrize("text, expected", [("1,16,64,256", [1, 16, 64, 256]), ("8", [8]), (" 2, 4 ,", [2, 4])])
-def test_parse_batch_sizes(text: str, expected: list[int]) -> None:
-    assert parse_batch_sizes(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "0", "1,-2", "a", "1.5"])
-def test_parse_batch_sizes_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_batch_sizes(text)
 
 
 def test_each_batch_size_gets_warmup_then_timed_calls_on_the_right_input() -> None:

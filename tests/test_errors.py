@@ -138,8 +138,6 @@ def _imported(module: str, name: str) -> Callable[..., Any]:
 #: (id, call(tmp_path), expected class, built-in base, part of the message).
 CASES: list[tuple[str, Callable[[Path], Any], type[ConvnetsError], type[Exception], str]] = [
     # deploy
-    ("benchmark.parse_batch_sizes", lambda t: _imported("convnets.deploy.benchmark", "parse_batch_sizes")("1,x"),
-     InvalidArgumentError, ValueError, "comma-separated positive integers"),
     ("benchmark.benchmark_inference", lambda t: _imported("convnets.deploy.benchmark", "benchmark_inference")(
         lambda x: x, [1], warmup=0), InvalidArgumentError, ValueError, "at least 1"),
     ("triton.check_model_name", lambda t: _imported("convnets.deploy.triton", "check_model_name")("a/b"),

@@ -71,7 +71,7 @@ def test_every_entry_point_has_help(entry: str, upstream_name: str) -> None:
     assert text and len(text.strip()) > 40
     if entry in MODEL_ENTRIES:
         name = MODEL_ENTRIES[entry]
-        assert text.startswith(MODELS[name].summary.splitlines()[0]) and f"help(convnets.{name})" in text
+        assert text.startswith(getattr(convnets, name).__doc__.splitlines()[0]) and f"help(convnets.{name})" in text
 
 
 def test_upstream_hub_string_loads_this_code(upstream_name: str, full_se_checkpoint,

@@ -25,12 +25,15 @@ def test_registry_lists_the_published_models() -> None:
 
 @pytest.mark.parametrize("name", convnets.list_models())
 def test_every_registered_model_has_a_documented_builder(name: str) -> None:
-    from convnets import registry
+    from convnets import builders
 
     builder = getattr(convnets, name)
-    assert builder is getattr(registry, name) and builder.__name__ == name
-    assert name in convnets.__all__ and name in registry.__all__
-    assert builder.__doc__.startswith(MODELS[name].summary) and "pretrained_from_file:" in builder.__doc__
+    assert builder is getattr(builders, name) and builder.__name__ == name
+    assert name in convnets.__all__ and name in builders.__all__
+    # Its own summary first (the parameter count it states is the published one), then the shared keywords.
+    if name in PUBLISHED_PARAMS:
+        assert f"{PUBLISHED_PARAMS[name]:,} parameters" in builder.__doc__.splitlines()[0]
+    assert "pretrained_from_file:" in builder.__doc__
     with torch.device("meta"):
         model = builder()
     assert model.spec == MODEL_SPECS[name]
@@ -43,7 +46,7 @@ def test_registration_is_checked() -> None:
     for name, hub_names in [("resnet50", ()), ("ResNet-7", ()), ("resnet7", ("nvidia_resneXt",)),
                             ("resnet7", ("_private",))]:
         with pytest.raises(convnets.InvalidArgumentError, match="cannot register"):
-            register_model(name, spec, summary="x", hub_names=hub_names)
+            register_model(name, spec, hub_names=hub_names)
     assert "resnet7" not in MODELS
 
 

@@ -1,10 +1,9 @@
 """The package type-checks, and what type checkers see of the generated builders matches the registry.
 
 ``python -m mypy`` reads its configuration (files, strictness, the untyped third-party packages) from
-``pyproject.toml``. The builders (``convnets.resnet50``, ...) and the torch.hub entry points
-(``nvidia_*``) are generated at run time from :data:`convnets.models.specs.MODELS`; type checkers
-see the declarations under ``if TYPE_CHECKING:`` in ``convnets/registry.py`` and ``hubconf.py``,
-and the tests below keep those in step with the registry.
+``pyproject.toml``. The builders (``convnets.resnet50``, ...) are explicit functions in ``convnets/builders.py``; the
+torch.hub entry points (``nvidia_*``) are generated at run time from them and
+:data:`convnets.models.specs.MODELS`, and ``hubconf.py`` declares them to type checkers as builders.
 """
 
 from __future__ import annotations
@@ -34,32 +33,23 @@ def test_mypy_is_clean() -> None:
                     pytrace=False)
 
 
-def _type_checking_block(path: Path) -> list[ast.stmt]:
-    """The statements under the module's last ``if TYPE_CHECKING:`` / ``if _TYPE_CHECKING:``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    blocks = [node.body for node in tree.body if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
-              and node.test.id in ("TYPE_CHECKING", "_TYPE_CHECKING")]
-    assert blocks, f"{path.name} has no `if TYPE_CHECKING:` block"
-    return blocks[-1]
-
-
-def test_registry_declares_every_builder() -> None:
-    block = _type_checking_block(REPO / "convnets" / "registry.py")
-    declared = {node.target.id: ast.unparse(node) for node in block
-                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
-    wanted = {name: f"{name}: Builder" for name in MODELS}
-    missing = [line for name, line in wanted.items() if declared.get(name) != ast.unparse(ast.parse(line))]
-    extra = sorted(set(declared) - set(wanted))
-    assert not missing and not extra, (
-        "convnets/registry.py's `if TYPE_CHECKING:` block must declare one builder per registered model, "
-        "for type checkers. " + (f"Paste into it:\n    " + "\n    ".join(missing) + "\n" if missing else "")
-        + (f"Remove the declarations of {extra} (no such model is registered)." if extra else ""))
+def test_every_registered_model_has_one_explicit_builder() -> None:
+    """convnets.builders defines one function per registered model, named after it and listed in its
+    literal ``__all__`` (what ``convnets/__init__.py`` hands type checkers with ``import *``)."""
+    tree = ast.parse((REPO / "convnets" / "builders.py").read_text(encoding="utf-8"))
+    defined = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+               and any(ast.unparse(d) == "builder" for d in node.decorator_list)]
+    exported = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                    and ast.unparse(node.targets[0]) == "__all__")
+    assert sorted(defined) == sorted(exported) == sorted(MODELS), (
+        f"convnets/builders.py: @builder functions {sorted(defined)}, __all__ {sorted(exported)}, "
+        f"registered models {sorted(MODELS)}: add `@builder def NAME(...)` and its name in __all__")
 
 
 @pytest.mark.slow
 def test_type_checkers_see_what_the_builders_return(tmp_path: Path) -> None:
     """A classifier by default, the backbone with ``features_only=True``: through the builders, the
-    hub entry points and get_model (the declarations above and registry.Builder's overloads)."""
+    hub entry points and get_model (registry.Builder's overloads)."""
     require_module("mypy")
     snippet = tmp_path / "uses.py"
     snippet.write_text(
@@ -75,27 +65,3 @@ def test_type_checkers_see_what_the_builders_return(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
                              str(snippet)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_hubconf_declares_every_entry_point() -> None:
-    block = _type_checking_block(REPO / "hubconf.py")
-    declared = {alias.asname: f"from {node.module} import {alias.name} as {alias.asname}"
-                for node in block if isinstance(node, ast.ImportFrom) for alias in node.names}
-    wanted = {hub: f"from convnets.registry import {info.name} as {hub}"
-              for info in MODELS.values() for hub in info.hub_names}
-    missing = [line for hub, line in wanted.items() if declared.get(hub) != line]
-    extra = sorted(set(declared) - set(wanted))
-    assert not missing and not extra, (
-        "hubconf.py's `if _TYPE_CHECKING:` block at the end must declare each torch.hub entry point as its "
-        "model's builder, for type checkers. " + (f"Paste into it:\n    " + "\n    ".join(missing) + "\n"
-                                                 if missing else "")
-        + (f"Remove the declarations of {extra} (no registered model has that hub name)." if extra else ""))
-
-
-def test_package_exports_every_builder_to_type_checkers() -> None:
-    block = _type_checking_block(REPO / "convnets" / "__init__.py")
-    imported = {alias.name for node in block if isinstance(node, ast.ImportFrom)
-                and node.module == "convnets.registry" for alias in node.names}
-    missing = sorted(set(MODELS) - imported)
-    assert not missing, (f"convnets/__init__.py's `if TYPE_CHECKING:` block must import the builders "
-                         f"{missing} from convnets.registry (so that `convnets.{missing[0]}` is typed)")

@@ -26,8 +26,7 @@ from torch import Tensor
 
 from convnets.errors import InvalidArgumentError
 
-__all__ = ["BatchResult", "benchmark_inference", "environment", "format_engine_table", "format_table", "summarize",
-           "parse_batch_sizes"]
+__all__ = ["BatchResult", "benchmark_inference", "environment", "format_engine_table", "format_table", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -53,18 +52,6 @@ class BatchResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict."""
         return dataclasses.asdict(self)
-
-
-def parse_batch_sizes(text: str) -> list[int]:
-    """``"1,16,64"`` -> ``[1, 16, 64]``; raises InvalidArgumentError (a ValueError) on anything but
-    positive integers."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise InvalidArgumentError(f"batch sizes must be comma-separated positive integers, got {text!r}") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise InvalidArgumentError(f"batch sizes must be comma-separated positive integers, got {text!r}")
-    return sizes
 
 
 def _synchronize(device: torch.device) -> None:

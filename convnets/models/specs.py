@@ -1,8 +1,8 @@
 """The architectures of the family as data: :class:`ArchSpec` and the registered models.
 
-Adding an architecture is one :func:`register_model` call here (plus, if it has pretrained
-weights, an entry in ``weights_manifest.json``): the builder ``convnets.<name>``, the torch.hub
-entry points and :func:`list_models` are generated from :data:`MODELS`.
+Adding an architecture is one :func:`register_model` call here and its builder function in
+:mod:`convnets.builders` (plus, if it has pretrained weights, an entry in ``weights_manifest.json``):
+the torch.hub entry points, :func:`list_models` and ``--model``'s choices come from :data:`MODELS`.
 
 Imports nothing heavy (no torch), so that the command line can list model names before it
 imports PyTorch. :mod:`convnets.models.resnet` builds a network from a spec.
@@ -161,14 +161,12 @@ class ModelInfo:
     Attributes:
         name: registry name, e.g. ``"resnet50"`` (also the builder's name, ``convnets.resnet50``).
         spec: the published architecture.
-        summary: first paragraph of the builder's docstring (what it is, parameter count, paper).
         hub_names: torch.hub entry points in ``hubconf.py`` that build it, e.g.
             ``("nvidia_resnext101_32x4d", "nvidia_resneXt")``.
     """
 
     name: str
     spec: ArchSpec
-    summary: str
     hub_names: tuple[str, ...]
 
 
@@ -179,9 +177,10 @@ MODELS: dict[str, ModelInfo] = {}
 MODEL_SPECS: dict[str, ArchSpec] = {}
 
 
-def register_model(name: str, spec: ArchSpec, *, summary: str, hub_names: tuple[str, ...] = ()) -> ModelInfo:
-    """Register an architecture: its builder ``convnets.<name>``, its torch.hub entry points,
-    ``list_models()``, ``get_model(name)`` and the tests' parametrisation all follow from this.
+def register_model(name: str, spec: ArchSpec, *, hub_names: tuple[str, ...] = ()) -> ModelInfo:
+    """Register an architecture: its torch.hub entry points, ``list_models()``, ``get_model(name)``,
+    ``--model``'s choices and the tests' parametrisation all follow from this. Its builder, the
+    function of the same name in :mod:`convnets.builders`, is the one other place a model is added.
 
     Pretrained weights are registered separately, as an entry of ``weights_manifest.json`` under the
     same name; a model without one builds with random weights and refuses ``pretrained=True``.
@@ -189,7 +188,6 @@ def register_model(name: str, spec: ArchSpec, *, summary: str, hub_names: tuple[
     Args:
         name: a lowercase Python identifier, e.g. ``"resnet101"``.
         spec: the published architecture.
-        summary: one paragraph for the builder's docstring (parameter count, paper links).
         hub_names: torch.hub entry-point names; default ``("nvidia_<name>",)``.
 
     Returns:
@@ -207,7 +205,7 @@ def register_model(name: str, spec: ArchSpec, *, summary: str, hub_names: tuple[
     if bad or len(set(hub_names)) != len(hub_names):
         raise InvalidArgumentError(f"cannot register model {name!r}: hub_names {list(hub_names)} must be new, "
                                    f"distinct public identifiers (not {bad or 'repeated'})")
-    info = ModelInfo(name=name, spec=spec, summary=summary.strip(), hub_names=hub_names)
+    info = ModelInfo(name=name, spec=spec, hub_names=hub_names)
     MODELS[name] = info
     MODEL_SPECS[name] = spec
     return info
@@ -217,25 +215,10 @@ def register_model(name: str, spec: ArchSpec, *, summary: str, hub_names: tuple[
 
 _RESNEXT101_32X4D = ArchSpec(layers=(3, 4, 23, 3), widths=(128, 256, 512, 1024), expansion=2, cardinality=32)
 
-register_model(
-    "resnet50", ArchSpec(layers=(3, 4, 6, 3), widths=(64, 128, 256, 512), expansion=4),
-    summary="""ResNet-50 v1.5 (25,557,032 parameters), NVIDIA's training recipe.
-
-    Paper: https://arxiv.org/abs/1512.03385 ; v1.5 moves the stride to the 3x3 convolution.""",
-    hub_names=("nvidia_resnet50",))
-register_model(
-    "resnext101_32x4d", _RESNEXT101_32X4D,
-    summary="""ResNeXt101-32x4d (44,177,704 parameters): ResNet-101 with 32-group 3x3 convolutions.
-
-    Paper: https://arxiv.org/abs/1611.05431 . NGC weights: 80.19% ImageNet top-1 (AMP, 250 epochs).""",
-    hub_names=("nvidia_resnext101_32x4d", "nvidia_resneXt"))  # upstream's alias
-register_model(
-    "se_resnext101_32x4d", _RESNEXT101_32X4D.replace(se_squeeze=16),
-    summary="""SE-ResNeXt101-32x4d (45,251,128 parameters): ResNeXt101-32x4d with NVIDIA's SE blocks.
-
-    Papers: https://arxiv.org/abs/1611.05431 , https://arxiv.org/abs/1709.01507 . The SE squeeze is
-    a fixed 16 channels (not C/16 as in timm). NGC weights: 80.90% ImageNet top-1 (AMP, 250 epochs).""",
-    hub_names=("nvidia_se_resnext101_32x4d",))
+register_model("resnet50", ArchSpec(layers=(3, 4, 6, 3), widths=(64, 128, 256, 512), expansion=4))
+# nvidia_resneXt: upstream's alias
+register_model("resnext101_32x4d", _RESNEXT101_32X4D, hub_names=("nvidia_resnext101_32x4d", "nvidia_resneXt"))
+register_model("se_resnext101_32x4d", _RESNEXT101_32X4D.replace(se_squeeze=16))
 
 
 def registered_name(spec: ArchSpec) -> str | None:

@@ -24,6 +24,7 @@ from PIL import Image, ImageOps
 
 from convnets.errors import (ConvnetsError, ImageDecodeError, ImageLoadError, Interface, InvalidArgumentError,
                              InvalidArgumentTypeError, message_for)
+from convnets.runtime import usable_cores
 
 from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, is_url, open_image
 from .presets import DEFAULT_PRESET, EvalPreset
@@ -242,10 +243,8 @@ def _check_inputs(inputs: object) -> list[ImageInput]:
 
 
 def _default_workers(inputs: Sequence[ImageInput]) -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not available on macOS and Windows
-        cores = os.cpu_count() or 1
+    """Decoding threads: one per usable core, at least 8 when some input waits on the network."""
+    cores = usable_cores()
     if any(is_url(source) for source in inputs):
         cores = max(cores, _MIN_WORKERS_WITH_URLS)
     return max(1, min(len(inputs), cores))

@@ -19,6 +19,7 @@ from convnets.constants import CACHE_MAX_SIZE_ENV, DEFAULT_CACHE_MAX_SIZE
 from convnets.deploy.cache.disk import (ENTRY_NAME, TEMP_NAME, cache_root, ignore, read_manifest, refusal, remove,
                                         root_problem, untrusted)
 from convnets.errors import InvalidArgumentError
+from convnets.fileio import pid_alive
 
 __all__ = ["EntryInfo", "clear", "evict", "format_size", "list_entries", "max_size", "parse_size", "trim"]
 
@@ -129,19 +130,9 @@ def clear(root: Path | None = None) -> tuple[int, int]:
     except (FileNotFoundError, NotADirectoryError):
         temps = []
     for path, pid in temps:
-        if untrusted(path) is None and not _pid_alive(pid):
+        if untrusted(path) is None and not pid_alive(pid):
             remove(path)
     return len(entries), sum(info.size for info in entries)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def parse_size(text: str) -> int:

@@ -52,15 +52,10 @@ CHOICE_LOG = logging.getLogger("convnets.auto")
 AUTO = "auto"
 
 #: ``engine="auto"``: engines to try, fastest first, per (device type, precision); ``torch`` is
-#: always last (see :func:`auto_order`). Measured with benchmarks/bench_engines.py on a 2-core
-#: AVX512-BF16 CPU, otherwise idle (2026-11-22): ResNeXt101-32x4d and SE-ResNeXt101-32x4d at
-#: batch 1 and 16. bf16: OpenVINO first or level with the torch path in all four (1.01-1.24x it, in
-#: three runs). fp32: in three runs OpenVINO was first or level with ONNX Runtime (within 3%,
-#: ResNeXt101 at batch 1) in every case, while ONNX Runtime trailed OpenVINO by up to 11%
-#: (SE-ResNeXt101 at batch 16). Earlier figures that
-#: put ONNX Runtime first, and had two instances of one engine differ by up to 30% at batch 1, were
-#: measured without a pause between engines: the previous runtime's spinning threads were timed
-#: too (benchmarks/interleave.py).
+#: always last (see :func:`auto_order`). The order is the one benchmarks/bench_engines.py measures
+#: (its results: benchmarks/results/bench_engines.json, the Benchmarks page's engine tables): on
+#: the CPU, OpenVINO first or level with the rest in fp32 and bf16. Engines are timed with a pause
+#: between them (benchmarks/interleave.py): a previous runtime's spinning threads otherwise count.
 #: Non-CPU devices: ``torch`` only (the other engines run on the CPU here).
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "fp32"): ("openvino", "onnxruntime", "torch"),
