@@ -24,11 +24,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument, add_image_size_argument, add_json_argument,
-                                       add_memory_format_argument, add_model_arguments, add_output_argument,
-                                       add_precision_argument, bounded_int, check_inputs_exist, check_output_file,
-                                       device_from_args, load_from_args, positive_int, usage_errors)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.options import (add_image_size_argument, add_json_argument, add_output_argument, bounded_int,
+                                       positive_int)
+from convnets.commands.path_checks import check_inputs_exist, check_output_file, usage_errors
+from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                           add_engine_argument, add_memory_format_argument, add_precision_argument,
+                                           device_from_args)
 from convnets.constants import DEFAULT_IMAGE_SIZE, MAX_BATCH_SIZE
 from convnets.errors import InvalidArgumentError
 

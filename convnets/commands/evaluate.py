@@ -16,11 +16,12 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from convnets.commands.batch_options import add_fast_decode_argument
-from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument, add_memory_format_argument, add_model_arguments,
-                                       add_output_argument, add_precision_argument, batch_size, check_inputs_exist,
-                                       check_output_directory, device_from_args, load_from_args, non_negative_int,
-                                       usage_errors)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.options import add_output_argument, batch_size, non_negative_int
+from convnets.commands.path_checks import check_inputs_exist, check_output_directory, usage_errors
+from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                           add_engine_argument, add_memory_format_argument, add_precision_argument,
+                                           device_from_args)
 
 _EPILOG = """\
 data layouts (detected):

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, prepare_job)
-from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument, add_json_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args, positive_int,
-                                       usage_errors)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.options import add_json_argument, positive_int
+from convnets.commands.path_checks import usage_errors
+from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                           add_engine_argument, add_precision_argument, device_from_args)
 from convnets.constants import DEFAULT_MODEL, DEFAULT_TOPK
 from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob
