@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.runtime import PrecisionName, check_precision, precision_dtype
 
-__all__ = ["OptimizedModel", "compile_unavailable_reason", "optimize_with_torch"]
+__all__ = ["OptimizedModel", "compile_unavailable_reason", "num_threads", "optimize_with_torch"]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class OptimizedModel(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.to(device=self.device, dtype=self.dtype, memory_format=torch.channels_last)
-        with torch.no_grad(), _threads(self.threads):
+        with torch.no_grad(), num_threads(self.threads):
             graph = self.__dict__["_graph"]
             if graph is None:
                 out = self.module(x)
@@ -115,7 +115,7 @@ class OptimizedModel(nn.Module):
 
 
 @contextlib.contextmanager
-def _threads(count: int | None) -> Iterator[None]:
+def num_threads(count: int | None) -> Iterator[None]:
     """``torch.set_num_threads(count)`` inside the block, the process's count put back after it
     (``None``: left alone). The count is process-wide: scoped to each call, a model built with
     ``threads`` changes no other code of the caller's."""

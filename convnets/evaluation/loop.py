@@ -198,6 +198,9 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
                                        f"integer, got {value!r}")
     if precision not in PRECISIONS:
         raise InvalidArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if engine is None and settings != DEFAULT_SETTINGS:
+        raise InvalidArgumentError(f"settings are how an engine runs the model: give engine= too (e.g. 'auto'), "
+                                   f"or leave settings out; got {settings!r}", keyword="settings")
     start = time.perf_counter()
     net, model_name, weights = _resolve_model(model)
     dev = resolve_device(device, option="device")
