@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.runtime import PrecisionName, check_precision, precision_dtype
 
@@ -166,7 +167,7 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def optimize_with_torch(model: nn.Module, precision: PrecisionName, device: torch.device, *,
-                        compile: bool = True, threads: int | None = None) -> OptimizedModel:
+                        compile: bool = True, settings: EngineSettings = DEFAULT_SETTINGS) -> OptimizedModel:
     """The ``torch`` engine: a folded copy of ``model`` in the compute dtype, channels_last, compiled.
 
     Args:
@@ -174,7 +175,8 @@ def optimize_with_torch(model: nn.Module, precision: PrecisionName, device: torc
         precision: checked for ``device`` here.
         device: where to run.
         compile: use ``torch.compile`` (falls back to eager, with a warning, when unavailable).
-        threads: ``torch.set_num_threads`` during each call (:class:`OptimizedModel`); ``None``: the process's.
+        settings: how it runs: ``threads``, ``torch.set_num_threads`` during each call (:class:`OptimizedModel`;
+            ``None``: the process's count).
     """
     check_precision(precision, device)
     module = copy.deepcopy(model)
@@ -184,7 +186,8 @@ def optimize_with_torch(model: nn.Module, precision: PrecisionName, device: torc
     # autocast on every call (which also leaves nothing for autocast to decide per op).
     module.to(device=device, dtype=precision_dtype(precision)).to(memory_format=torch.channels_last)
     optimized = OptimizedModel(module, precision=precision, device=device,
-                               graph=_compiled(module, device) if compile else None, threads=threads)
+                               graph=_compiled(module, device) if compile else None,
+                               threads=settings.threads)
     for attr in ("num_classes", "class_names", "spec", "input_size"):
         if hasattr(model, attr):
             setattr(optimized, attr, getattr(model, attr))

@@ -75,8 +75,9 @@ class EngineSettings:
     """
 
     threads: int | None = dataclasses.field(default=None, metadata={"option": SettingOption(
-        "--threads", "N", "threads that compute each batch (torch.set_num_threads for the run, ONNX Runtime's "
-        "intra_op_num_threads, OpenVINO's INFERENCE_NUM_THREADS; default: each runtime's own, every core)",
+        "--threads", "N", "threads that compute each batch: torch.set_num_threads during each batch, ONNX "
+        "Runtime's intra_op_num_threads, OpenVINO's INFERENCE_NUM_THREADS (default: each runtime's own, every "
+        "core)",
         parse=int, valid=_positive_int, expected="a positive integer",
         runtimes={"onnxruntime": "intra_op_num_threads", "openvino": "INFERENCE_NUM_THREADS"})})
     runtime: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)

@@ -37,7 +37,7 @@ class TorchEngine(Engine):
         from convnets.deploy.torch_path import optimize_with_torch
 
         return optimize_with_torch(model, check_precision_name(precision), device, compile=compile,
-                                   threads=settings.threads)
+                                   settings=settings)
 
 
 ENGINE = TorchEngine()
