@@ -131,9 +131,10 @@ def test_the_engine_cache_shares_the_graph_but_not_the_threads(engine: str, mode
         assert THREADS_READ_BACK[engine](other) != 1
 
 
-@pytest.mark.parametrize("value", [0, -1, True, 1.5, "2"])
+@pytest.mark.parametrize("value", [0, -1, 1025, True, 1.5, "2"])
 def test_a_thread_count_that_is_not_a_positive_integer_is_refused(value: object) -> None:
-    with pytest.raises(InvalidArgumentError, match=rf"threads must be a positive integer or None, got {value!r}"):
+    with pytest.raises(InvalidArgumentError,
+                       match=rf"threads must be a positive integer of at most 1024 or None, got {value!r}"):
         EngineSettings(threads=value)  # type: ignore[arg-type]
 
 
@@ -212,11 +213,12 @@ def test_threads_reaches_the_engines_from_every_command(command: str, engine: st
 
 
 @pytest.mark.parametrize("command", ["predict", "embed", "evaluate", "benchmark"])
-@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", "1_000", "1025"])
 def test_threads_must_be_a_positive_integer(command: str, value: str, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:  # argparse's own exit, before the command runs
         cli.main([*_command(command, "torch", tmp_path), "--threads", value])
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"convnets {command}: error: argument --threads: must be a positive integer, got {value!r}"
+    assert err[-1] == (f"convnets {command}: error: argument --threads: must be a positive integer of at most 1024, "
+                       f"got {value!r}")

@@ -85,9 +85,9 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 #: Shared options a field may name in its ``shared`` metadata: ``name -> adder(group, field)``. The
-#: adders come from convnets.commands (options, model_options, run_options), so these flags are spelled and parsed as in every
-#: other command; train adds upstream's spellings as aliases (``--arch``, ``--pretrained-from-file``,
-#: ``--amp``). ``--arch`` is checked when the model is built, and takes upstream's spelling
+#: adders come from convnets.commands (options, model_options, run_options), so these flags are
+#: spelled and parsed as in every other command; train adds upstream's spellings as aliases
+#: (``--arch``, ``--pretrained-from-file``, ``--amp``). ``--arch`` is checked when the model is built, and takes upstream's spelling
 #: ``se-resnext101-32x4d`` too.
 _SHARED_OPTIONS: dict[str, Callable[[Group, dataclasses.Field[Any]], None]] = {
     "model": lambda g, f: model_options.add_model_argument(g, aliases=("--arch",), dest=f.name, default=_default(f),

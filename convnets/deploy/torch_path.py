@@ -67,8 +67,8 @@ class OptimizedModel(nn.Module):
     without autograd, and returns float32 logits. Attributes: ``module`` (the folded eager network
     in the compute dtype), ``precision``, ``device``, ``compiled`` (whether calls go through the
     compiled graph), ``threads`` (``torch.set_num_threads`` for the length of each call, the
-    process's own count put back after it; ``None``: the process's) and, copied from the source model, ``num_classes`` / ``class_names`` /
-    ``spec`` when present; ``engine`` is ``"torch"``.
+    process's own count put back after it; ``None``: the process's) and, copied from the source
+    model, ``num_classes`` / ``class_names`` / ``spec`` when present; ``engine`` is ``"torch"``.
 
     A compiled graph is specialised to each new input shape (batch size) at its first call, which
     is therefore slow. If compilation fails, the module logs a warning and stays eager.

@@ -14,6 +14,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from convnets.constants import MAX_THREADS
 from convnets.deploy.formats.base import require
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 from convnets.runtime import setting
@@ -46,8 +47,16 @@ class SettingOption:
     runtimes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def _count(text: str) -> int:
+    """A count written in decimal digits only (no sign, no ``1_000``, nothing huge to convert)."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
+        raise ValueError(text)
+    return int(digits)
+
+
+def _thread_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_THREADS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +87,7 @@ class EngineSettings:
         "--threads", "N", "threads that compute each batch: torch.set_num_threads during each batch, ONNX "
         "Runtime's intra_op_num_threads, OpenVINO's INFERENCE_NUM_THREADS (default: each runtime's own, every "
         "core)",
-        parse=int, valid=_positive_int, expected="a positive integer",
+        parse=_count, valid=_thread_count, expected=f"a positive integer of at most {MAX_THREADS}",
         runtimes={"onnxruntime": "intra_op_num_threads", "openvino": "INFERENCE_NUM_THREADS"})})
     runtime: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
