@@ -136,7 +136,7 @@ def add_compile_argument(parser: Parser, *, default: bool, help: str) -> None:
 
 def _setting_type(option: SettingOption) -> Callable[[str], Any]:
     """argparse ``type=`` of an engine setting: its text parsed and checked (else a usage error that
-    names the option: ``argument --threads: must be a positive integer, got '0'``)."""
+    names the option: ``argument --threads: must be a positive integer of at most 1024, got '0'``)."""
     def convert(text: str) -> Any:
         try:
             value = option.parse(text)
