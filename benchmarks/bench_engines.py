@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import convnets  # noqa: E402
 from convnets.deploy.benchmark import environment  # noqa: E402
 from convnets.deploy.calibrate import calibrate_batchnorm  # noqa: E402
-from convnets.deploy.engines import available_engines  # noqa: E402
+from convnets.deploy.engines import EngineSettings, available_engines  # noqa: E402
 import results  # noqa: E402  (benchmarks/results.py)
 from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/interleave.py)
 
@@ -105,8 +105,6 @@ def calibration_photos(image_size: int, count: int = 32) -> torch.Tensor:
 
 
 def _runners(name: str, wanted: list[str], image_size: int) -> dict[str, Runner]:
-    from convnets.deploy.engines import get_engine
-
     model = convnets.get_model(name)
     calibrate_batchnorm(model, image_size=image_size, batch_size=4, batches=2)
     model.input_size = image_size
@@ -119,12 +117,10 @@ def _runners(name: str, wanted: list[str], image_size: int) -> dict[str, Runner]
             continue
         start = time.perf_counter()
         calibration = calibration_photos(image_size) if precision == "int8" else None
-        if settings:  # straight to the engine: optimize_for_inference offers no settings
-            options = dict(setting.split("=", 1) for setting in settings)
-            typed = {k: int(v) if v.isdigit() and engine == "onnxruntime" else v for k, v in options.items()}
-            built = get_engine(engine).build(model, precision, cpu, compile=True, settings=typed)
-        else:
-            built = convnets.optimize_for_inference(model, precision, engine=engine, calibration_data=calibration)
+        options = dict(setting.split("=", 1) for setting in settings)
+        typed = {k: int(v) if v.isdigit() and engine == "onnxruntime" else v for k, v in options.items()}
+        built = convnets.optimize_for_inference(model, precision, engine=engine, calibration_data=calibration,
+                                                settings=EngineSettings(runtime={engine: typed}))
         if precision == "int8":
             check = built.calibration_check
             logging.info("%s %s: top-1 agreement with fp32 %.1f%% on %s, min cosine %.4f", name, label,

@@ -8,7 +8,7 @@ importing them, only the command named on the command line is imported to add it
 command modules import PyTorch inside the run. So ``convnets --help``, ``convnets predict --help``
 and usage errors answer at once. So do mistakes that ``prepare`` finds, also before PyTorch: an
 input path that does not exist, an output of an unknown format or in a directory that is missing
-or cannot be written (:func:`convnets.commands.options.usage_errors`: one line, exit status 2, as
+or cannot be written (:func:`convnets.commands.path_checks.usage_errors`: one line, exit status 2, as
 argparse's own errors), and an output that another run holds. What ``prepare`` holds in ``stack``
 (an output's lock) stays held until the run ends.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_IMAGE_SIZE",
            "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK", "IMAGE_SUFFIXES", "LAYERS", "MAX_BATCH_SIZE",
-           "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS"]
+           "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MAX_THREADS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS"]
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"
@@ -27,6 +27,11 @@ MAX_IMAGE_SIZE = 4096
 #: The largest batch size accepted from ``--batch-sizes``: 16 times the largest of NVIDIA's
 #: throughput tables (256); a batch of 4096 images of 224 px is already 2.4 GB of float32 input.
 MAX_BATCH_SIZE = 4096
+
+#: The most threads ``--threads`` / ``EngineSettings(threads=)`` asks a runtime for: ONNX Runtime
+#: and PyTorch start as many as they are told (OpenVINO caps them at the cores), so a typo such as
+#: 100000 would exhaust the process's threads; no CPU this package runs on has more cores.
+MAX_THREADS = 1024
 
 #: Seconds allowed for each image download (connecting included) unless ``timeout=`` / ``--timeout``.
 DEFAULT_TIMEOUT = 30.0

@@ -40,6 +40,7 @@ def test_help_imports_no_torch(args: list[str]) -> None:
     (["predict", "--topk", "two", "x.jpg"], "argument --topk: must be a positive integer, got 'two'"),
     (["embed", "--batch-size", "0", "--output", "v.npy", "x.jpg"], "argument --batch-size: must be a positive"),
     (["evaluate", "--data", "d", "--workers", "-1"], "argument --workers: must be a non-negative integer"),
+    (["benchmark", "--threads", "0"], "argument --threads: must be a positive integer of at most 1024, got '0'"),
     (["export", "--random-init", "--model", "resnet50", "--triton", "--max-batch-size", "0", "--output", "out"],
      "argument --max-batch-size: must be a positive integer of at most 4096, got '0'"),
     (["train", "--epochs", "0"], "argument --epochs: must be a positive integer, got '0'"),

@@ -13,7 +13,7 @@ import torch
 
 import convnets
 from convnets import runtime
-from convnets.commands import options
+from convnets.commands import model_options, run_options
 from convnets.errors import ConvnetsError, InvalidArgumentError, UnsupportedPrecisionError
 from convnets.runtime import resolve_precision
 
@@ -148,10 +148,10 @@ def test_bad_device_name() -> None:
 
 def _parser(**model_kwargs: object) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="test")
-    options.add_model_arguments(parser, **model_kwargs)  # type: ignore[arg-type]
-    options.add_device_argument(parser)
-    options.add_precision_argument(parser)
-    options.add_memory_format_argument(parser)
+    model_options.add_model_arguments(parser, **model_kwargs)  # type: ignore[arg-type]
+    run_options.add_device_argument(parser)
+    run_options.add_precision_argument(parser)
+    run_options.add_memory_format_argument(parser)
     return parser
 
 
@@ -183,9 +183,9 @@ def test_bad_option_values_are_usage_errors_that_say_why(argv: list[str], messag
 
 def test_parse_arch_kwargs_is_a_convnets_error() -> None:
     with pytest.raises(InvalidArgumentError):
-        options.parse_arch_kwargs("nope")
+        model_options.parse_arch_kwargs("nope")
     assert issubclass(InvalidArgumentError, ConvnetsError)
-    assert options.parse_arch_kwargs('{"layers": [1]}') == {"layers": [1]}
+    assert model_options.parse_arch_kwargs('{"layers": [1]}') == {"layers": [1]}
 
 
 @pytest.fixture(scope="module")
@@ -201,36 +201,36 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_weights_define_the_architecture_and_model_must_match(checkpoint: Path) -> None:
     """The one meaning of --model X --weights F, in every command: F's architecture, X a check."""
-    loaded = options.load_from_args(_parser().parse_args(["--weights", str(checkpoint)]))
+    loaded = model_options.load_from_args(_parser().parse_args(["--weights", str(checkpoint)]))
     assert (loaded.name, loaded.weights) == ("resnet_custom", str(checkpoint))
     assert loaded.model.class_names == list("abcd") and not loaded.model.training
     with pytest.raises(InvalidArgumentError, match="different architecture than --model resnet50"):
-        options.load_from_args(_parser().parse_args(["--weights", str(checkpoint), "--model", "resnet50"]))
+        model_options.load_from_args(_parser().parse_args(["--weights", str(checkpoint), "--model", "resnet50"]))
     with pytest.raises(InvalidArgumentError, match="--arch-kwargs does not apply to --weights"):
-        options.load_from_args(_parser().parse_args(["--weights", str(checkpoint), "--arch-kwargs", '{"layers": [1]}']))
+        model_options.load_from_args(_parser().parse_args(["--weights", str(checkpoint), "--arch-kwargs", '{"layers": [1]}']))
 
 
 def test_random_init_builds_the_default_or_named_model() -> None:
     parser = _parser(default_weights="random-init", default_model="resnet50")
-    loaded = options.load_from_args(parser.parse_args(["--arch-kwargs", json.dumps(TINY)]))
+    loaded = model_options.load_from_args(parser.parse_args(["--arch-kwargs", json.dumps(TINY)]))
     assert (loaded.name, loaded.weights) == ("resnet50", "random-init") and not loaded.model.training
     assert list(loaded.model.spec.layers) == TINY["layers"]
     with pytest.raises(InvalidArgumentError, match="--model is required unless --weights is given"):
-        options.load_from_args(_parser(default_weights="random-init").parse_args([]))
+        model_options.load_from_args(_parser(default_weights="random-init").parse_args([]))
     with pytest.raises(InvalidArgumentError, match="--arch-kwargs: .*depth"):
-        options.load_from_args(parser.parse_args(["--arch-kwargs", '{"depth": 3}']))
+        model_options.load_from_args(parser.parse_args(["--arch-kwargs", '{"depth": 3}']))
     with pytest.raises(InvalidArgumentError, match="needs --random-init or --weights"):
-        options.load_from_args(parser.parse_args(["--pretrained", "--arch-kwargs", json.dumps(TINY)]))
+        model_options.load_from_args(parser.parse_args(["--pretrained", "--arch-kwargs", json.dumps(TINY)]))
 
 
 def test_device_from_args_checks_the_precision_in_cli_words(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = _parser().parse_args(["--precision", "fp16"])
     with pytest.raises(UnsupportedPrecisionError, match="--precision bf16"):
-        options.device_from_args(args)
+        run_options.device_from_args(args)
     with pytest.raises(InvalidArgumentError, match="--device cuda was given"):
-        options.device_from_args(_parser().parse_args(["--device", "cuda"]))
-    assert options.device_from_args(_parser().parse_args([])) == CPU
+        run_options.device_from_args(_parser().parse_args(["--device", "cuda"]))
+    assert run_options.device_from_args(_parser().parse_args([])) == CPU
 
 
 @pytest.mark.parametrize("cores,cpu,cuda", [(1, 0, 0), (2, 0, 1), (6, 4, 5), (16, 4, 15), (64, 4, 16)])

@@ -5,7 +5,8 @@ and usage errors answer at once); :func:`prepare_job` checks the paths they name
 output (its lock) before PyTorch, and :func:`job_settings` turns the parsed values into the
 :class:`~convnets.inference.job.JobSettings` that the batch-job driver (:mod:`convnets.inference.job`)
 runs with, including the :class:`~convnets.inference.loader.Decoding` that reaches the decoder. The
-model, device and precision options are :mod:`convnets.commands.options`'.
+model, device and precision options are :mod:`convnets.commands.model_options`' and
+:mod:`convnets.commands.run_options`'.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import argparse
 from typing import TYPE_CHECKING
 
 from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, batch_size,
-                                       check_inputs_exist, check_output_file, non_negative_int, positive_seconds,
-                                       usage_errors)
+                                       non_negative_int, positive_seconds)
+from convnets.commands.path_checks import check_inputs_exist, check_output_file, usage_errors
 from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:

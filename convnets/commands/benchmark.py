@@ -24,11 +24,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument, add_image_size_argument, add_json_argument,
-                                       add_memory_format_argument, add_model_arguments, add_output_argument,
-                                       add_precision_argument, bounded_int, check_inputs_exist, check_output_file,
-                                       device_from_args, load_from_args, positive_int, usage_errors)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.options import (add_image_size_argument, add_json_argument, add_output_argument, bounded_int,
+                                       positive_int)
+from convnets.commands.path_checks import check_inputs_exist, check_output_file, usage_errors
+from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                           add_engine_argument, add_engine_settings_arguments,
+                                           add_memory_format_argument, add_precision_argument, device_from_args,
+                                           engine_settings_from_args)
 from convnets.constants import DEFAULT_IMAGE_SIZE, MAX_BATCH_SIZE
 from convnets.errors import InvalidArgumentError
 
@@ -64,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "compile); --no-optimize measures the plain eager model (default: optimize)")
     add_engine_argument(parser, extra_choices={ALL: "every installed engine in one table, the one auto picks marked"},
                         help="what runs the optimized model")
+    add_engine_settings_arguments(parser)
     add_cache_argument(parser)
     add_compile_argument(parser, default=True, help="the torch engine's optimized model, once per batch size")
     add_memory_format_argument(parser, help="layout of the eager model and of the input batch (the optimized "
@@ -112,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from convnets.deploy.benchmark import environment, format_engine_table, format_table
+    from convnets.deploy.torch_path import num_threads
 
     if isinstance(args.json, str):
         log.warning("--json FILE is the older spelling of --output FILE; use --output %s", args.json)
@@ -119,11 +124,13 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # pick the fastest convolution algorithms, as NVIDIA does
     picked = None
-    if args.mode == "training":
-        results, name, weights, variant = _training(args, device)
-        runs = [("torch", results)]
-    else:
-        runs, name, weights, variant, picked = _inference(args, device)
+    # --threads: the engines get it (settings=); the eager model and the training step run under it here.
+    with num_threads(args.threads):
+        if args.mode == "training":
+            results, name, weights, variant = _training(args, device)
+            runs = [("torch", results)]
+        else:
+            runs, name, weights, variant, picked = _inference(args, device)
     env = environment(device)
     arch = " (custom architecture)" if args.arch_kwargs else ""
     title = (f"{name}{arch} {args.mode}, {env['device_name']} ({device}), {args.precision}, {variant}, "
@@ -138,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                   "precision": args.precision, "variant": variant, "optimize": args.optimize,
                   "compile": args.compile, "compiled": "compiled" in variant, "memory_format": args.memory_format,
                   "batch_sizes": args.batch_sizes, "warmup": args.warmup, "iterations": args.iterations,
-                  "image_size": args.image_size}
+                  "image_size": args.image_size, "threads": args.threads}
         if args.mode == "inference":
             config |= {"engine": args.engine, "engines": [engine for engine, _ in runs], "auto_picks": picked}
         rows = [r.to_dict() | ({"engine": engine} if args.mode == "inference" else {})
@@ -184,7 +191,8 @@ def _inference(args: argparse.Namespace, device: torch.device) -> tuple[Runs, st
 
     def optimized(engine: str) -> Any:
         return optimize_for_inference(loaded.model, args.precision, device=device, engine=engine,
-                                      compile=args.compile, cache=args.cache)
+                                      compile=args.compile, cache=args.cache,
+                                      settings=engine_settings_from_args(args))
 
     if args.engine == ALL:
         auto = optimized(AUTO)  # built first: its engine's row reuses it

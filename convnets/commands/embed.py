@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, prepare_job)
-from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                           add_engine_argument, add_engine_settings_arguments, add_precision_argument,
+                                           device_from_args, engine_settings_from_args)
 from convnets.constants import DEFAULT_MODEL, LAYERS
 from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "BatchNorm folded, channels_last); vectors are float32")
     add_engine_argument(parser, help="what runs the network, cut after --layer (other engines than torch are "
                                      "checked against it as predict's are)")
+    add_engine_settings_arguments(parser)
     add_cache_argument(parser)
     add_compile_argument(parser, default=False, help="faster per image, but the first batch waits for the "
                                                      "compilation")
@@ -119,7 +121,8 @@ class EmbedJob(BatchJob):
         args = self.args
         model = load_from_args(args, device=device).model
         self.net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile,
-                                  engine=args.engine, cache=args.cache)
+                                  engine=args.engine, cache=args.cache,
+                                  settings=engine_settings_from_args(args))
         return model
 
     def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:

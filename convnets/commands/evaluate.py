@@ -16,11 +16,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from convnets.commands.batch_options import add_fast_decode_argument
-from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument, add_memory_format_argument, add_model_arguments,
-                                       add_output_argument, add_precision_argument, batch_size, check_inputs_exist,
-                                       check_output_directory, device_from_args, load_from_args, non_negative_int,
-                                       usage_errors)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.options import add_output_argument, batch_size, non_negative_int
+from convnets.commands.path_checks import check_inputs_exist, check_output_directory, usage_errors
+from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                           add_engine_argument, add_engine_settings_arguments,
+                                           add_memory_format_argument, add_precision_argument, device_from_args,
+                                           engine_settings_from_args)
 
 _EPILOG = """\
 data layouts (detected):
@@ -64,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_memory_format_argument(run, default=None, help="layout of the model and its batches (default: channels_last "
                                                       "under bf16/fp16, else contiguous)")
     add_engine_argument(run)
+    add_engine_settings_arguments(run)
     add_cache_argument(run)
     add_compile_argument(run, default=False, help="faster per image on large sets, but the first batch waits for "
                                                   "the compiler (--engine torch)")
@@ -91,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate_model(loaded.model, args.data, labels=args.labels, output=None, batch_size=args.batch_size,
                             workers=args.workers, device=device, precision=args.precision,
                             memory_format=args.memory_format, progress=progress, fast_decode=args.fast_decode,
-                            engine=args.engine, compile=args.compile, cache=args.cache)
+                            engine=args.engine, compile=args.compile, cache=args.cache,
+                            settings=engine_settings_from_args(args))
     report.source.update(model=loaded.name, weights=loaded.weights)
     print(report.table(), flush=True)
     if args.output is not None:

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import add_private_urls_argument
-from convnets.commands.options import (add_image_size_argument, add_json_argument, add_model_arguments,
-                                       add_output_argument, add_precision_argument, batch_size, check_inputs_exist,
-                                       check_output_directory, load_from_args, usage_errors)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.options import add_image_size_argument, add_json_argument, add_output_argument, batch_size
+from convnets.commands.path_checks import check_inputs_exist, check_output_directory, usage_errors
+from convnets.commands.run_options import add_precision_argument
 from convnets.constants import DEFAULT_IMAGE_SIZE, TRITON_BACKENDS
 from convnets.deploy.formats import EXPORT_PRECISIONS, ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError, message_for

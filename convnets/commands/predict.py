@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, prepare_job)
-from convnets.commands.options import (add_cache_argument, add_compile_argument, add_device_argument,
-                                       add_engine_argument, add_json_argument, add_model_arguments,
-                                       add_precision_argument, device_from_args, load_from_args, positive_int,
-                                       usage_errors)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.options import add_json_argument, positive_int
+from convnets.commands.path_checks import usage_errors
+from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
+                                           add_engine_argument, add_engine_settings_arguments, add_precision_argument,
+                                           device_from_args, engine_settings_from_args)
 from convnets.constants import DEFAULT_MODEL, DEFAULT_TOPK
 from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob
@@ -78,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "The model runs through convnets.optimize_for_inference: BatchNorm "
                                         "folded, channels_last")
     add_engine_argument(parser)
+    add_engine_settings_arguments(parser)
     add_cache_argument(parser)
     add_compile_argument(parser, default=False, help="faster per image, but the first batch waits for the "
                                                      "compilation, so it pays off for many images")
@@ -162,7 +165,8 @@ class PredictJob(BatchJob):
         self.labels = class_labels(model)
         self.topk = resolve_topk(args.topk, len(self.labels))
         self.net = optimize_for_inference(model, args.precision, device=device, engine=args.engine,
-                                          compile=args.compile, cache=args.cache)
+                                          compile=args.compile, cache=args.cache,
+                                          settings=engine_settings_from_args(args))
         return model
 
     def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:

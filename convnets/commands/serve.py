@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from convnets.commands.batch_options import add_fast_decode_argument
-from convnets.commands.options import (add_cache_argument, add_device_argument, add_engine_argument,
-                                       add_image_size_argument, add_model_arguments, add_precision_argument,
-                                       batch_size, device_from_args, load_from_args, non_negative_int, positive_int)
+from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.options import add_image_size_argument, batch_size, non_negative_int, positive_int
+from convnets.commands.run_options import (add_cache_argument, add_device_argument, add_engine_argument,
+                                           add_precision_argument, device_from_args)
 from convnets.constants import DEFAULT_MODEL
 from convnets.errors import InvalidArgumentError, ServeError
 

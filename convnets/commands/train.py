@@ -3,7 +3,7 @@
 Every option is generated from a field of :class:`convnets.train.TrainConfig` (its type, default
 and ``metadata``; see :mod:`convnets.train.config`); the defaults are the recipe's. The options
 that other commands have too (``--model``, ``--weights``, ``--precision``, ``--device``, ...) come
-from their shared definitions (:mod:`convnets.commands.options`) with upstream's spellings as
+from their shared definitions (:mod:`convnets.commands.options` and its siblings) with upstream's spellings as
 aliases: ``--arch``, ``--pretrained-from-file``, ``--amp`` / ``--no-amp``. Under ``torchrun`` each process runs this command; rank 0 prints the summary line.
 """
 
@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Union
 
-from convnets.commands import options
+from convnets.commands import model_options, options, path_checks, run_options
 from convnets.errors import CheckpointError, ConvnetsError, message_for
 from convnets.train.config import (DEVICES, NON_NEGATIVE_INT_FIELDS, OPTION_GROUPS, POSITIVE_INT_FIELDS, TrainConfig,
                                    flag_name)
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainConfig):
         shared = f.metadata.get("shared")
         if shared is not None:
-            # An option shared between commands (convnets.commands.options): the adder gets the
+            # An option shared between commands (_SHARED_OPTIONS): the adder gets the
             # group and the field and stores the value under f.name, with the field's default and help.
             group = precision if shared in ("precision", "amp") else groups[f.metadata["group"]]
             _SHARED_OPTIONS[shared](group, f)
@@ -85,23 +85,24 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 #: Shared options a field may name in its ``shared`` metadata: ``name -> adder(group, field)``. The
-#: adders come from convnets.commands.options, so these flags are spelled and parsed as in every
-#: other command; train adds upstream's spellings as aliases (``--arch``, ``--pretrained-from-file``,
-#: ``--amp``). ``--arch`` is checked when the model is built, and takes upstream's spelling
+#: adders come from convnets.commands (options, model_options, run_options), so these flags are
+#: spelled and parsed as in every other command; train adds upstream's spellings as aliases
+#: (``--arch``, ``--pretrained-from-file``, ``--amp``). ``--arch`` is checked when the model is built, and takes upstream's spelling
 #: ``se-resnext101-32x4d`` too.
 _SHARED_OPTIONS: dict[str, Callable[[Group, dataclasses.Field[Any]], None]] = {
-    "model": lambda g, f: options.add_model_argument(g, aliases=("--arch",), dest=f.name, default=_default(f),
-                                                     check=False, help=f.metadata["help"]),
-    "weights": lambda g, f: options.add_weights_argument(g, aliases=("--pretrained-from-file",), dest=f.name,
-                                                         help=f.metadata["help"]),
-    "pretrained": lambda g, f: options.add_pretrained_argument(g, dest=f.name, help=f.metadata["help"]),
-    "arch_kwargs": lambda g, f: options.add_arch_kwargs_argument(g, help=f.metadata["help"]),
-    "precision": lambda g, f: options.add_precision_argument(g, aliases=("--amp-dtype",), dest=f.name,
-                                                             default=_default(f), action=_Precision,
-                                                             help=f.metadata["help"]),
+    "model": lambda g, f: model_options.add_model_argument(g, aliases=("--arch",), dest=f.name, default=_default(f),
+                                                           check=False, help=f.metadata["help"]),
+    "weights": lambda g, f: model_options.add_weights_argument(g, aliases=("--pretrained-from-file",), dest=f.name,
+                                                               help=f.metadata["help"]),
+    "pretrained": lambda g, f: model_options.add_pretrained_argument(g, dest=f.name, help=f.metadata["help"]),
+    "arch_kwargs": lambda g, f: model_options.add_arch_kwargs_argument(g, help=f.metadata["help"]),
+    "precision": lambda g, f: run_options.add_precision_argument(g, aliases=("--amp-dtype",), dest=f.name,
+                                                                 default=_default(f), action=_Precision,
+                                                                 help=f.metadata["help"]),
     "amp": lambda g, f: _add_amp(g, f),
-    "memory_format": lambda g, f: options.add_memory_format_argument(g, default=_default(f), help=f.metadata["help"]),
-    "device": lambda g, f: options.add_device_argument(g, default=_default(f), help=f.metadata["help"]),
+    "memory_format": lambda g, f: run_options.add_memory_format_argument(g, default=_default(f),
+                                                                         help=f.metadata["help"]),
+    "device": lambda g, f: run_options.add_device_argument(g, default=_default(f), help=f.metadata["help"]),
     "image_size": lambda g, f: options.add_image_size_argument(g, default=_default(f), help=f.metadata["help"]),
     "output": lambda g, f: options.add_output_argument(g, metavar="DIR", help=f.metadata["help"]),
 }
@@ -160,12 +161,12 @@ def _add_cli_advice(error: BaseException, config: TrainConfig) -> None:
 def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
     """Before anything heavy is imported: ``--data``, ``--weights`` and ``--resume`` exist, ``--output``
     can be written (usage errors, see :mod:`convnets.cli`); returns the run."""
-    with options.usage_errors():
-        options.check_inputs_exist("--data", args.data)
-        options.check_inputs_exist("--weights", args.pretrained_from_file)
-        options.check_inputs_exist("--resume", args.resume)
+    with path_checks.usage_errors():
+        path_checks.check_inputs_exist("--data", args.data)
+        path_checks.check_inputs_exist("--weights", args.pretrained_from_file)
+        path_checks.check_inputs_exist("--resume", args.resume)
         if args.output is not None:
-            options.check_output_directory(args.output)
+            path_checks.check_output_directory(args.output)
     return lambda: run(args)
 
 

@@ -2,7 +2,8 @@
 repositories, and throughput benchmarks.
 
 * :func:`optimize_for_inference` (:mod:`convnets.deploy.optimize`), run by an inference engine of
-  :mod:`convnets.deploy.engines` (one module each, or ``auto``; the torch engine's code in
+  :mod:`convnets.deploy.engines` (one module each, or ``auto``; built with an :class:`EngineSettings`;
+  the torch engine's code in
   :mod:`convnets.deploy.torch_path`); BatchNorm folding in :mod:`convnets.deploy.folding`
 * :func:`~convnets.deploy.export.export_model`, :mod:`convnets.deploy.formats` (one module per
   format) and :mod:`convnets.deploy.triton` (``convnets export``)
@@ -18,12 +19,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from convnets.deploy.engines.base import EngineSettings
     from convnets.deploy.optimize import OptimizedModel, fold_batchnorm, optimize_for_inference
 
-__all__ = ["OptimizedModel", "fold_batchnorm", "optimize_for_inference"]
+__all__ = ["EngineSettings", "OptimizedModel", "fold_batchnorm", "optimize_for_inference"]
+
+# Where each name lives (EngineSettings: without PyTorch).
+_HOMES = {"EngineSettings": "convnets.deploy.engines.base"}
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("convnets.deploy.optimize"), name)
+        return getattr(importlib.import_module(_HOMES.get(name, "convnets.deploy.optimize")), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

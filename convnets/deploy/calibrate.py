@@ -1,7 +1,7 @@
 """Calibration: BatchNorm statistics for random models, and the images int8 quantization is calibrated on.
 
 :func:`calibrate_batchnorm` is used by the command line's ``--random-init``
-(:mod:`convnets.commands.options`) and by tests that need a random network which behaves
+(:mod:`convnets.commands.model_options`) and by tests that need a random network which behaves
 numerically like a trained one. :func:`calibration_batches` checks and normalises
 ``optimize_for_inference(precision="int8", calibration_data=...)``.
 """

@@ -17,6 +17,7 @@ from torch import nn
 from convnets.deploy.cache import use_cache
 from convnets.deploy.calibrate import CalibrationData, calibration_batches
 from convnets.deploy.engines import AUTO, build_auto, check_int8, engine_names, get_engine
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.deploy.torch_path import OptimizedModel, compile_unavailable_reason, optimize_with_torch
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
@@ -45,6 +46,7 @@ def optimize_for_inference(
     calibration_data: CalibrationData | None = None,
     compile: bool = True,
     cache: bool = True,
+    settings: EngineSettings = DEFAULT_SETTINGS,
 ) -> nn.Module:
     """A faster copy of ``model`` for inference; ``model`` itself is not modified.
 
@@ -78,6 +80,10 @@ def optimize_for_inference(
             engine cache, and load it from there next time: same weights, engine, precision, image
             size and versions (:mod:`convnets.deploy.cache`; ``$CONVNETS_CACHE_DIR``, default under
             ``$TORCH_HOME``). ``False``: convert in a temporary directory, as if for the first time.
+        settings: how the engine runs (:class:`~convnets.deploy.engines.base.EngineSettings`), e.g.
+            ``EngineSettings(threads=4)``: each engine's runtime computes a batch on 4 threads (the
+            torch engine sets ``torch.set_num_threads`` during each call only). What the engine
+            cache keeps does not depend on them. Default: every runtime's own.
 
     Returns:
         A module: call it on a ``[N, 3, H, W]`` float batch (any device; it is moved) to get
@@ -97,33 +103,36 @@ def optimize_for_inference(
         raise InvalidArgumentError("optimize_for_inference needs a model in eval mode: call model.eval() first "
                                    "(BatchNorm folding uses the running statistics)")
     with use_cache(cache):
-        return _optimize(model, precision, device, engine, calibration_data, compile)
+        return _optimize(model, precision, device, engine, calibration_data, compile, settings)
 
 
 def _optimize(model: nn.Module, precision: str, device: torch.device | str | None, engine: str,
-              calibration_data: CalibrationData | None, compile: bool) -> nn.Module:
+              calibration_data: CalibrationData | None, compile: bool, settings: EngineSettings) -> nn.Module:
+    if not isinstance(settings, EngineSettings):
+        raise InvalidArgumentError(f"settings must be an EngineSettings, got {settings!r}", keyword="settings")
     target = torch.device(device) if device is not None else _model_device(model)
     if precision == INT8:
-        return _optimize_int8(model, target, engine, calibration_data, compile=compile)
+        return _optimize_int8(model, target, engine, calibration_data, compile=compile, settings=settings)
     if calibration_data is not None:
         raise InvalidArgumentError(f"calibration_data is for precision='int8' only, not precision={precision!r}; "
                                    "leave it out", keyword="calibration_data")
     if engine == AUTO:
         check_precision(precision, target)
-        return build_auto(model, precision, target, compile=compile)
+        return build_auto(model, precision, target, compile=compile, settings=settings)
     chosen = get_engine(engine)
     check_precision_name(precision)
     chosen.check(precision, target)  # first: its message names the engine and what it runs
     check_precision(precision, target)
-    return chosen.build(model, precision, target, compile=compile)
+    return chosen.build(model, precision, target, compile=compile, settings=settings)
 
 
 def _optimize_int8(model: nn.Module, target: torch.device, engine: str, calibration_data: CalibrationData | None,
-                   *, compile: bool) -> nn.Module:
+                   *, compile: bool, settings: EngineSettings) -> nn.Module:
     """``precision="int8"``: calibration checked, the engine built, its agreement with ``model`` measured."""
     runs_int8 = [name for name in engine_names() if INT8 in get_engine(name).precisions]
     if engine == AUTO:
-        return build_auto(model, INT8, target, compile=compile, calibration_data=calibration_batches(calibration_data))
+        return build_auto(model, INT8, target, compile=compile, settings=settings,
+                          calibration_data=calibration_batches(calibration_data))
     chosen = get_engine(engine)
     if INT8 not in chosen.precisions:
         raise UnsupportedPrecisionError(
@@ -131,7 +140,7 @@ def _optimize_int8(model: nn.Module, target: torch.device, engine: str, calibrat
             f"{' or '.join(repr(n) for n in (*runs_int8, AUTO))} (CPU)")
     chosen.check(INT8, target)
     batches = calibration_batches(calibration_data)
-    built = chosen.build(model, INT8, target, compile=compile, calibration_data=batches)
+    built = chosen.build(model, INT8, target, compile=compile, settings=settings, calibration_data=batches)
     check = check_int8(built, model, batches)
     setattr(built, "calibration_check", check)  # a plain attribute (Module's typed setattr: tensors)
     log.log(logging.INFO if check.passed else logging.WARNING,

@@ -20,18 +20,20 @@ https://pytorch.org/docs/stable/torch.compiler_faq.html for ``torch.compile`` it
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.runtime import PrecisionName, check_precision, precision_dtype
 
-__all__ = ["OptimizedModel", "compile_unavailable_reason", "optimize_with_torch"]
+__all__ = ["OptimizedModel", "compile_unavailable_reason", "num_threads", "optimize_with_torch"]
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +66,9 @@ class OptimizedModel(nn.Module):
     ``forward`` moves the batch to the model's device, dtype and ``channels_last`` layout, runs it
     without autograd, and returns float32 logits. Attributes: ``module`` (the folded eager network
     in the compute dtype), ``precision``, ``device``, ``compiled`` (whether calls go through the
-    compiled graph) and, copied from the source model, ``num_classes`` / ``class_names`` /
-    ``spec`` when present; ``engine`` is ``"torch"``.
+    compiled graph), ``threads`` (``torch.set_num_threads`` for the length of each call, the
+    process's own count put back after it; ``None``: the process's) and, copied from the source
+    model, ``num_classes`` / ``class_names`` / ``spec`` when present; ``engine`` is ``"torch"``.
 
     A compiled graph is specialised to each new input shape (batch size) at its first call, which
     is therefore slow. If compilation fails, the module logs a warning and stays eager.
@@ -74,11 +77,12 @@ class OptimizedModel(nn.Module):
     engine = "torch"
 
     def __init__(self, module: nn.Module, *, precision: PrecisionName, device: torch.device,
-                 graph: Callable[[Tensor], Tensor] | None) -> None:
+                 graph: Callable[[Tensor], Tensor] | None, threads: int | None = None) -> None:
         super().__init__()
         self.module = module
         self.precision: PrecisionName = precision
         self.device = device
+        self.threads = threads
         self.dtype = precision_dtype(precision)
         # A plain attribute, outside the module tree: a compiled wrapper holds the same parameters
         # and must not duplicate them in state_dict().
@@ -91,7 +95,7 @@ class OptimizedModel(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.to(device=self.device, dtype=self.dtype, memory_format=torch.channels_last)
-        with torch.no_grad():
+        with torch.no_grad(), num_threads(self.threads):
             graph = self.__dict__["_graph"]
             if graph is None:
                 out = self.module(x)
@@ -109,6 +113,22 @@ class OptimizedModel(nn.Module):
         log.warning("torch.compile failed (%s); falling back to eager execution", error_summary(error))
         self.__dict__["_graph"] = None
         return out
+
+
+@contextlib.contextmanager
+def num_threads(count: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(count)`` inside the block, the process's count put back after it
+    (``None``: left alone). The count is process-wide: scoped to each call, a model built with
+    ``threads`` changes no other code of the caller's."""
+    if count is None or count == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _compiled(module: nn.Module, device: torch.device) -> Callable[[Tensor], Tensor] | None:
@@ -147,7 +167,7 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def optimize_with_torch(model: nn.Module, precision: PrecisionName, device: torch.device, *,
-                        compile: bool = True) -> OptimizedModel:
+                        compile: bool = True, settings: EngineSettings = DEFAULT_SETTINGS) -> OptimizedModel:
     """The ``torch`` engine: a folded copy of ``model`` in the compute dtype, channels_last, compiled.
 
     Args:
@@ -155,6 +175,8 @@ def optimize_with_torch(model: nn.Module, precision: PrecisionName, device: torc
         precision: checked for ``device`` here.
         device: where to run.
         compile: use ``torch.compile`` (falls back to eager, with a warning, when unavailable).
+        settings: how it runs: ``threads``, ``torch.set_num_threads`` during each call (:class:`OptimizedModel`;
+            ``None``: the process's count).
     """
     check_precision(precision, device)
     module = copy.deepcopy(model)
@@ -164,7 +186,8 @@ def optimize_with_torch(model: nn.Module, precision: PrecisionName, device: torc
     # autocast on every call (which also leaves nothing for autocast to decide per op).
     module.to(device=device, dtype=precision_dtype(precision)).to(memory_format=torch.channels_last)
     optimized = OptimizedModel(module, precision=precision, device=device,
-                               graph=_compiled(module, device) if compile else None)
+                               graph=_compiled(module, device) if compile else None,
+                               threads=settings.threads)
     for attr in ("num_classes", "class_names", "spec", "input_size"):
         if hasattr(model, attr):
             setattr(optimized, attr, getattr(model, attr))

@@ -34,6 +34,7 @@ from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes, get_
 from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_for_model
 from convnets.data.batches import Batch
 from convnets.data.folders import eval_loader, to_device
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.evaluation.data import EvalSamples, find_eval_samples
 # EvalTotals is what accumulate returns: re-exported so its callers need one import.
 from convnets.evaluation.report import EvalTotals, EvaluationReport
@@ -149,7 +150,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
                    batch_size: int = 64, workers: int = 4, device: str | torch.device | None = None,
                    precision: str = "fp32", memory_format: str | None = None, progress: bool = False,
                    fast_decode: bool = False, engine: str | None = None, compile: bool = False,
-                   cache: bool = True) -> EvaluationReport:
+                   cache: bool = True, settings: EngineSettings = DEFAULT_SETTINGS) -> EvaluationReport:
     """Evaluate a model on a labelled image set and (with ``output``) write its report.
 
     Example::
@@ -179,6 +180,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
             the report's ``source``.
         compile: with ``engine="torch"``: ``torch.compile`` the model.
         cache: with an engine other than torch: use the engine cache (see ``optimize_for_inference``).
+        settings: with an engine: how it runs (threads, ...; see ``optimize_for_inference``).
 
     Returns:
         The report.
@@ -196,6 +198,9 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
                                        f"integer, got {value!r}")
     if precision not in PRECISIONS:
         raise InvalidArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if engine is None and settings != DEFAULT_SETTINGS:
+        raise InvalidArgumentError(f"settings are how an engine runs the model: give engine= too (e.g. 'auto'), "
+                                   f"or leave settings out; got {settings!r}", keyword="settings")
     start = time.perf_counter()
     net, model_name, weights = _resolve_model(model)
     dev = resolve_device(device, option="device")
@@ -214,7 +219,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         from convnets.deploy.optimize import optimize_for_inference
 
         runner = optimize_for_inference(net.eval(), precision, device=dev, engine=engine, compile=compile,
-                                        cache=cache)
+                                        cache=cache, settings=settings)
     batches = eval_loader(found.samples, preset, batch_size=batch_size, workers=workers, ctx=ctx,
                           fast_decode=fast_decode)
     bar = None

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from convnets.constants import DEFAULT_TIMEOUT, LAYERS
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem, iter_inputs
 from convnets.inference.loader import Decoding, Result, map_batches
@@ -82,7 +83,7 @@ class PooledFeatures(nn.Module):
 
 def features_model(model: ResNet, layer: str = "layer4", *, precision: PrecisionName = "fp32",
                    device: torch.device | str | None = None, compile: bool = False, engine: str = "torch",
-                   cache: bool = True) -> nn.Module:
+                   cache: bool = True, settings: EngineSettings = DEFAULT_SETTINGS) -> nn.Module:
     """The optimized callable from a batch to pooled features ``[N, D]`` (float32).
 
     :class:`PooledFeatures` goes through :func:`convnets.optimize_for_inference` as a classifier
@@ -98,6 +99,7 @@ def features_model(model: ResNet, layer: str = "layer4", *, precision: Precision
         engine: ``"torch"`` (default), another registered engine (``"onnxruntime"``, ``"openvino"``) or
             ``"auto"`` (``convnets embed``'s default), as for :func:`convnets.optimize_for_inference`.
         cache: use the engine cache (:mod:`convnets.deploy.cache`).
+        settings: how the engine runs (threads, ...), as for :func:`convnets.optimize_for_inference`.
 
     Returns:
         The engine's module around :class:`PooledFeatures` (the torch engine's
@@ -116,7 +118,7 @@ def features_model(model: ResNet, layer: str = "layer4", *, precision: Precision
     if model.training:
         raise InvalidArgumentError("embeddings need a model in eval mode: call model.eval() first")
     optimized = optimize_for_inference(features.eval(), precision, device=device, engine=engine, compile=compile,
-                                       cache=cache)
+                                       cache=cache, settings=settings)
     # Module.__setattr__ is typed for tensors and modules; these are plain ints that callers read.
     optimized.num_features = features.num_features  # type: ignore[assignment]
     optimized.input_size = features.input_size  # type: ignore[assignment]
@@ -172,6 +174,7 @@ def embed(
     compile: bool = False,
     engine: str = "torch",
     cache: bool = True,
+    settings: EngineSettings = DEFAULT_SETTINGS,
     recursive: bool = False,
     image_size: int | None = None,
     resize_size: int | None = None,
@@ -191,7 +194,7 @@ def embed(
         normalize: L2-normalise each vector (for cosine similarity by dot product).
         batch_size: images per forward pass.
         workers: processes that decode the next batches while the model runs (0: decode here).
-        precision, device, compile, engine, cache: how the model runs (see :func:`features_model`).
+        precision, device, compile, engine, cache, settings: how the model runs (see :func:`features_model`).
         recursive: search directories' subfolders too.
         image_size, resize_size, preset: preprocessing, as for :func:`convnets.inference.predict.predict`.
         timeout: total seconds allowed for each URL download.
@@ -212,7 +215,7 @@ def embed(
     if on_error not in ("skip", "raise"):
         raise InvalidArgumentError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     net: Any = features_model(model, layer, precision=precision, device=device, compile=compile, engine=engine,
-                              cache=cache)
+                              cache=cache, settings=settings)
     chosen = resolve_decoding(model, None, preset=preset, image_size=image_size, resize_size=resize_size,
                               timeout=timeout, workers=workers, allow_private=allow_private, fast_decode=fast_decode)
     for result in embed_items(net, iter_inputs(inputs, recursive=recursive), normalize=normalize,

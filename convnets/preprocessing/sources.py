@@ -1,7 +1,7 @@
 """What a string input names: a URL (``scheme://...``) or a local path.
 
 Standard library only, so that the command line can tell its local inputs from URLs, and check
-that they exist, before anything heavy is imported (:mod:`convnets.commands.options`).
+that they exist, before anything heavy is imported (:mod:`convnets.commands.path_checks`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from convnets.deploy.cache import entry_of
-from convnets.deploy.engines.base import Engine
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, Engine, EngineSettings
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 from convnets.runtime import setting
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from convnets.deploy.export import Verification
 
-__all__ = ["AUTO", "AUTO_ORDER", "INT8_CHECK_IMAGES", "Engine", "auto_order", "available_engines", "build_auto",
+__all__ = ["AUTO", "AUTO_ORDER", "INT8_CHECK_IMAGES", "Engine", "EngineSettings", "auto_order", "available_engines", "build_auto",
            "check_int8", "engine_names", "engines", "get_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
@@ -123,13 +123,15 @@ def auto_order(precision: str, device: torch.device) -> tuple[str, ...]:
 
 
 def build_auto(model: nn.Module, precision: str, device: torch.device, *, compile: bool,
+               settings: EngineSettings = DEFAULT_SETTINGS,
                calibration_data: list[torch.Tensor] | None = None) -> nn.Module:
     """``engine="auto"``: the first engine of :func:`auto_order` that is installed, builds and is faithful.
 
     Each candidate other than ``torch`` is built and checked against ``model`` on the example photos
     that verify exports, at the model's input size (and on the first alone), with the export criterion
     (:func:`convnets.deploy.export.verify_runner`); one that is missing, fails to build or
-    disagrees is skipped with a log line. The choice is logged once, at INFO.
+    disagrees is skipped with a log line. The choice is logged once, at INFO. Each candidate is
+    built with ``settings``.
 
     int8 (``calibration_data`` given, as :func:`~convnets.deploy.calibrate.calibration_batches`
     returns it) is checked on the calibration images instead (top-1 agreement >= 99%): no engine
@@ -154,7 +156,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
             if int8:
                 reasons.append("torch runs no int8")
                 continue
-            built = engine.build(model, precision, device, compile=compile)
+            built = engine.build(model, precision, device, compile=compile, settings=settings)
             break
         if not engine.available(precision, device):
             log.debug("engine='auto': %s is not installed or does not run %s on %s", name, precision, device)
@@ -169,7 +171,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
             reasons.append(f"{name} disagreed with the model (its check read from the engine cache)")
             continue
         try:
-            built = engine.build(model, precision, device, compile=compile,
+            built = engine.build(model, precision, device, compile=compile, settings=settings,
                                  calibration_data=calibration_data if int8 else None)
             entry = entry_of(built)  # an engine-cache entry that may hold this check's earlier result
             cached = _cached_check(entry.verdict()) if entry is not None else None

@@ -10,11 +10,10 @@ Reference: https://onnxruntime.ai/docs/api/python/api_summary.html
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from convnets.deploy.engines.base import Engine
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, Engine, EngineSettings
 
 if TYPE_CHECKING:
     import torch
@@ -34,10 +33,11 @@ class OnnxRuntimeEngine(Engine):
     extra = "export"
 
     def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
-              calibration_data: list[torch.Tensor] | None = None,
-              settings: Mapping[str, Any] | None = None) -> nn.Module:
-        """See :meth:`Engine.build`; ``settings``: ``onnxruntime.SessionOptions`` attributes (default:
-        ONNX Runtime's own; see the onnx format's ``load_runner``)."""
+              settings: EngineSettings = DEFAULT_SETTINGS,
+              calibration_data: list[torch.Tensor] | None = None) -> nn.Module:
+        """See :meth:`Engine.build`; ``settings.runtime_options("onnxruntime")`` are
+        ``onnxruntime.SessionOptions`` attributes (``threads``: ``intra_op_num_threads``; see the
+        onnx format's ``load_runner``), ONNX Runtime's own defaults for the rest."""
         import torch
 
         from convnets.deploy.cache import cached_runner
@@ -49,13 +49,14 @@ class OnnxRuntimeEngine(Engine):
         assert isinstance(fmt, OnnxFormat)  # its load_runner takes ONNX Runtime settings
         folded = lazy_folded_copy(model)
         name = fmt.file_names[0]
+        options = settings.runtime_options(self.name)
 
         def make_runner(shape: tuple[int, ...]) -> Runner:
             def write(directory: Path) -> None:
                 fmt.write(folded(), directory / name, torch.zeros(2, *shape), **fmt.resolve_options({}))
             # The session reads the whole graph when it is made: the file may go afterwards.
             return cached_runner(model, engine=self.name, precision=precision, shape=shape, runtimes=self.requires,
-                                 files=(name,), write=write, load=lambda d: fmt.load_runner(d / name, settings))
+                                 files=(name,), write=write, load=lambda d: fmt.load_runner(d / name, options))
         return engine_model(make_runner, engine=self.name, precision=precision, source=model)
 
 ENGINE = OnnxRuntimeEngine()

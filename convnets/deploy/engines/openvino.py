@@ -19,10 +19,9 @@ https://docs.openvino.ai/2025/openvino-workflow/model-optimization-guide/quantiz
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from convnets.deploy.engines.base import Engine
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, Engine, EngineSettings
 from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -63,15 +62,16 @@ class OpenVinoEngine(Engine):
             require("nncf", extra=self.extra, purpose="int8 quantization (NNCF)")
 
     def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
-              calibration_data: list[Tensor] | None = None, settings: Mapping[str, str] | None = None) -> nn.Module:
+              settings: EngineSettings = DEFAULT_SETTINGS, calibration_data: list[Tensor] | None = None) -> nn.Module:
         """See :meth:`Engine.build`.
 
         Args:
+            settings: its ``runtime_options("openvino")`` are CPU plugin properties over
+                :meth:`config`'s (``threads``: ``INFERENCE_NUM_THREADS``; through ``runtime``:
+                ``PERFORMANCE_HINT``, ``NUM_STREAMS``, ``ENABLE_CPU_PINNING``, ...); OpenVINO's own
+                defaults for the rest (benchmarks/bench_engines.py ``--settings`` compares them).
             calibration_data: int8 only (required there): what
                 :func:`~convnets.deploy.calibrate.calibration_batches` returns.
-            settings: more CPU plugin properties (``PERFORMANCE_HINT``, ``NUM_STREAMS``,
-                ``INFERENCE_NUM_THREADS``, ``ENABLE_CPU_PINNING``, ...), over :meth:`config`'s;
-                default: OpenVINO's own (benchmarks/bench_engines.py ``--settings`` compares them).
         """
         import torch
 
@@ -82,7 +82,7 @@ class OpenVinoEngine(Engine):
 
         fmt = get_format("openvino")
         assert isinstance(fmt, OpenVinoFormat)  # for its convert and compile
-        config = {**self.config(precision), **(settings or {})}
+        config = {**self.config(precision), **settings.runtime_options(self.name)}
         if precision != "int8":
             folded = lazy_folded_copy(model)
 

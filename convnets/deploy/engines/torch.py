@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from convnets.deploy.engines.base import Engine
+from convnets.deploy.engines.base import DEFAULT_SETTINGS, Engine, EngineSettings
 from convnets.runtime import PRECISIONS, check_precision, check_precision_name
 
 if TYPE_CHECKING:
@@ -31,11 +31,13 @@ class TorchEngine(Engine):
         check_precision(precision, device, option=option)
 
     def build(self, model: nn.Module, precision: str, device: torch.device, *, compile: bool,
+              settings: EngineSettings = DEFAULT_SETTINGS,
               calibration_data: list[torch.Tensor] | None = None) -> nn.Module:
         # calibration_data: int8 only, which this engine does not run (check refuses it).
         from convnets.deploy.torch_path import optimize_with_torch
 
-        return optimize_with_torch(model, check_precision_name(precision), device, compile=compile)
+        return optimize_with_torch(model, check_precision_name(precision), device, compile=compile,
+                                   settings=settings)
 
 
 ENGINE = TorchEngine()

@@ -25,6 +25,20 @@ def _check_opset(value: Any) -> int:
     return value
 
 
+class SessionRunner:
+    """An ONNX Runtime session as a runner; ``session`` is the ``onnxruntime.InferenceSession``
+    (``session.get_session_options()``: the settings it runs with)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.input_name = session.get_inputs()[0].name
+
+    def __call__(self, batch: Tensor) -> Tensor:
+        import torch
+
+        return torch.from_numpy(self.session.run(None, {self.input_name: batch.numpy()})[0]).float()
+
+
 class OnnxFormat(ExportFormat):
     """A static ONNX graph (TorchScript-based exporter), checked with ``onnx.checker``, run with ONNX Runtime."""
 
@@ -76,12 +90,7 @@ class OnnxFormat(ExportFormat):
                 kind = ort.GraphOptimizationLevel if key == "graph_optimization_level" else ort.ExecutionMode
                 value = getattr(kind, value)
             setattr(options, key, value)
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        input_name = session.get_inputs()[0].name
-
-        def run(batch: Tensor) -> Tensor:
-            return torch.from_numpy(session.run(None, {input_name: batch.numpy()})[0]).float()
-        return run
+        return SessionRunner(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
 
     def signature(self, path: Path, runner: Runner, example: Tensor) -> Signature:
         # Read back from the file, so that what we report (and put into Triton's config) is what

@@ -14,6 +14,7 @@ https://github.com/triton-inference-server/openvino_backend
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,20 @@ def core() -> Any:
         return _core
 
 
+class CompiledRunner:
+    """An ``openvino.CompiledModel`` as a runner; ``compiled`` is that model (``compiled.get_property(NAME)``:
+    the properties it runs with)."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+
+    def __call__(self, batch: Tensor) -> Tensor:
+        import torch
+
+        # share_outputs is False by default: the array is a copy, not the request's buffer.
+        return torch.from_numpy(self.compiled(batch.contiguous().numpy())[0]).float()
+
+
 class OpenVinoFormat(ExportFormat):
     """OpenVINO IR with a dynamic batch axis, checked with OpenVINO Runtime on the CPU in f32."""
 
@@ -90,21 +105,18 @@ class OpenVinoFormat(ExportFormat):
         model.outputs[0].get_tensor().set_names({self.output_name})
         return model
 
-    def compile(self, model: Any, config: dict[str, str]) -> Runner:
+    def compile(self, model: Any, config: Mapping[str, Any]) -> Runner:
         """A runner for an ``openvino.Model`` or IR file compiled for the CPU with ``config``.
 
         Args:
             model: what :meth:`convert` returns, or the path of ``model.xml`` (``model.bin`` beside it).
             config: OpenVINO CPU properties, e.g. :data:`VERIFY_CONFIG`.
+
+        Returns:
+            A :class:`CompiledRunner`.
         """
-        import torch
-
-        compiled = core().compile_model(model if not isinstance(model, Path) else str(model), "CPU", config)
-
-        def run(batch: Tensor) -> Tensor:
-            # share_outputs is False by default: the array is a copy, not the request's buffer.
-            return torch.from_numpy(compiled(batch.contiguous().numpy())[0]).float()
-        return run
+        return CompiledRunner(core().compile_model(model if not isinstance(model, Path) else str(model), "CPU",
+                                                   dict(config)))
 
     def load_runner(self, path: Path) -> Runner:
         return self.compile(path, VERIFY_CONFIG)
