@@ -10,6 +10,8 @@
   ``$CONVNETS_RESULTS_DIR`` when set (tests use it), else ``benchmarks/results/``. A file that does not
   exist yet gives a "Not measured yet" note (logged at INFO, so ``--strict`` passes); a file that
   exists but does not have the shape its renderer expects fails the build.
+  Under the tables that have one, a chart drawn from the same file (``docs/charts.py``; the
+  SVGs are added to the site by :func:`on_files`, never committed).
 * ``<!-- notebook: PATH -->`` becomes the cells of the Jupyter notebook ``PATH`` (relative to the
   repository): its Markdown cells as they are, its code cells as Python blocks
   (:func:`render_notebook`). The notebook is stored without outputs, so the page shows what a user
@@ -59,6 +61,20 @@ def _fail(message: str) -> Exception:
     except ImportError:  # called from the tests without MkDocs
         return DocsError(message)
     return PluginError(message)
+
+
+def _sibling(name: str) -> Any:
+    """The module ``docs/NAME.py`` (``docs/`` is not a package, and MkDocs loads this file by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"convnets_docs_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+charts = _sibling("charts")
 
 
 # --- the CLI reference -------------------------------------------------------------------------
@@ -331,7 +347,8 @@ def render_results(name: str, directory: Path | None = None) -> str:
     renderer = RENDERERS[name][0]
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        return f"{renderer(record['results'])}\n\n{provenance(record)}\n"
+        chart = f"\n\n{charts.image_markdown(name)}" if name in charts.CHARTS else ""
+        return f"{renderer(record['results'])}{chart}\n\n{provenance(record)}\n"
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         raise _fail(f"{path}: cannot render it ({type(e).__name__}: {e}); was it written by "
                     f"`{RENDERERS[name][1]}`?") from e
@@ -500,6 +517,19 @@ def render_notebook(path: str) -> str:
         source = "".join(cell["source"]).strip("\n")
         parts.append(source if cell["cell_type"] == "markdown" else _fence(source, "python"))
     return "\n\n".join(parts) + "\n"
+
+
+def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
+    """Add ``charts/NAME.svg``, drawn now, for each results file that exists and has a chart."""
+    from mkdocs.structure.files import File
+
+    for name in charts.CHARTS:
+        path = results_dir() / f"{name}.json"
+        if path.is_file():
+            source = path.relative_to(ROOT).as_posix() if ROOT in path.parents else str(path)
+            files.append(File.generated(config, f"{charts.CHART_DIR}/{name}.svg",
+                                        content=charts.chart_svg(name, path, source)))
+    return files
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
