@@ -235,10 +235,9 @@ _RATIO_VERDICT = re.compile(r"^(?P<model>\S+) b(?P<batch>\d+): (?P<label>.+) / (
 
 
 def _speed_table(r: Mapping[str, Any], ratio_verdicts: Sequence[str] = ()) -> str:
-    """img/s per model, batch and variant, with the speed-up over timm fp32 or, where
-    ``ratio_verdicts`` compare variants with a baseline, over that baseline (a column per baseline
-    kind). One model: named by the caller, not in a column. Variants with engine settings
-    (``openvino bf16 KEY=VALUE``) get a column for the settings, compared with their defaults."""
+    """img/s per batch and variant with the speed-up over timm fp32 or, where ``ratio_verdicts``
+    compare variants with a baseline, over that baseline; a table per model (six columns: Material
+    gives every column at least 100 px of a 688 px text column at a 1280 px window)."""
     versus: dict[tuple[str, int, str], tuple[str, list[str]]] = {}
     for line in ratio_verdicts:
         m = _RATIO_VERDICT.match(line)
@@ -246,30 +245,25 @@ def _speed_table(r: Mapping[str, Any], ratio_verdicts: Sequence[str] = ()) -> st
             raise ValueError(f"unreadable ratio verdict {line!r}")
         versus[(m["model"], int(m["batch"]), m["label"])] = (
             m["baseline"], _ratio(float(m["ratio"]), float(m["lo"]), float(m["hi"])))
-    models = list(dict.fromkeys(row["model"] for row in r["rows"]))
     settings = any(len(row["variant"].split("(")[0].split()) > 2 for row in r["rows"])
-    baselines = {baseline for baseline, _ in versus.values()}
-    header = (["model"] if len(models) > 1 else []) + ["batch", "variant"] + (["setting"] if settings else [])
-    header += ["img/s"] + ([] if settings else ["vs timm fp32", "rounds"])
-    if versus:
-        header += ["vs defaults" if settings else f"vs {' / '.join(sorted(baselines))}", "rounds"]
-    else:
-        header += ["warm-up s"]
-    rows = []
-    for row in r["rows"]:
-        words = row["variant"].split(" ")
-        cells: list[object] = ([row["model"]] if len(models) > 1 else []) + [row["batch_size"]]
-        cells += [" ".join(words[:2]), " ".join(words[2:]).replace("=", " = ")] if settings else [row["variant"]]
-        cells.append(f"{row['img_per_s']:.2f}")
-        if not settings:
-            cells += _ratio(row["speedup_vs_timm"], *row["speedup_min_max"])
-        if versus:
-            cells += versus.get((row["model"], row["batch_size"], row["variant"]), ("", ["", ""]))[1]
-        else:
-            cells.append(f"{row['warmup_s']:.1f}")
-        rows.append(cells)
-    align = "".join("l" if h in ("model", "variant", "setting") else "r" for h in header)
-    return table(header, rows, align)
+    baselines = sorted({baseline for baseline, _ in versus.values()})
+    versus_header = ("vs defaults" if settings else f"vs {' / '.join(baselines)}") if versus else "vs timm fp32"
+    header = ["batch", "variant", "img/s", versus_header, "rounds", "warm-up s"]
+    models = list(dict.fromkeys(row["model"] for row in r["rows"]))
+    tables = []
+    for model in models:
+        rows = []
+        for row in (row for row in r["rows"] if row["model"] == model):
+            if versus:
+                ratio = versus.get((model, row["batch_size"], row["variant"]), ("", ["", ""]))[1]
+            else:
+                ratio = _ratio(row["speedup_vs_timm"], *row["speedup_min_max"])
+            words = row["variant"].split(" ")
+            # Engine settings as code: a long KEY=VALUE may break anywhere (docs/stylesheets/tables.css).
+            variant = f"{' '.join(words[:2])} `{' '.join(words[2:])}`" if settings and len(words) > 2 else row["variant"]
+            rows.append([row["batch_size"], variant, f"{row['img_per_s']:.2f}", *ratio, f"{row['warmup_s']:.1f}"])
+        tables.append((f"`{model}`:\n\n" if len(models) > 1 else "") + table(header, rows, "rlrrrr"))
+    return "\n\n".join(tables)
 
 
 def _models(r: Mapping[str, Any]) -> str:
@@ -335,7 +329,7 @@ def render_serve(r: Mapping[str, Any]) -> str:
     def ms(value: float | None) -> str:
         return "" if value is None else f"{value:.0f}"
     rows = [[row["variant"], f"{row['img_per_s']:.2f}", *_ratio(row["vs_in_process"], *row["vs_in_process_min_max"]),
-             ms(row["p50_ms"]), ms(row["p99_ms"]),
+             " / ".join(filter(None, (ms(row["p50_ms"]), ms(row["p99_ms"])))),
              "" if row["mean_batch"] is None else f"{row['mean_batch']:.1f}"] for row in r["rows"]]
     worst = r["worst_ratio_from_8_clients"]
     verdict = "" if worst is None else (f"\n\nFrom 8 clients on, the median served throughput is at least "
@@ -345,8 +339,8 @@ def render_serve(r: Mapping[str, Any]) -> str:
     return (f"{r['model']} {r['precision']}, engine {r['engine']}, {r['requests']} {r['image']} images per "
             f"measurement, --max-batch-size {r['max_batch_size']}, --max-queue-delay-ms {r['queue_delay_ms']:g}; "
             f"median of {r['rounds']} interleaved rounds (load average before and after: {load}):\n\n"
-            + table(["variant", "img/s", "vs in process", "rounds", "p50 ms", "p99 ms", "mean batch"], rows,
-                    "lrrrrrr") + verdict)
+            + table(["variant", "img/s", "vs in process", "rounds", "p50 / p99 ms", "mean batch"], rows,
+                    "lrrrrr") + verdict)
 
 
 #: results name (``benchmarks/results/NAME.json``) -> (renderer of its ``results``, the command that makes it)
