@@ -1,10 +1,15 @@
-"""The site's benchmark charts: drawn at build time from the results files they name, and shown.
+"""The site's benchmark charts and tables: charts drawn at build time from the results files they
+name, and tables that fit the text column.
 
 * Every image on every page of the built site exists in the site.
 * Each chart (``charts/NAME.svg``) names its results file and that file's sha256 in its metadata,
   and both match the file as it is now (a stale or hand-made chart fails); the numbers written on
   its bars are those of the file, read here from the JSON independently of ``docs/charts.py``.
 * A results file that does not exist gives "Not measured yet" and no chart.
+* No table is wider than the text column at a 1280 px window, and no ratio cell wraps: measured in
+  headless Chromium where it is installed (``apt-get install chromium``; without it that test
+  skips), and, everywhere, estimated from the generated Markdown with a conservative budget
+  (:func:`min_table_width`).
 """
 
 from __future__ import annotations
@@ -155,7 +160,117 @@ def test_each_chart_is_between_its_table_and_that_tables_provenance(site: Path) 
         if not (RESULTS / f"{name}.json").is_file():
             continue
         image = page.index(f'src="../charts/{name}.svg"')
-        before, after = page[page.rindex("</table>", 0, image):image], page[image:page.index("</p>", image + 1)]
+        # The image's own paragraph, then the next one: the provenance line of the table above.
+        after = page[image:page.index("</p>", page.index("</p>", image) + 4)]
+        before = page[page.rindex("</table>", 0, image):image]
         assert "<h2" not in before and "<h3" not in before, name
         command = json.loads((RESULTS / f"{name}.json").read_bytes())["command"]
         assert command in html.unescape(re.sub(r"<[^>]+>", "", after)), name
+
+
+# --- tables that fit ---------------------------------------------------------------------------------
+
+#: Material for MkDocs at a 1280 px window (both sidebars shown): the article's text column is 688 px;
+#: a header cell is at least 5rem = 100 px wide; cells have 16 px of padding left and right; table
+#: text is 12.8 px (0.64rem) in the system sans-serif. Measured in Chromium on the built site.
+TEXT_COLUMN_PX = 688
+MIN_COLUMN_PX = 100
+CELL_PADDING_PX = 32
+#: A conservative width per character: 0.6 em of 12.8 px (digits and lower case average about 0.55 em).
+CHAR_PX = 0.6 * 12.8
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def min_table_width(lines: list[str]) -> float:
+    """The narrowest a Markdown table can be laid out: per column, its longest word (a browser
+    breaks cells only at spaces; inline code may break anywhere, docs/stylesheets/tables.css) plus
+    padding, and at least :data:`MIN_COLUMN_PX`."""
+    rows = [_cells(line) for line in lines if not re.match(r"^\|[-:| ]+\|$", line.strip())]
+    width = 0.0
+    for column in zip(*rows):
+        words = [w for cell in column for w in re.sub(r"`[^`]*`", " ", re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", cell)).split()]
+        width += max(MIN_COLUMN_PX, CELL_PADDING_PX + CHAR_PX * max(map(len, words), default=0))
+    return width
+
+
+def _markdown_tables(markdown: str) -> list[list[str]]:
+    tables: list[list[str]] = []
+    previous = False
+    for line in markdown.splitlines():
+        is_row = line.startswith("|")
+        if is_row and not previous:
+            tables.append([])
+        if is_row:
+            tables[-1].append(line)
+        previous = is_row
+    return tables
+
+
+def test_the_budget_flags_a_table_that_overflowed() -> None:
+    # The Engine settings table as it was (issue 30: cut off after its img/s column at 1280 px).
+    wide = ["| model | batch | variant | img/s | vs timm fp32 (median, min-max) | warm-up (s) |", "|---|---:|---|---:|---:|---:|",
+            "| resnext101_32x4d | 1 | onnxruntime fp32 graph_optimization_level=ORT_ENABLE_EXTENDED | 8.30 | "
+            "0.89x (0.88-0.95) | 1.2 |"]
+    assert min_table_width(wide) > TEXT_COLUMN_PX
+    assert min_table_width(["| a | b |", "|---|---|", "| 1.00x | `a_very_long_identifier_that_may_break_anywhere` |"]) \
+        == 2 * MIN_COLUMN_PX
+
+
+def test_every_generated_table_fits_the_text_column_by_budget() -> None:
+    too_wide = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        markdown = hooks.on_page_markdown(page.read_text(encoding="utf-8"), page=None, config=None, files=None)
+        for lines in _markdown_tables(markdown):
+            if min_table_width(lines) > TEXT_COLUMN_PX:
+                too_wide.append(f"{page.name}: {lines[0]} ({min_table_width(lines):.0f} px)")
+    assert not too_wide
+
+
+#: Appended to a page: after load, each article table's width, its text column's, and the ratio
+#: cells (``1.23x``, ``1.10-1.31``) whose text takes more than one line.
+MEASURE_JS = """
+window.addEventListener('load', () => setTimeout(() => {
+  const lines = (el) => { const r = document.createRange(); r.selectNodeContents(el);
+    return new Set([...r.getClientRects()].filter(x => x.width > 0).map(x => Math.round(x.top))).size; };
+  const tables = [...document.querySelectorAll('article table')].map((t) => ({
+    header: [...t.querySelectorAll('th')].map(th => th.textContent.trim()).join(' | '),
+    width: t.scrollWidth, column: t.closest('article').clientWidth,
+    wrapped: [...t.querySelectorAll('td')].filter(td => /^[0-9.]+x?$|^[0-9.]+-[0-9.]+$/.test(td.textContent.trim())
+      && lines(td) > 1).map(td => td.textContent.trim())}));
+  const out = document.createElement('pre'); out.id = 'table-widths';
+  out.textContent = JSON.stringify({window: window.innerWidth, tables});
+  document.body.appendChild(out);
+}, 200));
+"""
+
+
+@pytest.mark.slow
+def test_no_table_is_wider_than_the_text_column_in_a_browser(site: Path, tmp_path: Path) -> None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no Chromium on PATH to measure the tables with (apt-get install chromium)")
+    problems, measured = [], 0
+    for page in sorted(site.rglob("index.html")):
+        text = page.read_text(encoding="utf-8")
+        if "<table" not in text:
+            continue
+        probe = page.with_name("table-widths-probe.html")  # beside the page: its relative links work
+        probe.write_text(text.replace("</body>", f"<script>{MEASURE_JS}</script></body>"), encoding="utf-8")
+        done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900",
+                               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=3000",
+                               "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+        probe.unlink()
+        found = re.search(r'<pre id="table-widths">(.*?)</pre>', done.stdout, re.S)
+        assert found, f"{page}: no measurement ({done.stderr[-500:]})"
+        data = json.loads(html.unescape(found.group(1)))
+        assert data["window"] == 1280
+        for t in data["tables"]:
+            measured += 1
+            if t["width"] > t["column"] or t["wrapped"]:
+                problems.append(f"{page.parent.relative_to(site)}: {t['header'][:60]}: {t['width']} px in "
+                                f"{t['column']} px; wrapped {t['wrapped'][:3]}")
+    assert measured > 50 and not problems
+
