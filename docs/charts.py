@@ -65,8 +65,7 @@ def _bars(ax: Any, labels: Sequence[str], groups: Mapping[str, Sequence[float | 
         if not points:
             continue
         x, v, s = zip(*points)
-        err = [[val - (lo_hi or (val, val))[0] for val, lo_hi in zip(v, s)],
-               [(lo_hi or (val, val))[1] - val for val, lo_hi in zip(v, s)]]
+        err = [[max(0.0, val - lo) for val, (lo, _) in zip(v, s)], [max(0.0, hi - val) for val, (_, hi) in zip(v, s)]]
         bars = ax.bar(x, v, width * 0.92, yerr=err, capsize=2, label=key, color=colours.get(key, f"C{i}"))
         ax.bar_label(bars, labels=[value_label(val) for val in v], fontsize=7, padding=2)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
@@ -147,6 +146,7 @@ CHARTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "bench_first_prediction": first_prediction_chart,
     "bench_inference": batch_chart,
     "bench_inference_cuda": batch_chart,
+    "bench_inference_resnet50": batch_chart,
     "bench_engines": engines_chart,
     "bench_engines_resnet50": engines_chart,
     "bench_engines_int8": engines_chart,

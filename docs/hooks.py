@@ -272,17 +272,21 @@ def _models(r: Mapping[str, Any]) -> str:
     return f"{models[0]}, " if len(models) == 1 else ""
 
 
+def _load(r: Mapping[str, Any]) -> str:
+    """`` (load average before and after: 1.2, 3.4)``, where the file records it (from 2026-11-26 on)."""
+    load = r.get("load_average")
+    return f" (load average before and after: {load[0]:.1f}, {load[1]:.1f})" if load else ""
+
+
 def render_engines(r: Mapping[str, Any]) -> str:
-    load = r.get("load_average")  # recorded from 2026-11-26 on
-    load_text = f" (load average before and after: {load[0]:.1f}, {load[1]:.1f})" if load else ""
     text = (f"{_models(r)}{r['image_size']} px, timm {r['timm']}, median of {r['rounds']} interleaved "
-            f"rounds{load_text}:\n\n" + _speed_table(r, r["ratio_verdicts"]))
+            f"rounds{_load(r)}:\n\n" + _speed_table(r, r["ratio_verdicts"]))
     verdicts = r["auto_verdicts"]
     return text + ("\n\n" + "\n".join(f"* {line}" for line in verdicts) if verdicts else "")
 
 
 def render_inference(r: Mapping[str, Any]) -> str:
-    return (f"{_models(r)}timm {r['timm']}, 224 px, median of {r['rounds']} interleaved rounds:\n\n"
+    return (f"{_models(r)}timm {r['timm']}, 224 px, median of {r['rounds']} interleaved rounds{_load(r)}:\n\n"
             + _speed_table(r))
 
 
@@ -356,6 +360,8 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
                                                "benchmarks/results/bench_engines_resnet50.json"),
     "bench_inference": (render_inference, "python benchmarks/bench_inference.py"),
     "bench_inference_cuda": (render_inference, "python benchmarks/bench_inference.py --device cuda"),
+    "bench_inference_resnet50": (render_inference, "python benchmarks/bench_inference.py --models resnet50 --json "
+                                                   "benchmarks/results/bench_inference_resnet50.json"),
     "bench_load": (render_load, "python benchmarks/bench_load.py"),
     "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
     "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),

@@ -211,12 +211,18 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
          "| 16 | openvino bf16 `NUM_STREAMS=2` | 31.90 | 0.50x | 0.48-0.55 | 12.0 |"]),
     "bench_inference": (
         {"models": ["resnext101_32x4d"], "batch_sizes": ["16"], "image_size": 224, "device": "cpu", "rounds": 5,
-         "warmup": 2, "calls": 1, "timm": "1.0.22",
+         "warmup": 2, "calls": 1, "timm": "1.0.22", "load_average": [3.0, 4.51],
          "rows": [_interleaved_row("resnext101_32x4d", 16, "optimized bf16", 48.123, 2.254, 2.1, 2.31, 9.0)]},
-        ["resnext101_32x4d, timm 1.0.22", "| 16 | optimized bf16 | 48.12 | 2.25x | 2.10-2.31 | 9.0 |"]),
+        ["resnext101_32x4d, timm 1.0.22, 224 px, median of 5 interleaved rounds (load average before and after: "
+         "3.0, 4.5):", "| 16 | optimized bf16 | 48.12 | 2.25x | 2.10-2.31 | 9.0 |"]),
+    "bench_inference_resnet50": (
+        {"models": ["resnet50"], "batch_sizes": ["16"], "image_size": 224, "device": "cpu", "rounds": 3,
+         "warmup": 2, "calls": 1, "timm": "1.0.22", "load_average": [3.0, 4.51],
+         "rows": [_interleaved_row("resnet50", 16, "eager fp32", 30.2, 1.01, 0.98, 1.03, 1.5)]},
+        ["resnet50, timm 1.0.22", "| 16 | eager fp32 | 30.20 | 1.01x | 0.98-1.03 | 1.5 |"]),
     "bench_inference_cuda": (
         {"models": ["se_resnext101_32x4d"], "batch_sizes": ["64"], "image_size": 224, "device": "cuda", "rounds": 5,
-         "warmup": 2, "calls": 10, "timm": "1.0.22",
+         "warmup": 2, "calls": 10, "timm": "1.0.22", "load_average": [0.5, 0.7],
          "rows": [_interleaved_row("se_resnext101_32x4d", 64, "timm fp16", 4012.5, 3.5, 3.4, 3.6, 1.0),
                   _interleaved_row("se_resnext101_32x4d", 64, "optimized fp16", 6123.4, 5.341, 5.2, 5.5, 40.2)]},
         ["| 64 | timm fp16 | 4012.50 | 3.50x | 3.40-3.60 | 1.0 |", "| 64 | optimized fp16 | 6123.40 | 5.34x | 5.20-5.50 | 40.2 |"]),
