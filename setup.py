@@ -69,8 +69,10 @@ setup(
         "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`, `convnets embed --output FILE.parquet`
         "parquet": ["pyarrow>=14"],
-        # The documentation site: `mkdocs build --strict` (mkdocs.yml; ruff formats the signatures).
-        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.6", "mkdocstrings>=1", "mkdocstrings-python>=2", "ruff>=0.5"],
+        # The documentation site: `mkdocs build --strict` (mkdocs.yml; ruff formats the signatures;
+        # matplotlib draws the benchmark charts, docs/charts.py).
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.6", "mkdocstrings>=1", "mkdocstrings-python>=2", "ruff>=0.5",
+                 "matplotlib>=3.7"],
         "test": [
             "pytest>=8",
             "mypy>=1.11",  # tests/test_typing.py type-checks the package as pyproject.toml configures

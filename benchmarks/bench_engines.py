@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -226,6 +227,7 @@ def main() -> int:
     import timm
 
     env = environment("cpu")
+    load_before = os.getloadavg()[0]  # other processes' load, which interleaving shares out but does not remove
     rows = []
     for name in args.models.split(","):
         torch.manual_seed(0)
@@ -235,9 +237,10 @@ def main() -> int:
         runners = {REFERENCE: reference, **_runners(name, args.variants.split(","), args.image_size)}
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             rows += bench(name, runners, batch_size, args)
+    load_after = os.getloadavg()[0]
     print(f"{env['date']}; {env['cpu_model']}, {env['cpu_count']} cores, {env['torch_threads']} threads; "
           f"torch {env['torch']}, timm {timm.__version__}; {args.image_size} px; median of {args.rounds} "
-          "interleaved rounds")
+          f"interleaved rounds; load average before and after: {load_before:.1f}, {load_after:.1f}")
     print()
     print("| model | batch | variant | img/s | vs timm fp32 (median, min-max) | warm-up (s) |")
     print("|---|---:|---|---:|---:|---:|")
@@ -254,7 +257,8 @@ def main() -> int:
                                   "models": args.models.split(","), "batch_sizes": args.batch_sizes.split(","),
                                   "image_size": args.image_size, "rounds": args.rounds, "warmup": args.warmup,
                                   "calls": args.calls, "settle_s": args.settle, "timm": timm.__version__,
-                                  "rows": rows, "auto_verdicts": verdicts, "ratio_verdicts": ratios})
+                                  "load_average": [load_before, load_after], "rows": rows,
+                                  "auto_verdicts": verdicts, "ratio_verdicts": ratios})
     return 0
 
 

@@ -11,6 +11,7 @@ Usage::
 For each model and batch size, in one process, on random weights (speed does not depend on them):
 
 * ``timm fp32``       -- ``timm.create_model('resnext101_32x4d')`` eager fp32, the reference column
+  (for ``resnet50``: timm's ``resnet50``; timm's SE-ResNeXt is another network, see :data:`TIMM_REFERENCE`)
 * ``eager fp32``      -- our model as ``convnets.get_model`` returns it
 * ``optimized fp32``  -- ``convnets.optimize_for_inference(model, "fp32")`` (folded BN, channels_last, compiled)
 * ``eager bf16``      -- our model under ``torch.autocast(device, torch.bfloat16)``
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +49,9 @@ import results  # noqa: E402  (benchmarks/results.py)
 from interleave import Runner, interleaved_rows  # noqa: E402  (benchmarks/interleave.py)
 
 REFERENCE = "timm fp32"
+#: The timm model each of ours is compared with; others: timm's ``resnext101_32x4d`` (timm's
+#: ``seresnext101_32x4d`` squeezes to C/16, not NVIDIA's fixed 16 channels: a different network).
+TIMM_REFERENCE = {"resnet50": "resnet50"}
 
 
 def _autocast(model: Runner, precision: str, device: torch.device) -> Runner:
@@ -106,17 +111,20 @@ def main() -> int:
 
     import timm
 
-    torch.manual_seed(0)
-    reference = timm.create_model("resnext101_32x4d").eval().to(device)
     env = environment(args.device)
+    load_before = os.getloadavg()[0]  # other processes' load, which interleaving shares out but does not remove
     rows = []
     for name in args.models.split(","):
+        torch.manual_seed(0)
+        reference = timm.create_model(TIMM_REFERENCE.get(name, "resnext101_32x4d")).eval().to(device)
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             rows += bench_model(name, reference, batch_size, args.variants.split(","), args.rounds,
                                 args.warmup, args.calls, device)
+    load_after = os.getloadavg()[0]
     print(f"{env['date']}; {env['device_name']}; {env['cpu_model']}, {env['cpu_count']} cores, "
           f"{env['torch_threads']} threads; "
-          f"torch {env['torch']}, timm {timm.__version__}; median of {args.rounds} interleaved rounds")
+          f"torch {env['torch']}, timm {timm.__version__}; median of {args.rounds} interleaved rounds; "
+          f"load average before and after: {load_before:.1f}, {load_after:.1f}")
     print()
     print("| model | batch | variant | img/s | vs timm fp32 (median, min-max) |")
     print("|---|---:|---|---:|---:|")
@@ -127,7 +135,8 @@ def main() -> int:
     results.save(args.json, env, {"models": args.models.split(","), "batch_sizes": args.batch_sizes.split(","),
                                   "image_size": 224, "device": args.device, "rounds": args.rounds,
                                   "warmup": args.warmup, "calls": args.calls,
-                                  "timm": timm.__version__, "rows": rows})
+                                  "timm": timm.__version__, "load_average": [load_before, load_after],
+                                  "rows": rows})
     return 0
 
 

@@ -10,6 +10,11 @@
   ``$CONVNETS_RESULTS_DIR`` when set (tests use it), else ``benchmarks/results/``. A file that does not
   exist yet gives a "Not measured yet" note (logged at INFO, so ``--strict`` passes); a file that
   exists but does not have the shape its renderer expects fails the build.
+  Under the tables that have one, a chart drawn from the same file (``docs/charts.py``; the
+  SVGs are added to the site by :func:`on_files`, never committed).
+* ``<!-- model-cards -->`` becomes a card per registered model (``docs/cards.py``): accuracy and
+  file size from the manifest, parameters and GFLOPs counted on the model, recipe, eval transform,
+  and a line from each results file that measured it.
 * ``<!-- notebook: PATH -->`` becomes the cells of the Jupyter notebook ``PATH`` (relative to the
   repository): its Markdown cells as they are, its code cells as Python blocks
   (:func:`render_notebook`). The notebook is stored without outputs, so the page shows what a user
@@ -59,6 +64,21 @@ def _fail(message: str) -> Exception:
     except ImportError:  # called from the tests without MkDocs
         return DocsError(message)
     return PluginError(message)
+
+
+def _sibling(name: str) -> Any:
+    """The module ``docs/NAME.py`` (``docs/`` is not a package, and MkDocs loads this file by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"convnets_docs_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+charts = _sibling("charts")
+cards = _sibling("cards")
 
 
 # --- the CLI reference -------------------------------------------------------------------------
@@ -163,15 +183,20 @@ def _range(values: Sequence[float], digits: int = 2) -> str:
     return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
 
 
+def _ratio(median: float, lo: float, hi: float) -> list[str]:
+    """A ratio's two cells: the median (``1.23x``) and its rounds' range (``1.10-1.31``), each in its
+    own column so that neither wraps."""
+    return [f"{median:.2f}x", f"{lo:.2f}-{hi:.2f}"]
+
+
 def render_first_prediction(r: Mapping[str, Any]) -> str:
     rows = []
     for row in r["rows"]:
         seconds, ratios = row["seconds_all_rounds"], row["ratio_to_torch_all_rounds"]
         rows.append([row["variant"], f"{row['median_s']:.2f}", f"{min(seconds):.2f}", f"{max(seconds):.2f}",
-                     f"{statistics.median(ratios):.2f}x ({_range(ratios)})"])
+                     *_ratio(statistics.median(ratios), min(ratios), max(ratios))])
     verdict = "met" if r["warm_auto_ratio"] <= r["target_ratio"] else "not met"
-    return (table(["variant", "median s", "min s", "max s", "median ratio to torch (per round; min-max)"], rows,
-                  "lrrrr")
+    return (table(["variant", "median s", "min s", "max s", "vs torch (median)", "rounds"], rows, "lrrrrr")
             + f"\n\nWarm `auto` / `torch`: {r['warm_auto_ratio']:.2f}x (target at most {r['target_ratio']}x: "
               f"{verdict}). {r['model']}, one {r['image']}, {r['rounds']} rounds.")
 
@@ -180,11 +205,11 @@ def render_fast_decode(r: Mapping[str, Any]) -> str:
     parts = []
     if r["pixels"]:
         rows = [[p["variant"], f"{p['mean_abs_diff']:.4f}", f"{p['max_abs_diff']:.3f}",
-                 f"{p['ms_per_image']:.0f} ({_range(p['ms_all_rounds'], 0)})", f"{p['cpu_ms_per_image']:.0f}"]
+                 f"{p['ms_per_image']:.0f}", _range(p["ms_all_rounds"], 0), f"{p['cpu_ms_per_image']:.0f}"]
                 for p in r["pixels"]]
         parts.append("Pixels against the exact path (normalised units), preprocessing on one thread:\n\n"
-                     + table(["variant", "mean abs diff", "max abs diff", "wall ms/image (median; min-max)",
-                              "CPU ms/image"], rows, "lrrrr"))
+                     + table(["variant", "mean abs diff", "max abs diff", "wall ms/image (median)", "rounds",
+                              "CPU ms/image"], rows, "lrrrrr"))
     rows = [[label, f"{statistics.median(values):.2f}", ", ".join(f"{v:.2f}" for v in values)]
             for label, values in r["end_to_end"].items()]
     eager = "" if r.get("compile", True) else " (not compiled)"  # files before 2026-11-26 compiled always
@@ -204,27 +229,65 @@ def render_cli(r: Mapping[str, Any]) -> str:
               f"< {r['target_ratio']}x); median of {r['rounds']} interleaved rounds, fresh processes.")
 
 
-def _speed_table(r: Mapping[str, Any], warmup: bool) -> str:
-    rows = []
-    for row in r["rows"]:
-        lo, hi = row["speedup_min_max"]
-        cells = [row["model"], row["batch_size"], row["variant"], f"{row['img_per_s']:.2f}",
-                 f"{row['speedup_vs_timm']:.2f}x ({lo:.2f}-{hi:.2f})"]
-        rows.append(cells + ([f"{row['warmup_s']:.1f}"] if warmup else []))
-    header = ["model", "batch", "variant", "img/s", "vs timm fp32 (median, min-max)"]
-    return table(header + (["warm-up (s)"] if warmup else []), rows, "lrlrr" + ("r" if warmup else ""))
+#: A line of ``bench_engines.py``'s ``ratio_verdicts``: one variant's speed over its baseline's.
+_RATIO_VERDICT = re.compile(r"^(?P<model>\S+) b(?P<batch>\d+): (?P<label>.+) / (?P<baseline>.+) = "
+                            r"(?P<ratio>[\d.]+)x \(rounds (?P<lo>[\d.]+)-(?P<hi>[\d.]+)\)$")
+
+
+def _speed_table(r: Mapping[str, Any], ratio_verdicts: Sequence[str] = ()) -> str:
+    """img/s per batch and variant with the speed-up over timm fp32 or, where ``ratio_verdicts``
+    compare variants with a baseline, over that baseline; a table per model (six columns: Material
+    gives every column at least 100 px of a 688 px text column at a 1280 px window)."""
+    versus: dict[tuple[str, int, str], tuple[str, list[str]]] = {}
+    for line in ratio_verdicts:
+        m = _RATIO_VERDICT.match(line)
+        if m is None:
+            raise ValueError(f"unreadable ratio verdict {line!r}")
+        versus[(m["model"], int(m["batch"]), m["label"])] = (
+            m["baseline"], _ratio(float(m["ratio"]), float(m["lo"]), float(m["hi"])))
+    settings = any(len(row["variant"].split("(")[0].split()) > 2 for row in r["rows"])
+    baselines = sorted({baseline for baseline, _ in versus.values()})
+    versus_header = ("vs defaults" if settings else f"vs {' / '.join(baselines)}") if versus else "vs timm fp32"
+    header = ["batch", "variant", "img/s", versus_header, "rounds", "warm-up s"]
+    models = list(dict.fromkeys(row["model"] for row in r["rows"]))
+    tables = []
+    for model in models:
+        rows = []
+        for row in (row for row in r["rows"] if row["model"] == model):
+            if versus:
+                ratio = versus.get((model, row["batch_size"], row["variant"]), ("", ["", ""]))[1]
+            else:
+                ratio = _ratio(row["speedup_vs_timm"], *row["speedup_min_max"])
+            words = row["variant"].split(" ")
+            # Engine settings as code: a long KEY=VALUE may break anywhere (docs/stylesheets/tables.css).
+            variant = f"{' '.join(words[:2])} `{' '.join(words[2:])}`" if settings and len(words) > 2 else row["variant"]
+            rows.append([row["batch_size"], variant, f"{row['img_per_s']:.2f}", *ratio, f"{row['warmup_s']:.1f}"])
+        tables.append((f"`{model}`:\n\n" if len(models) > 1 else "") + table(header, rows, "rlrrrr"))
+    return "\n\n".join(tables)
+
+
+def _models(r: Mapping[str, Any]) -> str:
+    """``"resnet50, "`` where a speed table has one model (and so no model column)."""
+    models = list(dict.fromkeys(row["model"] for row in r["rows"]))
+    return f"{models[0]}, " if len(models) == 1 else ""
+
+
+def _load(r: Mapping[str, Any]) -> str:
+    """`` (load average before and after: 1.2, 3.4)``, where the file records it (from 2026-11-26 on)."""
+    load = r.get("load_average")
+    return f" (load average before and after: {load[0]:.1f}, {load[1]:.1f})" if load else ""
 
 
 def render_engines(r: Mapping[str, Any]) -> str:
-    text = (f"{r['image_size']} px, timm {r['timm']}, median of {r['rounds']} interleaved rounds:\n\n"
-            + _speed_table(r, warmup=True))
-    verdicts = [*r["auto_verdicts"], *r["ratio_verdicts"]]
+    text = (f"{_models(r)}{r['image_size']} px, timm {r['timm']}, median of {r['rounds']} interleaved "
+            f"rounds{_load(r)}:\n\n" + _speed_table(r, r["ratio_verdicts"]))
+    verdicts = r["auto_verdicts"]
     return text + ("\n\n" + "\n".join(f"* {line}" for line in verdicts) if verdicts else "")
 
 
 def render_inference(r: Mapping[str, Any]) -> str:
-    return (f"timm {r['timm']}, 224 px, median of {r['rounds']} interleaved rounds:\n\n"
-            + _speed_table(r, warmup=True))
+    return (f"{_models(r)}timm {r['timm']}, 224 px, median of {r['rounds']} interleaved rounds{_load(r)}:\n\n"
+            + _speed_table(r))
 
 
 def render_load(r: Mapping[str, Any]) -> str:
@@ -240,10 +303,10 @@ def render_predict_pipeline(r: Mapping[str, Any]) -> str:
         lo, hi = row["vs_model_only_min_max"]
         where = "model 1 + decoder 1 (pinned)" if row["pinned"] else f"all {r['usable_cores']}"
         rows.append([row["precision"], where, row["variant"], f"{row['img_per_s']:.1f}",
-                     f"{row['vs_model_only']:.2f} ({lo:.2f}-{hi:.2f})"])
+                     *_ratio(row["vs_model_only"], lo, hi)])
     return (f"{r['model']}, {r['images']} JPEGs of 1000x750 ({r['image_kb']:.0f} KB), batch {r['batch_size']}; "
             f"median of {r['rounds']} interleaved rounds:\n\n"
-            + table(["precision", "cores", "variant", "img/s", "vs model only (median, min-max)"], rows, "lllrr"))
+            + table(["precision", "cores", "variant", "img/s", "vs model only", "rounds"], rows, "lllrrr"))
 
 
 def render_preprocess(r: Mapping[str, Any]) -> str:
@@ -269,8 +332,8 @@ def render_train(r: Mapping[str, Any]) -> str:
 def render_serve(r: Mapping[str, Any]) -> str:
     def ms(value: float | None) -> str:
         return "" if value is None else f"{value:.0f}"
-    rows = [[row["variant"], f"{row['img_per_s']:.2f}", f"{row['vs_in_process']:.2f}x "
-             f"({_range(row['vs_in_process_min_max'])})", ms(row["p50_ms"]), ms(row["p99_ms"]),
+    rows = [[row["variant"], f"{row['img_per_s']:.2f}", *_ratio(row["vs_in_process"], *row["vs_in_process_min_max"]),
+             " / ".join(filter(None, (ms(row["p50_ms"]), ms(row["p99_ms"])))),
              "" if row["mean_batch"] is None else f"{row['mean_batch']:.1f}"] for row in r["rows"]]
     worst = r["worst_ratio_from_8_clients"]
     verdict = "" if worst is None else (f"\n\nFrom 8 clients on, the median served throughput is at least "
@@ -280,7 +343,7 @@ def render_serve(r: Mapping[str, Any]) -> str:
     return (f"{r['model']} {r['precision']}, engine {r['engine']}, {r['requests']} {r['image']} images per "
             f"measurement, --max-batch-size {r['max_batch_size']}, --max-queue-delay-ms {r['queue_delay_ms']:g}; "
             f"median of {r['rounds']} interleaved rounds (load average before and after: {load}):\n\n"
-            + table(["variant", "img/s", "vs in process (median, min-max)", "p50 ms", "p99 ms", "mean batch"], rows,
+            + table(["variant", "img/s", "vs in process", "rounds", "p50 / p99 ms", "mean batch"], rows,
                     "lrrrrr") + verdict)
 
 
@@ -293,8 +356,12 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_engines": (render_engines, "python benchmarks/bench_engines.py"),
     "bench_engines_int8": (render_engines, "python benchmarks/bench_engines.py --int8"),
     "bench_engines_settings": (render_engines, "python benchmarks/bench_engines.py --settings"),
+    "bench_engines_resnet50": (render_engines, "python benchmarks/bench_engines.py --models resnet50 --json "
+                                               "benchmarks/results/bench_engines_resnet50.json"),
     "bench_inference": (render_inference, "python benchmarks/bench_inference.py"),
     "bench_inference_cuda": (render_inference, "python benchmarks/bench_inference.py --device cuda"),
+    "bench_inference_resnet50": (render_inference, "python benchmarks/bench_inference.py --models resnet50 --json "
+                                                   "benchmarks/results/bench_inference_resnet50.json"),
     "bench_load": (render_load, "python benchmarks/bench_load.py"),
     "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
     "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),
@@ -331,7 +398,8 @@ def render_results(name: str, directory: Path | None = None) -> str:
     renderer = RENDERERS[name][0]
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        return f"{renderer(record['results'])}\n\n{provenance(record)}\n"
+        chart = f"\n\n{charts.image_markdown(name)}" if name in charts.CHARTS else ""
+        return f"{renderer(record['results'])}{chart}\n\n{provenance(record)}\n"
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         raise _fail(f"{path}: cannot render it ({type(e).__name__}: {e}); was it written by "
                     f"`{RENDERERS[name][1]}`?") from e
@@ -502,6 +570,19 @@ def render_notebook(path: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
+    """Add ``charts/NAME.svg``, drawn now, for each results file that exists and has a chart."""
+    from mkdocs.structure.files import File
+
+    for name in charts.CHARTS:
+        path = results_dir() / f"{name}.json"
+        if path.is_file():
+            source = path.relative_to(ROOT).as_posix() if ROOT in path.parents else str(path)
+            files.append(File.generated(config, f"{charts.CHART_DIR}/{name}.svg",
+                                        content=charts.chart_svg(name, path, source)))
+    return files
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
     """Replace the markers of one page's Markdown with their generated Markdown."""
     markdown = NOTEBOOK_MARKER.sub(lambda m: render_notebook(m.group(1)), markdown)
@@ -509,4 +590,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs
         markdown = markdown.replace(CLI_MARKER, cli_reference())
     if COMMANDS_MARKER in markdown:
         markdown = markdown.replace(COMMANDS_MARKER, cli_commands())
+    if cards.MARKER in markdown:
+        models = _import("convnets").list_models()
+        markdown = markdown.replace(cards.MARKER, "\n".join(
+            cards.card(name, ROOT, results_dir(), list(RENDERERS), table) for name in models))
     return RESULTS_MARKER.sub(lambda m: render_results(m.group(1)), markdown)

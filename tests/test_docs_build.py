@@ -19,6 +19,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,7 +134,7 @@ def _interleaved_row(model: str, batch: int, variant: str, img_per_s: float, spe
 
 
 ENGINES = {"mode": "engines", "models": ["resnext101_32x4d"], "batch_sizes": ["1", "16"], "image_size": 224,
-           "rounds": 5, "warmup": 2, "calls": 1, "settle_s": 0.5, "timm": "1.0.22",
+           "rounds": 5, "warmup": 2, "calls": 1, "settle_s": 0.5, "timm": "1.0.22", "load_average": [1.25, 2.3],
            "rows": [_interleaved_row("resnext101_32x4d", 16, "timm fp32", 21.37, 1.0, 1.0, 1.0, 2.4),
                     _interleaved_row("resnext101_32x4d", 16, "openvino bf16", 63.81, 2.986, 2.71, 3.12, 11.7)],
            "auto_verdicts": ["resnext101_32x4d b16 bf16: auto picks openvino, fastest measured openvino (same)"],
@@ -153,7 +154,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
                    "ratio_to_torch_all_rounds": [1.0, 1.0]},
                   {"variant": "auto warm", "seconds_all_rounds": [3.9873, 3.7161], "median_s": 3.8517,
                    "ratio_to_torch_all_rounds": [1.1576, 1.1531]}]},
-        ["| torch | 3.33 | 3.22 | 3.44 | 1.00x (1.00-1.00) |", "| auto warm | 3.85 | 3.72 | 3.99 | 1.16x (1.15-1.16) |",
+        ["| torch | 3.33 | 3.22 | 3.44 | 1.00x | 1.00-1.00 |", "| auto warm | 3.85 | 3.72 | 3.99 | 1.16x | 1.15-1.16 |",
          "1.15x (target at most 1.2x: met)"]),
     "bench_fast_decode": (
         {"images": 24, "image_mb": 3.41, "model": "se_resnext101_32x4d", "precision": "bf16", "batch_size": 8,
@@ -164,7 +165,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
          "model_cpu_ms": [301.0, 299.5, 300.2],
          "end_to_end": {"exact": [2.11, 2.05, 2.17], "fast": [2.96, 3.01, 2.88], "model only": [3.3, 3.31, 3.29]},
          "speedup": [1.403, 1.468, 1.327], "speedup_median": 1.403},
-        ["| draft 2x (--fast-decode) | 0.0073 | 0.412 | 61 (60-67) | 60 |", "| exact | 2.11 | 2.11, 2.05, 2.17 |",
+        ["| draft 2x (--fast-decode) | 0.0073 | 0.412 | 61 | 60-67 | 60 |", "| exact | 2.11 | 2.11, 2.05, 2.17 |",
          "| fast | 2.96 | 2.96, 3.01, 2.88 |", "Speed-up fast / exact: 1.40x (1.33-1.47)."]),
     "bench_fast_decode_cuda": (
         {"images": 96, "image_mb": 3.41, "model": "se_resnext101_32x4d", "precision": "bf16", "batch_size": 8,
@@ -183,29 +184,48 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["| `convnets --help` | 0.091 | 0.27 |", "| `import torch` | 0.336 | 1.00 |", "0.27x `import torch` (meets"]),
     "bench_engines": (
         ENGINES,
-        ["| resnext101_32x4d | 16 | timm fp32 | 21.37 | 1.00x (1.00-1.00) | 2.4 |",
-         "| resnext101_32x4d | 16 | openvino bf16 | 63.81 | 2.99x (2.71-3.12) | 11.7 |",
+        ["resnext101_32x4d, 224 px, timm 1.0.22, median of 5 interleaved rounds (load average before and after: "
+         "1.2, 2.3):", "| batch | variant | img/s | vs timm fp32 | rounds | warm-up s |",
+         "| 16 | timm fp32 | 21.37 | 1.00x | 1.00-1.00 | 2.4 |", "| 16 | openvino bf16 | 63.81 | 2.99x | 2.71-3.12 | 11.7 |",
          "* resnext101_32x4d b16 bf16: auto picks openvino"]),
+    "bench_engines_resnet50": (
+        {**copy.deepcopy(ENGINES), "models": ["resnet50"], "batch_sizes": ["16"],
+         "rows": [_interleaved_row("resnet50", 16, "timm fp32", 30.5, 1.0, 1.0, 1.0, 1.1),
+                  _interleaved_row("resnet50", 16, "auto bf16 (openvino)", 95.2, 3.12, 3.0, 3.3, 4.4)],
+         "auto_verdicts": ["resnet50 b16 bf16: auto picks openvino, fastest measured openvino (same)"]},
+        ["resnet50, 224 px", "| 16 | auto bf16 (openvino) | 95.20 | 3.12x | 3.00-3.30 | 4.4 |"]),
     "bench_engines_int8": (
         {**copy.deepcopy(ENGINES), "mode": "int8", "auto_verdicts": [],
+         "rows": [*ENGINES["rows"], _interleaved_row("resnext101_32x4d", 16, "openvino int8", 102.4, 4.79, 4.5, 5.0, 20.1),
+                  _interleaved_row("se_resnext101_32x4d", 16, "timm fp32", 20.0, 1.0, 1.0, 1.0, 2.5)],
          "ratio_verdicts": ["resnext101_32x4d b16: openvino int8 / openvino bf16 = 1.62x (rounds 1.55-1.70)"]},
-        ["| resnext101_32x4d | 16 | openvino bf16 | 63.81 | 2.99x (2.71-3.12) | 11.7 |",
-         "* resnext101_32x4d b16: openvino int8 / openvino bf16 = 1.62x"]),
+        ["`resnext101_32x4d`:\n\n| batch | variant | img/s | vs openvino bf16 | rounds | warm-up s |",
+         "| 16 | openvino bf16 | 63.81 |  |  | 11.7 |", "| 16 | openvino int8 | 102.40 | 1.62x | 1.55-1.70 | 20.1 |",
+         "`se_resnext101_32x4d`:\n\n| batch | variant | img/s | vs openvino bf16 | rounds | warm-up s |"]),
     "bench_engines_settings": (
-        {**copy.deepcopy(ENGINES), "mode": "settings", "auto_verdicts": [], "ratio_verdicts": []},
-        ["| resnext101_32x4d | 16 | timm fp32 | 21.37 | 1.00x (1.00-1.00) | 2.4 |"]),
+        {**copy.deepcopy(ENGINES), "mode": "settings", "auto_verdicts": [],
+         "rows": [*ENGINES["rows"],
+                  _interleaved_row("resnext101_32x4d", 16, "openvino bf16 NUM_STREAMS=2", 31.9, 1.49, 1.4, 1.6, 12.0)],
+         "ratio_verdicts": ["resnext101_32x4d b16: openvino bf16 NUM_STREAMS=2 / openvino bf16 = 0.50x (rounds 0.48-0.55)"]},
+        ["| batch | variant | img/s | vs defaults | rounds | warm-up s |", "| 16 | timm fp32 | 21.37 |  |  | 2.4 |",
+         "| 16 | openvino bf16 `NUM_STREAMS=2` | 31.90 | 0.50x | 0.48-0.55 | 12.0 |"]),
     "bench_inference": (
         {"models": ["resnext101_32x4d"], "batch_sizes": ["16"], "image_size": 224, "device": "cpu", "rounds": 5,
-         "warmup": 2, "calls": 1, "timm": "1.0.22",
+         "warmup": 2, "calls": 1, "timm": "1.0.22", "load_average": [3.0, 4.51],
          "rows": [_interleaved_row("resnext101_32x4d", 16, "optimized bf16", 48.123, 2.254, 2.1, 2.31, 9.0)]},
-        ["| resnext101_32x4d | 16 | optimized bf16 | 48.12 | 2.25x (2.10-2.31) |"]),
+        ["resnext101_32x4d, timm 1.0.22, 224 px, median of 5 interleaved rounds (load average before and after: "
+         "3.0, 4.5):", "| 16 | optimized bf16 | 48.12 | 2.25x | 2.10-2.31 | 9.0 |"]),
+    "bench_inference_resnet50": (
+        {"models": ["resnet50"], "batch_sizes": ["16"], "image_size": 224, "device": "cpu", "rounds": 3,
+         "warmup": 2, "calls": 1, "timm": "1.0.22", "load_average": [3.0, 4.51],
+         "rows": [_interleaved_row("resnet50", 16, "eager fp32", 30.2, 1.01, 0.98, 1.03, 1.5)]},
+        ["resnet50, timm 1.0.22", "| 16 | eager fp32 | 30.20 | 1.01x | 0.98-1.03 | 1.5 |"]),
     "bench_inference_cuda": (
         {"models": ["se_resnext101_32x4d"], "batch_sizes": ["64"], "image_size": 224, "device": "cuda", "rounds": 5,
-         "warmup": 2, "calls": 10, "timm": "1.0.22",
+         "warmup": 2, "calls": 10, "timm": "1.0.22", "load_average": [0.5, 0.7],
          "rows": [_interleaved_row("se_resnext101_32x4d", 64, "timm fp16", 4012.5, 3.5, 3.4, 3.6, 1.0),
                   _interleaved_row("se_resnext101_32x4d", 64, "optimized fp16", 6123.4, 5.341, 5.2, 5.5, 40.2)]},
-        ["| se_resnext101_32x4d | 64 | timm fp16 | 4012.50 | 3.50x (3.40-3.60) |",
-         "| se_resnext101_32x4d | 64 | optimized fp16 | 6123.40 | 5.34x (5.20-5.50) |"]),
+        ["| 64 | timm fp16 | 4012.50 | 3.50x | 3.40-3.60 | 1.0 |", "| 64 | optimized fp16 | 6123.40 | 5.34x | 5.20-5.50 | 40.2 |"]),
     "bench_load": (
         {"model": "se_resnext101_32x4d", "file_mib": 187.4, "rounds": 5,
          "rows": [{"variant": "baseline", "seconds_median": 1.2345, "vs_baseline": 1.0, "rss_growth_mib": 372.6,
@@ -224,8 +244,8 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
                   {"precision": "bf16", "batch_size": 16, "variant": "end to end, workers 1", "pinned": True,
                    "img_per_s": 4.41, "img_per_s_all_rounds": [4.41], "vs_model_only": 0.912,
                    "vs_model_only_min_max": [0.88, 0.93]}]},
-        ["| bf16 | all 2 | model only | 9.9 | 1.00 (1.00-1.00) |",
-         "| bf16 | model 1 + decoder 1 (pinned) | end to end, workers 1 | 4.4 | 0.91 (0.88-0.93) |"]),
+        ["| bf16 | all 2 | model only | 9.9 | 1.00x | 1.00-1.00 |",
+         "| bf16 | model 1 + decoder 1 (pinned) | end to end, workers 1 | 4.4 | 0.91x | 0.88-0.93 |"]),
     "bench_preprocess": (
         {"photos": 32, "size": "3000x2000", "megabytes": 41.27, "long_side": 3000, "usable_cores": 2,
          "load_average": 1.37, "repeat": 3, "workers": None,
@@ -244,7 +264,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
                    "vs_in_process_min_max": [1.0, 1.0], "p50_ms": None, "p99_ms": None, "mean_batch": None},
                   {"variant": "8 clients", "img_per_s": 8.95, "img_per_s_all_rounds": [8.95], "vs_in_process": 0.912,
                    "vs_in_process_min_max": [0.88, 0.95], "p50_ms": 801.4, "p99_ms": 1210.9, "mean_batch": 6.2}]},
-        ["| in process | 9.81 | 1.00x (1.00-1.00) |  |  |  |", "| 8 clients | 8.95 | 0.91x (0.88-0.95) | 801 | 1211 | 6.2 |",
+        ["| in process | 9.81 | 1.00x | 1.00-1.00 |  |  |", "| 8 clients | 8.95 | 0.91x | 0.88-0.95 | 801 / 1211 | 6.2 |",
          "the median served throughput is at least 0.91x in-process (target 0.8x: met)"]),
     "bench_train": (
         {"arch": "resnext101_32x4d", "tiny_kwargs": {"layers": [1, 1, 1, 1]}, "device": "cpu",
@@ -308,6 +328,21 @@ def test_each_table_shows_the_numbers_of_its_results_file(name: str, tmp_path: P
     assert markdown.rstrip().endswith(f"`{hooks.RENDERERS[name][1]} --rounds 3`.")
     assert ("Measured 2026-11-26 02:57:22 UTC on AMD EPYC 9R14, 2 cores, 2 threads; torch 2.14.1+cu130;"
             in markdown)
+
+
+def test_ratios_are_table_columns_not_prose(tmp_path: Path) -> None:
+    # Each ratio a verdict line states is in the table, in its own cells; no bullet repeats it.
+    for name in ("bench_engines_int8", "bench_engines_settings"):
+        results, _ = SAMPLES[name]
+        _write(tmp_path, name, results)
+        markdown = hooks.render_results(name, tmp_path)
+        assert not [line for line in markdown.splitlines() if line.startswith("* ")], markdown
+        for line in results["ratio_verdicts"]:
+            ratio, rounds = re.search(r"= ([\d.]+x) \(rounds ([\d.-]+)\)", line).groups()  # type: ignore[union-attr]
+            assert f"| {ratio} | {rounds} |" in markdown, (line, markdown)
+    with pytest.raises(Exception, match="unreadable ratio verdict"):
+        _write(tmp_path, "bench_engines_int8", {**SAMPLES["bench_engines_int8"][0], "ratio_verdicts": ["1.5x"]})
+        hooks.render_results("bench_engines_int8", tmp_path)
 
 
 def test_the_provenance_line_names_a_gpu(tmp_path: Path) -> None:
