@@ -505,8 +505,8 @@ def markdown_docstring(text: str, keywords_of: Callable[[str], bool] | None = No
 def _runtime_docstring(module: str, name: str) -> str | None:
     """The docstring of ``module.name`` as Python sees it, for objects that the code generates.
 
-    Such a docstring may be assembled from parts indented differently (a builder's is its model's
-    summary, then the builders' shared text), so each paragraph is dedented on its own.
+    Such a docstring may be assembled from parts indented differently (a builder's is its own
+    summary, then the text ``@builder`` adds), so each paragraph is dedented on its own.
     """
     import textwrap
 
@@ -514,6 +514,13 @@ def _runtime_docstring(module: str, name: str) -> str | None:
     if not text:
         return None
     return "\n\n".join(textwrap.dedent(p).strip("\n") for p in re.split(r"\n[ \t]*\n", text.strip()))
+
+
+def _completed_at_run_time(node: Any) -> bool:
+    """``@builder def ...``: the decorator adds the keywords' documentation to the docstring."""
+    import ast
+
+    return any(isinstance(d, ast.Name) and d.id == "builder" for d in getattr(node, "decorator_list", ()))
 
 
 def _is_stub(node: Any) -> bool:
@@ -534,14 +541,15 @@ if griffe is not None:
     class ReadableDocstrings(griffe.Extension):  # type: ignore[misc]
         """Rewrites each docstring with :func:`markdown_docstring` before it is parsed.
 
-        A function stub without a docstring (the ``if TYPE_CHECKING:`` declarations of the
-        generated model builders) gets the docstring of the object it declares.
+        A function stub without a docstring (an ``@overload``) gets the docstring of the object it
+        declares, and a model builder the docstring ``@builder`` completes.
         """
 
         def on_instance(self, *, node: Any, obj: Any, agent: Any, **kwargs: Any) -> None:
             keywords_of = None
             if obj.is_function:
-                if obj.docstring is None and _is_stub(node) and not obj.name.startswith("_"):
+                if (not obj.name.startswith("_")
+                        and (obj.docstring is None and _is_stub(node) or _completed_at_run_time(node))):
                     text = _runtime_docstring(obj.module.path, obj.name)
                     if text:
                         obj.docstring = griffe.Docstring(text, lineno=obj.lineno, parent=obj,
