@@ -504,6 +504,7 @@ def render_notebook(path: str) -> str:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
     """Replace the markers of one page's Markdown with their generated Markdown."""
+    markdown = _import("docs.pictures").on_page_markdown(markdown)  # the package's own pictures
     markdown = NOTEBOOK_MARKER.sub(lambda m: render_notebook(m.group(1)), markdown)
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_reference())
