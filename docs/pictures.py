@@ -120,7 +120,7 @@ def layers(graph: Mapping[str, set[str]]) -> tuple[list[list[str]], dict[str, se
 def layers_svg(graph: Mapping[str, set[str]] | None = None) -> str:
     """The diagram as an inline SVG; each arrow is a ``<line data-from=A data-to=B>``."""
     rows, arrows = layers(graph if graph is not None else unit_graph())
-    width, box, height, gap_y = 960, (104, 26), 26, 46
+    width, box, height, gap_y = 960, (128, 26), 26, 46
     at: dict[str, tuple[float, float]] = {}
     for level, row in enumerate(reversed(rows)):
         for i, name in enumerate(row):
@@ -257,35 +257,33 @@ def main() -> None:
                              "(see Fine-tuning): NVIDIA's weights could not be downloaded where this picture was made, "
                              f"so its classes are the patterns ({', '.join(CLASSES)}), not ImageNet's.")
         evaluated = {"generated data set (make_dataset)": data_digest}
-        record = {
-            "command": COMMAND,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                        "torch": torch.__version__},
-            "commit": _commit(),
-            "pictures": {
-                "sheet.png": {
-                    "alt": "Contact sheet of the bundled example photos", "caption": sheet_caption,
-                    "command": "convnets " + " ".join(_shown(sheet, work)), "weights": weights,
-                    "inputs": {f"convnets/assets/examples/{p.name}": sha256(p)
-                               for p in sorted(EXAMPLES.iterdir()) if p.suffix in (".png", ".jpg")}},
-                "curves.png": {
-                    "alt": "Training curves: loss and top-1 against epoch", "inputs": evaluated,
-                    "caption": f"A small ResNet (resnet50 with {TINY}) trained from scratch for 10 epochs on a "
-                               f"generated data set of {len(CLASSES)} patterns ({', '.join(CLASSES)}; 32 training and "
-                               "12 validation images per class, 40 px, cropped to 32).",
-                    "command": "convnets train --data patterns --output run " + " ".join(TRAIN)},
-                "confusion.png": {
-                    "alt": "Confusion matrix of the validation images", "inputs": evaluated,
-                    "caption": f"That model evaluated on the {report['images']} validation images: top-1 "
-                               f"{report['top1']:.1f}%.",
-                    "command": "convnets " + " ".join(EVALUATE)},
-            },
+        made: dict[str, dict[str, Any]] = {
+            "sheet.png": {
+                "alt": "Contact sheet of the bundled example photos", "caption": sheet_caption,
+                "command": "convnets " + " ".join(_shown(sheet, work)), "weights": weights,
+                "inputs": {f"convnets/assets/examples/{p.name}": sha256(p)
+                           for p in sorted(EXAMPLES.iterdir()) if p.suffix in (".png", ".jpg")}},
+            "curves.png": {
+                "alt": "Training curves: loss and top-1 against epoch", "inputs": evaluated,
+                "caption": f"A small ResNet (resnet50 with {TINY}) trained from scratch for 10 epochs on a "
+                           f"generated data set of {len(CLASSES)} patterns ({', '.join(CLASSES)}; 32 training and "
+                           "12 validation images per class, 40 px, cropped to 32).",
+                "command": "convnets train --data patterns --output run " + " ".join(TRAIN)},
+            "confusion.png": {
+                "alt": "Confusion matrix of the validation images", "inputs": evaluated,
+                "caption": f"That model evaluated on the {report['images']} validation images: top-1 "
+                           f"{report['top1']:.1f}%.",
+                "command": "convnets " + " ".join(EVALUATE)},
         }
-        for name, entry in record["pictures"].items():
+        for name, entry in made.items():
             entry["sha256"] = sha256(PICTURES / name)
+        record = {"command": COMMAND,
+                  "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
+                              "torch": torch.__version__},
+                  "commit": _commit(), "pictures": made}
         PROVENANCE.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {', '.join(sorted(record['pictures']))} and {PROVENANCE.relative_to(ROOT)}")
+    print(f"wrote {', '.join(sorted(made))} and {PROVENANCE.relative_to(ROOT)}")
 
 
 def _shown(args: list[str], work: Path) -> list[str]:

@@ -202,8 +202,8 @@ class ContactSheetWriter:
         classes = min(self.max_classes, max(len(r.top) for r in results))
         tiles = [self._tile(result, classes) for result in results]
         columns, (width, height), gap = min(self.columns, len(tiles)), tiles[0].size, self.gap
-        sheet = Image.new("RGB", (gap + columns * (width + gap), gap + math.ceil(len(tiles) / columns) * (height + gap)),
-                          _PAPER)
+        rows = math.ceil(len(tiles) / columns)
+        sheet = Image.new("RGB", (gap + columns * (width + gap), gap + rows * (height + gap)), _PAPER)
         for i, tile in enumerate(tiles):
             row, column = divmod(i, columns)
             sheet.paste(tile, (gap + column * (width + gap), gap + row * (height + gap)))
