@@ -7,34 +7,25 @@ from __future__ import annotations
 
 import hashlib
 import html
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from conftest import REPO
 from PIL import Image
 from strict_skips import require_module
 from test_architecture import import_graph
+from test_docs_build import hooks
 
 SHEET_TILE, SHEET_GAP = 256, 8  # the contact sheet's default geometry
 EXAMPLES = sorted(p for p in (REPO / "convnets" / "assets" / "examples").iterdir() if p.suffix in (".png", ".jpg"))
 
 
-def _load_pictures() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("convnets_docs_pictures", REPO / "docs" / "pictures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pictures = _load_pictures()
+pictures = hooks._import("docs.pictures")  # as the site build imports it
 RECORD = json.loads((REPO / "docs" / "pictures" / "provenance.json").read_text(encoding="utf-8"))
 
 
