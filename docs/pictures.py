@@ -217,7 +217,7 @@ def _checked(done: subprocess.CompletedProcess[str]) -> None:
         raise SystemExit(f"{' '.join(done.args[2:])} failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
-#: The small model trained on the patterns, and its run: about 40 s of CPU time (2026-11-26, on a busy 2-core machine).
+#: The small model trained on the patterns, and its run: 38 s of CPU time (2026-11-26, a shared 2-core machine).
 TINY = '{"layers": [1, 1, 1, 1], "widths": [16, 32, 64, 128]}'
 TRAIN = ["--model", "resnet50", "--arch-kwargs", TINY, "--image-size", "32", "--epochs", "10", "--batch-size", "32",
          "--lr", "0.05", "--label-smoothing", "0", "--workers", "0", "--device", "cpu", "--seed", "0",
