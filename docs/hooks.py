@@ -593,6 +593,7 @@ def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
     """Replace the markers of one page's Markdown with their generated Markdown."""
+    markdown = _import("docs.pictures").on_page_markdown(markdown)  # the package's own pictures
     markdown = NOTEBOOK_MARKER.sub(lambda m: render_notebook(m.group(1)), markdown)
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_reference())

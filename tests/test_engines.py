@@ -128,9 +128,9 @@ def test_a_missing_extra_is_named_when_the_engine_is_asked_for(monkeypatch: pyte
                                                                 se_model: torch.nn.Module) -> None:
     monkeypatch.setitem(sys.modules, "openvino", None)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[openvino\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install -c constraints.txt -e '\.\[openvino\]'"):
         convnets.optimize_for_inference(se_model, engine="openvino")
-    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[export\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install -c constraints.txt -e '\.\[export\]'"):
         convnets.optimize_for_inference(se_model, engine="onnxruntime")
 
 

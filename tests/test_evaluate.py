@@ -346,7 +346,7 @@ def test_without_matplotlib_the_report_is_written_with_one_line_about_the_figure
         written = report.write(tmp_path)
     assert written == [tmp_path / "report.json"] and not (tmp_path / "confusion.png").exists()
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "pip install 'convnets-hub[plots]'" in lines[0]
+    assert len(lines) == 1 and "pip install -c constraints.txt -e '.[plots]'" in lines[0]
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["confusion_matrix"] == [[3, 1], [0, 2]] and saved["top1"] == pytest.approx(500 / 6)
     assert [c["precision"] for c in saved["classes"]] == [1.0, pytest.approx(2 / 3)]

@@ -145,13 +145,14 @@ def test_an_export_that_disagrees_with_pytorch_fails_and_leaves_no_file(tmp_path
 def test_missing_onnxruntime_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
-    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[export\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install -c constraints.txt -e '\.\[export\]'"):
         export_model(tiny_model(), tmp_path / "model.onnx", batch=verification_batch(), image_size=SIZE)
     status = main(["export", "--model", "resnet50", "--random-init", "--arch-kwargs",
                    json.dumps(dict(layers=[1], widths=[8])), "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1
-    assert err[-1].startswith("convnets export: error: onnxruntime") and "'convnets-hub[export]'" in err[-1]
+    assert err[-1].startswith("convnets export: error: onnxruntime")
+    assert "pip install -c constraints.txt -e '.[export]'" in err[-1]
     assert not list(tmp_path.rglob("*.onnx"))
 
 

@@ -171,7 +171,7 @@ def test_an_openvino_export_that_disagrees_leaves_neither_file(tmp_path: Path,
 
 def test_missing_openvino_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "openvino", None)  # makes `import openvino` fail
-    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[openvino\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install -c constraints.txt -e '\.\[openvino\]'"):
         export_model(tiny("resnet50", seed=0), tmp_path / "model.xml", format="openvino",
                      batch=verification_batch(), image_size=SIZE)
     assert list(tmp_path.iterdir()) == []

@@ -16,8 +16,10 @@ from PIL import Image, ImageOps
 
 import convnets
 from convnets.errors import ImageNotFoundError, InvalidArgumentError, UnknownArgumentError
-from convnets.inference.predict import Prediction, TopClass
+from convnets.inference.loader import Decoding
+from convnets.inference.predict import Prediction, TopClass, iter_predict
 from convnets.inference.sheet import ContactSheetWriter, check_sheet_destination, sheet_path, write_contact_sheets
+from convnets.preprocessing.presets import DEFAULT_PRESET
 
 SIDE, GAP = 256, 8  # the writer's defaults: thumbnail square and white space
 PAPER, FRAME, FAILED = (255, 255, 255), (236, 236, 236), (250, 222, 222)
@@ -137,37 +139,57 @@ def test_a_sheet_is_written_as_soon_as_it_is_full(tmp_path: Path) -> None:
         assert _grid(image, 2)[:2] == (2, 1)
 
 
-def test_thumbnails_are_the_images_read_again_and_urls_downloaded_again(tmp_path: Path,
-                                                                         http_server: LoopbackServer) -> None:
+def _photo_thumbnail(name: str) -> np.ndarray:
+    """Independently: PIL reads the photo, upright RGB, scaled to fit 256 (upstream's thumbnail)."""
+    with Image.open(EXAMPLES / name) as photo:
+        photo = ImageOps.exif_transpose(photo).convert("RGB")
+    scale = SIDE / max(photo.size)
+    size = (round(photo.width * scale), round(photo.height * scale))
+    return np.asarray(photo.resize(size, Image.Resampling.LANCZOS)).astype(int)
+
+
+def _assert_centred(square: np.ndarray, expected: np.ndarray, name: str) -> None:
+    height, width = expected.shape[:2]
+    top, left = (SIDE - height) // 2, (SIDE - width) // 2
+    got = square[top:top + height, left:left + width].astype(int)
+    assert np.abs(got - expected).mean() < 1.0, name
+
+
+def test_thumbnails_are_the_decoded_images_and_urls_are_downloaded_once(tmp_path: Path,
+                                                                        http_server: LoopbackServer) -> None:
+    """The sheet shows the images the predictions were decoded from (a decoding worker process included):
+    a URL is downloaded once for both, and an input deleted after its prediction still has its picture.
+    A prediction made without a thumbnail is read again; one whose second read fails keeps its tile and
+    its classes, with the reason in place of the picture."""
     http_server.routes["/cat.png"] = Route((EXAMPLES / "chelsea.png").read_bytes(), content_type="image/png")
     url = f"{http_server.base_url}/cat.png"
-    gone = _solid_images(tmp_path / "in", 1)[0]
-    results = [_prediction(EXAMPLES / "rocket.jpg"), _prediction(url, k=1), _prediction(gone)]
-    gone.unlink()  # predicted, then deleted before its sheet is drawn: the tile says so
+    gone, gone_later = _solid_images(tmp_path / "in", 2)
+    decoding = Decoding(preset=DEFAULT_PRESET, workers=1, thumbnail=SIDE)
+    logits = torch.tensor([[3.0, 2.0, 1.0]])  # any model: the sheet draws what it gave
+    results = list(iter_predict(lambda batch: logits.expand(len(batch), 3), [str(EXAMPLES / "rocket.jpg"), url,
+                                str(gone)], labels=[LONG_LABEL, "tabby, tabby cat", "x"], topk=3, decoding=decoding))
+    assert [r.thumbnail is not None for r in results] == [True, True, True]
+    assert results[0] == Prediction(results[0].input, results[0].top)  # the thumbnail takes no part in equality
+    gone.unlink()  # predicted, then deleted before its sheet is drawn: its picture is the decoded one
+    without = [_prediction(EXAMPLES / "coffee.png"), _prediction(gone_later)]  # no thumbnail: read again
+    gone_later.unlink()  # ... and this one cannot be: the tile says so
     with ContactSheetWriter(tmp_path / "p.png", timeout=10, allow_private=True) as writer:
-        for result in results:
+        for result in results + without:
             writer.add(result)
     assert writer.paths == [tmp_path / "p.png"] and http_server.hits["/cat.png"] == 1
     with Image.open(tmp_path / "p.png") as image:
-        columns, _, tile_height = _grid(image, 3)
+        columns, _, tile_height = _grid(image, 5)
         pixels = np.asarray(image)
     _assert_text_fits(pixels, columns, tile_height)
-    for index, name in [(0, "rocket.jpg"), (1, "chelsea.png")]:
-        # Independently: PIL reads the photo, upright RGB, scaled to fit 256 (upstream's thumbnail), centred.
-        with Image.open(EXAMPLES / name) as photo:
-            photo = ImageOps.exif_transpose(photo).convert("RGB")
-        scale = SIDE / max(photo.size)
-        size = (round(photo.width * scale), round(photo.height * scale))
-        expected = np.asarray(photo.resize(size, Image.Resampling.LANCZOS)).astype(int)
-        top, left = (SIDE - size[1]) // 2, (SIDE - size[0]) // 2
-        square = _square(pixels, index, columns, tile_height)
-        got = square[top:top + size[1], left:left + size[0]].astype(int)
-        assert np.abs(got - expected).mean() < 1.0, name
-    missing = _square(pixels, 2, columns, tile_height)
+    for index, name in [(0, "rocket.jpg"), (1, "chelsea.png"), (3, "coffee.png")]:
+        _assert_centred(_square(pixels, index, columns, tile_height), _photo_thumbnail(name), name)
+    _assert_solid_thumbnail(_square(pixels, 2, columns, tile_height), _color(0))
+    missing = _square(pixels, 4, columns, tile_height)
     assert (missing[-20:, -20:] == FRAME).all() and (missing != FRAME).any(axis=2).sum() > 200  # the reason
-    # The classes of the input without a thumbnail are still drawn: its text area has as much ink as the first's.
+    # The classes of the input without a thumbnail are still drawn: its text area has as much ink as the
+    # other read-again one's (same classes, names of the same length).
     below = [pixels[GAP + SIDE + 22:GAP + tile_height, GAP + i * (SIDE + GAP):GAP + i * (SIDE + GAP) + SIDE]
-             for i in (0, 2)]
+             for i in (3, 4)]
     assert abs(int((below[0] != PAPER).sum()) - int((below[1] != PAPER).sum())) < 50
 
 
@@ -178,12 +200,13 @@ def test_a_sheet_created_by_someone_else_during_the_run_is_not_overwritten(tmp_p
     writer = ContactSheetWriter(first, per_sheet=2, interface="cli")
     writer.add(_prediction(images[0]))
     first.write_bytes(b"theirs")  # appears after the check, before the first sheet is written
-    writer.add(_prediction(images[1]))  # the first sheet is drawn now
     with pytest.raises(InvalidArgumentError) as caught:
-        writer.add(_prediction(images[2]))  # its failure surfaces at the next call
-        writer.close()
+        writer.add(_prediction(images[1]))  # fills the first sheet: drawn and written now, and refused
     assert str(first) in caught.value.message_for("cli") and "--show" in caught.value.message_for("cli")
     assert "created by someone else" in str(caught.value)
+    with pytest.raises(InvalidArgumentError, match="closed"):  # it writes no more: no second sheet
+        writer.add(_prediction(images[2]))
+    assert writer.close() == []
     assert first.read_bytes() == b"theirs" and not second.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "s.png"]  # no temporary file left
     # With overwrite, the writer's own choice, it is replaced.
@@ -249,13 +272,18 @@ def test_cli_show_with_output_writes_two_sheets_of_71_inputs(tmp_path: Path, tin
     assert not (tmp_path / "show-3.png").exists()
 
 
-def test_cli_show_with_json_keeps_stdout_json(tmp_path: Path, tiny_checkpoint: Path) -> None:
+def test_cli_show_with_json_keeps_stdout_json(tmp_path: Path, tiny_checkpoint: Path,
+                                             http_server: LoopbackServer) -> None:
+    http_server.routes["/cat.png"] = Route((EXAMPLES / "chelsea.png").read_bytes(), content_type="image/png")
     done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--show", str(tmp_path / "ex.png"),
-                   str(EXAMPLES))
+                   str(EXAMPLES), f"{http_server.base_url}/cat.png")
     assert done.returncode == 0, done.stderr
-    assert [Path(r["input"]).name for r in json.loads(done.stdout)] == ["chelsea.png", "coffee.png", "rocket.jpg"]
+    assert [Path(r["input"]).name for r in json.loads(done.stdout)] == ["chelsea.png", "coffee.png", "rocket.jpg",
+                                                                        "cat.png"]
+    assert http_server.hits["/cat.png"] == 1  # its thumbnail is the image decoded for the model: one download
     with Image.open(tmp_path / "ex.png") as image:
-        assert _grid(image, 3)[:2] == (3, 1)
+        columns, _, tile_height = _grid(image, 4)
+        _assert_centred(_square(np.asarray(image), 3, columns, tile_height), _photo_thumbnail("chelsea.png"), "URL")
 
 
 @pytest.mark.parametrize("show, problem", [("out.jpg", "ending in .png"), ("no/such/dir/s.png", "does not exist")])

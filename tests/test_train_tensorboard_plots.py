@@ -114,8 +114,8 @@ def test_missing_packages_cost_one_line_each_and_no_failure(digits: Path, tmp_pa
     assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "curves.png").exists()
     lines = [r.getMessage() for r in caplog.records]
     assert sum("TensorBoard" in m for m in lines) == 1 and sum("curves.png" in m for m in lines) == 1
-    assert any("pip install 'convnets-hub[tensorboard]'" in m for m in lines)
-    assert any("pip install 'convnets-hub[plots]'" in m for m in lines)
+    assert any("pip install -c constraints.txt -e '.[tensorboard]'" in m for m in lines)
+    assert any("pip install -c constraints.txt -e '.[plots]'" in m for m in lines)
 
 
 def _write_metrics(directory: Path, records: list[dict[str, object]]) -> Path:
@@ -133,12 +133,12 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: py
     run = _write_metrics(tmp_path / "run", RECORDS)
     for name in MATPLOTLIB:
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[plots\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install -c constraints.txt -e '\.\[plots\]'"):
         plot_curves(RECORDS, tmp_path / "x.png")
     assert cli.main(["plot", str(run)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("convnets plot: error: matplotlib is needed")
-    assert "pip install 'convnets-hub[plots]'" in err[0] and not (run / "curves.png").exists()
+    assert "pip install -c constraints.txt -e '.[plots]'" in err[0] and not (run / "curves.png").exists()
 
 
 def test_plot_errors_name_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

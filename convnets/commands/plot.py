@@ -1,7 +1,7 @@
 """``convnets plot OUT``: draw ``OUT/curves.png`` (loss and top-1 against epoch) from ``OUT/metrics.jsonl``.
 
 The same figure ``convnets train`` draws at its end; run it during training to see the epochs so
-far. Needs matplotlib (``pip install 'convnets-hub[plots]'``); imports no PyTorch.
+far. Needs matplotlib (the ``plots`` extra); imports no PyTorch.
 """
 
 from __future__ import annotations

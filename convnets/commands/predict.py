@@ -18,6 +18,7 @@ end: the file one process writes (see :mod:`convnets.inference.shard`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from contextlib import ExitStack
@@ -99,8 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show", metavar="FILE.png", default=None,
                         help="also draw contact sheets: each image as a thumbnail with its top classes (10 at most; "
                              "failed inputs: the reason), 64 per sheet, in FILE.png, FILE-2.png, ... (refused if any of "
-                             "them exists); images are read again for their thumbnails (URLs downloaded again). "
-                             "With --resume: this run's inputs")
+                             "them exists), each written as soon as its images are predicted; the thumbnails are "
+                             "kept as the images are decoded. With --resume: this run's inputs")
     add_progress_argument(parser)
 
 
@@ -192,6 +193,8 @@ class PredictJob(BatchJob):
                 start: int, on_batch: Callable[[int], None]) -> Iterator[Prediction]:
         from convnets.inference.predict import predict_items
 
+        if self.sheets is not None:  # the sheets' thumbnails, kept as the inputs are decoded: read once
+            decoding = dataclasses.replace(decoding, thumbnail=self.sheets.side)
         return predict_items(self.net, items, labels=self.labels, topk=self.topk, batch_size=batch_size,
                              device=device, decoding=decoding, start=start, on_batch=on_batch)
 

@@ -22,6 +22,7 @@ import torch
 
 from convnets.dist import DistContext
 from convnets.errors import DataError, MissingDependencyError
+from convnets.extras import install_hint
 from convnets.preprocessing.presets import EvalPreset
 from convnets.data.batches import Batch, DataSource, sample_seed
 
@@ -36,7 +37,7 @@ def _import_dali() -> Any:
         import nvidia.dali.plugin.pytorch  # noqa: F401  (the iterator lives there)
     except ImportError as e:
         raise MissingDependencyError(f"the DALI data backends need NVIDIA DALI, which is not installed: "
-                                     f"pip install 'convnets-hub[dali]' (or pip install {DALI_PACKAGE}; or use the "
+                                     f"{install_hint('dali')} (or pip install {DALI_PACKAGE}; or use the "
                                      f"pytorch data backend)") from e
     return dali
 

@@ -16,7 +16,7 @@ same client works with either:
   GPUs too; a format with neither cannot be served this way;
 * ``python``: Triton's Python backend running ``model.py`` (:mod:`convnets.deploy.triton_python`),
   which loads ``model.onnx`` with ONNX Runtime or ``model.xml`` with OpenVINO on the CPU. The Triton
-  that ``pip install 'convnets-hub[serve]'`` installs has only this backend: ``convnets serve
+  that the ``serve`` extra installs has only this backend: ``convnets serve
   --repository DIR`` serves this variant on the machine that exported it.
 
 At scale, either variant is served the same way: Triton's KServe v2 protocol over HTTP and gRPC
@@ -39,6 +39,7 @@ from convnets.deploy.export import ExportResult
 from convnets.preprocessing.presets import EvalPreset
 from convnets.deploy.formats import ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError
+from convnets.extras import install_hint
 
 __all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_version_dir", "triton_config",
            "write_labels", "write_triton_files"]
@@ -127,7 +128,7 @@ def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
         runtime = (f'platform: "{fmt.triton_platform}"' if fmt.triton_platform
                    else f'backend: "{fmt.triton_backend}"')
         instances = f"instance_group [ {{ kind: {fmt.triton_instance_kind} }} ]\n" if fmt.triton_instance_kind else ""
-    serve = ("convnets serve --repository DIR (the Triton of convnets-hub[serve]), or a Triton with the Python "
+    serve = ("convnets serve --repository DIR (the Triton of convnets' serve extra), or a Triton with the Python "
              f"backend and numpy + {fmt.triton_python_runtime}" if backend == "python"
              else "tritonserver --model-repository=DIR (NGC's nvcr.io/nvidia/tritonserver, CPU or GPU)")
     return f"""\
@@ -169,7 +170,7 @@ def _serve_section(repository: Path, backend: str, fmt: ExportFormat) -> str:
         here = f"""Here, with the Triton that the `serve` extra installs (Linux; its Python backend runs `1/model.py`,
 which loads the file with {fmt.triton_python_runtime}):
 
-    pip install 'convnets-hub[serve]'
+    {install_hint('serve')}
     convnets serve --repository {repository.resolve()}
 
 In NGC's Triton container, whose Python backend needs `pip install numpy {fmt.triton_python_runtime}` first

@@ -6,7 +6,7 @@ graph beside it with the runtime that the config's parameters name (``model.onnx
 Runtime, ``model.xml`` with OpenVINO) and answers each batch that Triton's dynamic batcher forms
 in one call: float32 NCHW images in, float32 logits out, as the native backends' configs do. It
 needs numpy and that runtime in the Python environment of Triton's Python backend: the one that
-``pip install 'convnets-hub[serve]'`` sets up, where ``convnets serve --repository DIR`` runs it.
+convnets' ``serve`` extra sets up, where ``convnets serve --repository DIR`` runs it.
 
 As convnets does (``convnets.deploy.telemetry``), the runtimes' third-party telemetry is kept off:
 ONNX Runtime's by ``ORT_DISABLE_TELEMETRY=1`` unless set otherwise, OpenVINO's by blocking the

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from convnets.errors import MissingDependencyError
+from convnets.extras import install_hint
 from convnets.fileio import atomic_write
 
 __all__ = ["DPI", "FIGSIZE", "MAX_SHOWN", "plot_confusion", "shown_classes"]
@@ -74,7 +75,7 @@ def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str 
     except ImportError as e:
         raise MissingDependencyError(
             f"matplotlib is needed to draw {Path(path).name} but cannot be imported ({e}); install the 'plots' "
-            "extra: pip install 'convnets-hub[plots]'") from e
+            f"extra: {install_hint('plots')}") from e
     cm = np.asarray(confusion)
     # Pairs beyond the report's list only matter when they add classes: take them from the matrix.
     off = cm.copy()

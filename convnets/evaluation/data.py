@@ -40,6 +40,7 @@ from pathlib import Path
 
 from convnets.constants import IMAGE_SUFFIXES
 from convnets.errors import DataError, InvalidArgumentError, MissingDependencyError, short_repr
+from convnets.extras import install_hint
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_synsets
 
 __all__ = ["DEVKIT_ARCHIVE", "GROUND_TRUTH", "KAGGLE_SOLUTION", "LAYOUTS", "EvalSamples", "find_eval_samples"]
@@ -169,7 +170,7 @@ def _parse_meta_mat(devkit_data: Path) -> dict[int, str]:
         import scipy.io
     except ImportError as e:
         raise MissingDependencyError(f"scipy is needed to read the devkit's meta.mat ({e}); install the "
-                                     "'imagenet' extra: pip install 'convnets-hub[imagenet]'") from e
+                                     f"'imagenet' extra: {install_hint('imagenet')}") from e
     path = devkit_data / "meta.mat"
     if not path.is_file():
         raise DataError(f"{devkit_data / GROUND_TRUTH} needs the devkit's meta.mat beside it (it maps the devkit's "
@@ -206,7 +207,7 @@ def _devkit_wnids(labels: Path) -> list[str]:
             wnids = imagenet.load_meta_file(str(labels.parent), labels.name)[1]
     except ImportError as e:
         raise MissingDependencyError(f"scipy is needed to parse the devkit ({e}); install the 'imagenet' extra: "
-                                     "pip install 'convnets-hub[imagenet]'") from e
+                                     f"{install_hint('imagenet')}") from e
     except RuntimeError as e:  # torchvision: a missing or corrupted archive / meta file
         raise DataError(f"{labels}: {str(e).strip()[:300]}") from e
     except MemoryError:

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from convnets.errors import InvalidArgumentError
+from convnets.extras import install_hint
 from convnets.fileio import atomic_write
 
 __all__ = ["CONFUSION", "METRICS", "REPORT", "ClassMetrics", "ConfusedPair", "Counts", "EvalTotals",
@@ -307,5 +308,5 @@ class EvaluationReport:
                 written.append(plot_confusion(self.confusion, [c.name for c in self.classes], directory / CONFUSION,
                                               summary=f"top-1 {self.metrics['top1']:.2f}% on {self.images} images"))
             except ImportError:  # MissingDependencyError too
-                log.warning("%s not drawn: matplotlib is not installed (pip install 'convnets-hub[plots]')", CONFUSION)
+                log.warning("%s not drawn: matplotlib is not installed (%s)", CONFUSION, install_hint("plots"))
         return written

@@ -156,7 +156,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
         out = features(batch).float()
         return (nn.functional.normalize(out, dim=1) if normalize else out).cpu().numpy()
     chosen = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private)
-    for name, vector, error in map_batches(vectors, items, batch_size=batch_size, decoding=chosen, device=device,
+    for name, vector, error, _ in map_batches(vectors, items, batch_size=batch_size, decoding=chosen, device=device,
                                            start=start, on_batch=on_batch):
         yield Embedding(name, vector, error)
 

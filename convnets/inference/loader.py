@@ -32,16 +32,17 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import torch
+from PIL import Image
 
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem as Item
 from convnets.preprocessing.io import is_url
-from convnets.preprocessing.pipeline import prepare_batch
+from convnets.preprocessing.pipeline import prepare_batch, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset
 from convnets.runtime import check_workers, init_worker
 
@@ -67,6 +68,9 @@ class Decoding:
             that come from someone else.
         fast_decode: decode large JPEGs at a reduced DCT scale first (``--fast-decode``; see
             :func:`~convnets.preprocessing.pipeline.prepare_batch`); default: the exact preprocessing.
+        thumbnail: also keep each decoded input as a thumbnail fitting this square, in pixels
+            (:func:`~convnets.preprocessing.pipeline.thumbnail_of`), for contact sheets
+            (``predict --show``); ``None`` (default): keep none.
     """
 
     preset: EvalPreset | None = None
@@ -74,6 +78,7 @@ class Decoding:
     workers: int | None = 0
     allow_private: bool = True
     fast_decode: bool = False
+    thumbnail: int | None = None
 
     def with_preset(self, preset: EvalPreset) -> Decoding:
         """This decoding with ``preset`` (the model's, sized as asked)."""
@@ -129,12 +134,14 @@ class DecodedBatch:
         tensor: ``[len(rows), 3, H, W]`` float32, the inputs that decoded.
         rows: for each row of ``tensor``, its position in ``items``.
         errors: position in ``items`` -> why that input could not be read.
+        thumbnails: position in ``items`` -> its thumbnail (with :attr:`Decoding.thumbnail`).
     """
 
     items: list[Item]
     tensor: torch.Tensor
     rows: list[int]
     errors: dict[int, ImageLoadError]
+    thumbnails: dict[int, Image.Image] = field(default_factory=dict)
 
     def pin_memory(self) -> DecodedBatch:
         """The batch with its tensor in page-locked memory (DataLoader calls this with ``pin_memory``)."""
@@ -177,11 +184,18 @@ def decode(chunk: list[Item], decoding: Decoding, *, in_worker: bool = False) ->
     readable = [i for i, (_, error) in enumerate(chunk) if error is None]
     names = [chunk[i][0] for i in readable]
     threads = 1 if in_worker and not any(is_url(name) for name in names) else None
+    thumbnails: dict[int, Image.Image] = {}
+    size = decoding.thumbnail
+
+    def keep(pos: int, image: Image.Image) -> None:  # the image the tensor is made from: read once
+        if size:
+            thumbnails[readable[pos]] = thumbnail_of(image, size)
     batch = prepare_batch(names, on_error="collect", preset=decoding.preset, timeout=decoding.timeout,
-                          workers=threads, allow_private=decoding.allow_private, fast_decode=decoding.fast_decode)
+                          workers=threads, allow_private=decoding.allow_private, fast_decode=decoding.fast_decode,
+                          on_image=keep if size else None)
     errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
     errors.update({readable[pos]: error for pos, error in batch.errors})
-    return DecodedBatch(chunk, batch.tensor, [readable[pos] for pos in batch.indices], errors)
+    return DecodedBatch(chunk, batch.tensor, [readable[pos] for pos in batch.indices], errors, thumbnails)
 
 
 def _identity(batch: Any) -> Any:
@@ -235,7 +249,8 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding |
 
 def map_batches(compute: Callable[[torch.Tensor], Iterable[T]], items: Iterable[Item], *, batch_size: int,
                 decoding: Decoding, device: torch.device | str = "cpu", start: int = 0,
-                on_batch: Callable[[int], None] | None = None) -> Iterator[tuple[str, T | None, ImageLoadError | None]]:
+                on_batch: Callable[[int], None] | None = None,
+                ) -> Iterator[tuple[str, T | None, ImageLoadError | None, Image.Image | None]]:
     """The library loop of predictions and embeddings: decode each batch, ``compute`` on its tensor.
 
     Args:
@@ -246,7 +261,8 @@ def map_batches(compute: Callable[[torch.Tensor], Iterable[T]], items: Iterable[
         on_batch: called with the number of inputs handled after each batch (progress bars, flushing).
 
     Yields:
-        ``(input, value, error)`` per input in order: ``value`` ``None`` where ``error`` is set.
+        ``(input, value, error, thumbnail)`` per input in order: ``value`` ``None`` where ``error`` is
+        set, ``thumbnail`` ``None`` unless ``decoding`` keeps thumbnails and the input was decoded.
     """
     for batch in iter_batches(items, batch_size=batch_size, decoding=decoding, device=device, start=start):
         values: dict[int, T] = {}
@@ -254,6 +270,6 @@ def map_batches(compute: Callable[[torch.Tensor], Iterable[T]], items: Iterable[
             with torch.inference_mode():
                 values = dict(zip(batch.rows, compute(batch.tensor)))
         for i, (name, _) in enumerate(batch.items):
-            yield name, values.get(i), batch.errors.get(i)
+            yield name, values.get(i), batch.errors.get(i), batch.thumbnails.get(i)
         if on_batch is not None:
             on_batch(len(batch.items))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from PIL import Image
 
 from convnets.constants import DEFAULT_TIMEOUT, IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
@@ -35,7 +36,7 @@ from convnets.inference.loader import Decoding, Result, map_batches
 from convnets.inference.names import display_name
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
-from convnets.preprocessing.pipeline import load_thumbnail
+from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 __all__ = ["IMAGE_SUFFIXES", "MAX_ROWS", "InputItem", "Prediction", "Predictions", "TopClass", "class_labels",
@@ -54,11 +55,14 @@ class TopClass:
 
 @dataclass(frozen=True)
 class Prediction(Result):
-    """The result for one input: its top classes, or why it could not be read (``ok``: see :class:`Result`)."""
+    """The result for one input: its top classes, or why it could not be read (``ok``: see :class:`Result`),
+    and its thumbnail when it was decoded with :attr:`Decoding.thumbnail <convnets.inference.loader.Decoding>`
+    set (contact sheets draw it; it takes no part in comparisons)."""
 
     input: str
     top: list[TopClass] = field(default_factory=list)
     error: ImageLoadError | None = None
+    thumbnail: Image.Image | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         """The input's name and its classes, one per line, as ``convnets predict`` prints them."""
@@ -101,9 +105,10 @@ def predictions_html(predictions: Sequence[Prediction], *, thumbnail: int = 128,
     """An HTML table of ``predictions``: per input, its thumbnail, name, and top classes with bars.
 
     What a contact sheet (:mod:`convnets.inference.sheet`) draws into a PNG, inline in a notebook
-    (``_repr_html_`` of :class:`Predictions` and :class:`Prediction`). Thumbnails are read again
-    from each input, as for sheets, and embedded as JPEG data URLs; an input that cannot be read
-    again keeps its row, with the reason in place of the picture.
+    (``_repr_html_`` of :class:`Predictions` and :class:`Prediction`). Thumbnails are the
+    predictions' own (decoded with ``Decoding(thumbnail=...)``), else read again from each input, and
+    embedded as JPEG data URLs; an input that cannot be read again keeps its row, with the reason in
+    place of the picture.
 
     Args:
         predictions: the results to show, in order.
@@ -127,7 +132,8 @@ def _row(prediction: Prediction, side: int, timeout: float) -> str:
     if not prediction.ok:
         return (f'<tr style="background:#fadede"><td style="{_CELL}"></td><td style="{_CELL}"><b>{name}</b><br>'
                 f"{html.escape(str(prediction.error))}</td></tr>")
-    picture, why = load_thumbnail(prediction.input, side, timeout=timeout)
+    picture, why = ((thumbnail_of(prediction.thumbnail, side), None) if prediction.thumbnail is not None
+                    else load_thumbnail(prediction.input, side, timeout=timeout))
     if picture is None:
         image = f'<div style="width:{side}px;color:#5a5a5a">{html.escape(why or "")}</div>'
     else:
@@ -319,6 +325,6 @@ def predict_items(
         return [[TopClass(int(c), names[int(c)], float(p)) for p, c in zip(v, i)] for v, i in zip(values, indices)]
     chosen = resolve_decoding(model, decoding, preset=preset, image_size=image_size, resize_size=resize_size,
                               timeout=timeout, workers=workers, allow_private=allow_private)
-    for name, top, error in map_batches(top_classes, items, batch_size=batch_size, decoding=chosen, device=device,
-                                        start=start, on_batch=on_batch):
-        yield Prediction(name, top or [], error)
+    for name, top, error, thumbnail in map_batches(top_classes, items, batch_size=batch_size, decoding=chosen,
+                                                   device=device, start=start, on_batch=on_batch):
+        yield Prediction(name, top or [], error, thumbnail)

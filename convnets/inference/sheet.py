@@ -1,34 +1,23 @@
-"""Contact sheets of predictions: each image as a thumbnail with its top classes, as upstream's notebook
-shows them (``img.thumbnail((256, 256))`` and the top-5 list under it), without a notebook.
+"""Contact sheets of predictions (``convnets predict --show FILE.png``): each image as a thumbnail with its
+top classes and bars, as upstream's notebook shows them, 64 per sheet, in input order; a failed input's
+tile is red with the reason. Thumbnails are the ones decoded with the predictions (``Decoding(thumbnail=256)``,
+:class:`~convnets.inference.loader.Decoding`); one predicted without is read again. From Python::
 
-Used by ``convnets predict --show FILE.png``; also usable on :func:`convnets.inference.predict.iter_predict`'s
-results (or :func:`~convnets.inference.predict.predict`'s list)::
+    results = iter_predict(model, ["photos/"], topk=5, decoding=Decoding(thumbnail=256))
+    write_contact_sheets(results, "photos.png")   # photos.png, photos-2.png, ...
 
-    results = convnets.inference.predict.iter_predict(model, ["photos/"], topk=5)
-    write_contact_sheets(results, "photos.png")   # photos.png, photos-2.png, ... 64 images each
-
-Streaming: a sheet is drawn and written (atomically, :mod:`convnets.fileio`, and without ``overwrite``
-only under a name that is still free then: a sheet that someone else created meanwhile is never
-replaced) as soon as its
-``per_sheet`` results have arrived, on a background thread, so the caller's loop goes on while it is
-drawn; at most one sheet being collected and one being drawn are held, whatever the number of inputs.
-
-Thumbnails are read again from each input (files re-read, URLs downloaded again with the same
-``timeout``) when its sheet is drawn: predictions carry no pixels, and keeping them in the prediction
-pipeline would cost every run that shows nothing. An input whose second read fails keeps its tile and
-its classes, with the reason in place of the picture. An input that could not be predicted at all has a
-tile too, tinted red, with the reason in words: a sheet shows every input in input order.
+A sheet is drawn as soon as its results are in (the last one at :meth:`ContactSheetWriter.close`): one
+sheet's thumbnails are held at a time. It is written atomically and, without ``overwrite``, only under a
+name still free then: a file someone else created meanwhile is never replaced (:mod:`convnets.fileio`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import logging
 import math
 import os
 import re
+import textwrap
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,27 +29,18 @@ from convnets.fileio import atomic_write, directory_problem
 from convnets.inference.names import display_name
 
 if TYPE_CHECKING:
-    from types import TracebackType
-
     from convnets.inference.predict import Prediction
 
 __all__ = ["SHEET_SIZE", "ContactSheetWriter", "check_sheet_destination", "existing_sheets", "sheet_path",
            "write_contact_sheets"]
 
-log = logging.getLogger(__name__)
-
 #: Images per sheet: 8 x 8 thumbnails of 256 pixels keep a sheet readable on a screen.
 SHEET_SIZE = 64
 
-# Colours (RGB).
-_PAPER = (255, 255, 255)
-_FRAME = (236, 236, 236)  # behind a thumbnail that does not fill its square
-_INK = (25, 25, 25)
-_GREY_INK = (90, 90, 90)
-_BAR = (203, 222, 240)  # probability bars
-_TOP_BAR = (158, 196, 230)  # the best class's bar
-_FAILED = (250, 222, 222)
-_FAILED_INK = (150, 0, 0)
+# Colours (RGB): paper, the frame behind a thumbnail that does not fill its square, ink, probability bars
+# (the best class darker), failed inputs.
+_PAPER, _FRAME, _INK, _GREY_INK = (255, 255, 255), (236, 236, 236), (25, 25, 25), (90, 90, 90)
+_BAR, _TOP_BAR, _FAILED, _FAILED_INK = (203, 222, 240), (158, 196, 230), (250, 222, 222), (150, 0, 0)
 _ELLIPSIS = "\u2026"
 
 
@@ -102,159 +82,35 @@ def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path
     path = Path(path)
     python, cli = f"{option}={str(path)!r}", f"--{option} {path}"
 
-    def refuse(problem: str, advice: str) -> InvalidArgumentError:
-        return InvalidArgumentError(f"{python}: {problem}; {advice}", cli=f"{cli}: {problem}; {advice}",
+    def refuse(problem: str, advice: str, cli_advice: str | None = None) -> InvalidArgumentError:
+        return InvalidArgumentError(f"{python}: {problem}{advice}", cli=f"{cli}: {problem}{cli_advice or advice}",
                                     keyword=option)
 
     if path.suffix.lower() != ".png":
-        raise refuse("a contact sheet is a PNG file", "give a file name ending in .png")
+        raise refuse("a contact sheet is a PNG file", "; give a file name ending in .png")
     if path.is_dir():
-        raise refuse("is a directory", "give a file name ending in .png")
+        raise refuse("is a directory", "; give a file name ending in .png")
     problem = directory_problem(path.parent)
     if problem is not None:
-        raise InvalidArgumentError(f"{python}: {problem}", cli=f"{cli}: {problem}", keyword=option)
+        raise refuse(problem, "")
     existing = [] if overwrite else existing_sheets(path)
     if existing:
         names = ", ".join(display_name(str(p)) for p in existing[:5]) + (", ..." if len(existing) > 5 else "")
-        verb = "exists" if len(existing) == 1 else "exist"
-        problem = f"{names} {verb}"
-        raise InvalidArgumentError(f"{python}: {problem}; remove them, choose another name or pass overwrite=True",
-                                   cli=f"{cli}: {problem}; remove {'it' if len(existing) == 1 else 'them'} or "
-                                       "choose another name", keyword=option)
+        them = "it" if len(existing) == 1 else "them"
+        raise refuse(f"{names} {'exists' if len(existing) == 1 else 'exist'}",
+                     "; remove them, choose another name or pass overwrite=True",
+                     f"; remove {them} or choose another name")
     return path
 
 
-@dataclass(frozen=True)
-class _Style:
-    """The sheet's geometry and font."""
-
-    thumbnail: int
-    gap: int
-    max_classes: int
-    font: Any  # ImageFont.FreeTypeFont, or Pillow's bitmap font where FreeType is missing
-    line: int  # height of a text line
-
-
-def _font(size: int) -> Any:
-    """Pillow's bundled scalable font at ``size`` pixels (Pillow >= 10.1 with FreeType), else its bitmap font."""
-    try:
-        return ImageFont.load_default(size=size)
-    except (TypeError, AttributeError, ImportError, OSError):  # older Pillow, or built without FreeType
-        return ImageFont.load_default()
-
-
 def _fit(text: str, font: Any, width: float, *, keep_end: bool = False) -> str:
-    """``text`` cut with an ellipsis (at the end, or in the middle with ``keep_end``) to fit ``width`` pixels."""
+    """``text`` cut with an ellipsis to fit ``width`` pixels: its end cut, or with ``keep_end`` its start
+    (a path's end names the file)."""
     if font.getlength(text) <= width:
         return text
-    lo, hi = 0, len(text)  # the longest cut that fits: binary search on the number of characters kept
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if font.getlength(_cut(text, mid, keep_end)) <= width:
-            lo = mid
-        else:
-            hi = mid - 1
-    return _cut(text, lo, keep_end)
-
-
-def _cut(text: str, keep: int, keep_end: bool) -> str:
-    if not keep_end:
-        return text[:keep] + _ELLIPSIS
-    head = keep // 3  # a path's end (the file name) says more than its start
-    return text[:head] + _ELLIPSIS + text[len(text) - (keep - head):]
-
-
-def _wrap(text: str, font: Any, width: float, max_lines: int) -> list[str]:
-    """``text`` wrapped at spaces to ``width`` pixels (long words split), at most ``max_lines`` lines."""
-    lines: list[str] = []
-    current = ""
-    for word in text.split():
-        candidate = f"{current} {word}" if current else word
-        if font.getlength(candidate) <= width:
-            current = candidate
-            continue
-        if current:
-            lines.append(current)
-        while font.getlength(word) > width:  # a word wider than the line (a long path or URL)
-            cut = len(_fit(word, font, width)) - 1
-            lines.append(word[:max(cut, 1)])
-            word = word[max(cut, 1):]
-        current = word
-    if current:
-        lines.append(current)
-    if len(lines) > max_lines:
-        lines = lines[:max_lines]
-        lines[-1] = _fit(f"{lines[-1]} {_ELLIPSIS}", font, width)
-    return lines
-
-
-def _tile(result: Prediction, picture: Image.Image | None, why: str | None, style: _Style, classes: int,
-          interface: Interface) -> Image.Image:
-    """One input's tile: its picture (or the reason there is none), its name, its top classes."""
-    side, font, line = style.thumbnail, style.font, style.line
-    tile = Image.new("RGB", (side, side + line * (1 + classes)), _PAPER)
-    draw = ImageDraw.Draw(tile)
-    if not result.ok:
-        draw.rectangle((0, 0, side - 1, side - 1), fill=_FAILED)
-        reason = message_for(result.error, interface) if result.error is not None else "unknown error"
-        _text_block(draw, "could not be read: " + reason, style, _FAILED_INK)
-    elif picture is None:
-        draw.rectangle((0, 0, side - 1, side - 1), fill=_FRAME)
-        _text_block(draw, f"no thumbnail: {why}", style, _GREY_INK)
-    else:
-        draw.rectangle((0, 0, side - 1, side - 1), fill=_FRAME)
-        tile.paste(picture, ((side - picture.width) // 2, (side - picture.height) // 2))
-    draw.text((2, side + 1), _fit(display_name(result.input), font, side - 4, keep_end=True), font=font, fill=_INK)
-    for rank, top in enumerate(result.top[:classes]):
-        y = side + line * (rank + 1)
-        width = round((side - 1) * min(max(top.probability, 0.0), 1.0))
-        if width:
-            draw.rectangle((0, y + 1, width, y + line - 2), fill=_TOP_BAR if rank == 0 else _BAR)
-        percent = f"{100 * top.probability:.1f}%"
-        column = font.getlength("100.0%")
-        draw.text((2 + column - font.getlength(percent), y + 1), percent, font=font, fill=_INK)  # right-aligned
-        left = 8 + column
-        draw.text((left, y + 1), _fit(top.label, font, side - left - 2), font=font, fill=_INK)
-    return tile
-
-
-def _text_block(draw: ImageDraw.ImageDraw, text: str, style: _Style, fill: tuple[int, int, int]) -> None:
-    """``text`` wrapped inside the picture's square."""
-    pad = 6
-    lines = _wrap(display_name(text), style.font, style.thumbnail - 2 * pad, (style.thumbnail - 2 * pad) // style.line)
-    for i, part in enumerate(lines):
-        draw.text((pad, pad + i * style.line), part, font=style.font, fill=fill)
-
-
-def _draw_sheet(results: list[Prediction], path: Path, style: _Style, columns: int, timeout: float,
-                allow_private: bool, interface: Interface, overwrite: bool) -> None:
-    """Draw the tiles of ``results`` in rows of ``columns`` and write the PNG atomically (without
-    ``overwrite``: only if ``path`` does not exist by then)."""
-    from convnets.preprocessing.pipeline import load_thumbnail  # PIL + requests (+ torch): only when drawing
-
-    classes = min(style.max_classes, max(len(r.top) for r in results))
-    tiles = []
-    for result in results:
-        picture, why = (load_thumbnail(result.input, style.thumbnail, timeout=timeout, allow_private=allow_private,
-                                       interface=interface) if result.ok else (None, None))
-        tiles.append(_tile(result, picture, why, style, classes, interface))
-    columns = min(columns, len(tiles))
-    rows = math.ceil(len(tiles) / columns)
-    width, height = tiles[0].size
-    sheet = Image.new("RGB", (style.gap + columns * (width + style.gap), style.gap + rows * (height + style.gap)),
-                      _PAPER)
-    for i, tile in enumerate(tiles):
-        row, column = divmod(i, columns)
-        sheet.paste(tile, (style.gap + column * (width + style.gap), style.gap + row * (height + style.gap)))
-    try:
-        atomic_write(path, lambda f: sheet.save(f, format="PNG"), exclusive=not overwrite)
-    except FileExistsError as e:
-        # Checked absent when the run started: someone else created it since. Theirs stays.
-        problem = (f"{path} was created by someone else while this run drew it; it is left as it is and this "
-                   "sheet is not written")
-        raise InvalidArgumentError(f"{problem}: pass another path, or overwrite=True", keyword="overwrite",
-                                   cli=f"--show: {problem}: choose another --show") from e
-    log.info("wrote %s (%d images)", path, len(results))
+    while text and font.getlength(_ELLIPSIS + text if keep_end else text + _ELLIPSIS) > width:
+        text = text[1:] if keep_end else text[:-1]
+    return _ELLIPSIS + text if keep_end else text + _ELLIPSIS
 
 
 class ContactSheetWriter:
@@ -270,13 +126,11 @@ class ContactSheetWriter:
         per_sheet: images per sheet.
         columns: thumbnails per row (a sheet with fewer images has as many columns as images).
         thumbnail_size: side of each thumbnail's square, in pixels (upstream's notebook: 256).
-        max_classes: top classes written under each thumbnail, at most (predictions with more show
-            their first ones).
+        max_classes: top classes written under each thumbnail, at most.
         font_size: text height in pixels.
         gap: white space between and around the tiles, in pixels.
-        timeout: total seconds allowed for each URL's second download.
-        allow_private: download URLs whose host is a loopback, private or link-local address
-            (default); pass what the predictions were made with.
+        timeout: total seconds allowed for reading again a URL predicted without a thumbnail.
+        allow_private: download such URLs from loopback, private or link-local addresses (default).
         interface: the words of the errors written on failed inputs' tiles: ``"python"`` or ``"cli"``.
         overwrite: replace existing sheets of ``path`` (default: refuse them).
 
@@ -294,77 +148,108 @@ class ContactSheetWriter:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {value!r}")
         self.path = check_sheet_destination(path, overwrite=overwrite)
-        self.per_sheet, self.columns, self.timeout, self.interface = per_sheet, columns, timeout, interface
-        self.overwrite = overwrite
-        self.allow_private = allow_private
-        font = _font(font_size)
-        left, top, right, bottom = font.getbbox("Ag|%")
-        self._style = _Style(thumbnail_size, gap, max_classes, font, line=bottom - min(top, 0) + 5)
+        self.per_sheet, self.columns, self.side, self.max_classes, self.gap = (per_sheet, columns, thumbnail_size,
+                                                                               max_classes, gap)
+        self.timeout, self.allow_private, self.interface, self.overwrite = timeout, allow_private, interface, overwrite
+        try:  # Pillow's bundled scalable font (Pillow >= 10.1 with FreeType), else its bitmap font
+            self.font: Any = ImageFont.load_default(size=font_size)
+        except (TypeError, AttributeError, ImportError, OSError):
+            self.font = ImageFont.load_default()
+        left, top, right, bottom = self.font.getbbox("Ag|%")
+        self.line = bottom - min(top, 0) + 5
         #: The sheets written so far, in order.
         self.paths: list[Path] = []
         self._collected: list[Prediction] = []
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="convnets-sheet")
-        self._drawing: concurrent.futures.Future[None] | None = None
         self._closed = False
 
     def add(self, result: Prediction) -> None:
-        """Add the next prediction; a full sheet goes to the background thread to be drawn and written.
+        """Add the next prediction; the one that fills a sheet draws and writes it.
 
         Raises:
-            OSError: writing the previous sheet failed (the error is raised here, in the
-                caller's thread).
+            InvalidArgumentError: the sheet's file appeared since the start (it is left as it is, and
+                this writer writes no more).
+            OSError: writing the sheet failed.
         """
         if self._closed:
             raise InvalidArgumentError("this ContactSheetWriter is closed")
         self._collected.append(result)
         if len(self._collected) == self.per_sheet:
-            self._submit()
-
-    def _submit(self) -> None:
-        self._wait()  # one sheet drawn at a time: memory stays bounded when drawing is slower than predicting
-        path = sheet_path(self.path, len(self.paths) + 1)
-        results, self._collected = self._collected, []
-        self._drawing = self._pool.submit(_draw_sheet, results, path, self._style, self.columns, self.timeout,
-                                          self.allow_private, self.interface, self.overwrite)
-        self.paths.append(path)
-
-    def _wait(self) -> None:
-        if self._drawing is not None:
-            drawing, self._drawing = self._drawing, None
-            drawing.result()
+            self._write()
 
     def close(self) -> list[Path]:
-        """Write the last sheet and wait for the drawing to finish.
-
-        Returns:
-            The sheets written, in order (none when no prediction was added).
-        """
-        if self._closed:
-            return self.paths
+        """Write the last sheet; returns the sheets written, in order (none when nothing was added)."""
+        if not self._closed and self._collected:
+            self._write()
         self._closed = True
-        try:
-            if self._collected:
-                self._submit()
-            self._wait()
-        finally:
-            self._pool.shutdown(wait=True)
         return self.paths
 
     def abort(self) -> None:
-        """Stop without writing the sheet being collected (sheets already handed over are finished)."""
-        self._closed = True
-        self._collected = []
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop without writing the sheet being collected."""
+        self._closed, self._collected = True, []
 
     def __enter__(self) -> ContactSheetWriter:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
         if kind is None:
             self.close()
         else:
             self.abort()
+
+    def _write(self) -> None:
+        results, self._collected = self._collected, []
+        path = sheet_path(self.path, len(self.paths) + 1)
+        classes = min(self.max_classes, max(len(r.top) for r in results))
+        tiles = [self._tile(result, classes) for result in results]
+        columns, (width, height), gap = min(self.columns, len(tiles)), tiles[0].size, self.gap
+        rows = math.ceil(len(tiles) / columns)
+        sheet = Image.new("RGB", (gap + columns * (width + gap), gap + rows * (height + gap)), _PAPER)
+        for i, tile in enumerate(tiles):
+            row, column = divmod(i, columns)
+            sheet.paste(tile, (gap + column * (width + gap), gap + row * (height + gap)))
+        try:
+            atomic_write(path, lambda f: sheet.save(f, format="PNG"), exclusive=not self.overwrite)
+        except FileExistsError as e:  # checked free at the start: someone else created it since; theirs stays
+            self.abort()
+            problem = f"{path} was created by someone else while this run drew it; it is left as it is and this " \
+                      "sheet is not written"
+            raise InvalidArgumentError(f"{problem}: pass another path, or overwrite=True", keyword="overwrite",
+                                       cli=f"--show: {problem}: choose another --show") from e
+        self.paths.append(path)
+
+    def _tile(self, result: Prediction, classes: int) -> Image.Image:
+        """One input's tile: its picture (or the reason there is none), its name, its top classes."""
+        side, font, line = self.side, self.font, self.line
+        tile = Image.new("RGB", (side, side + line * (1 + classes)), _PAPER)
+        draw = ImageDraw.Draw(tile)
+        from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of  # torch: not at the CLI's start
+
+        draw.rectangle((0, 0, side - 1, side - 1), fill=_FRAME if result.ok else _FAILED)
+        picture, why, ink = result.thumbnail, None, _GREY_INK
+        if result.error is not None:
+            why, ink = "could not be read: " + message_for(result.error, self.interface), _FAILED_INK
+        elif picture is None:  # predicted without a thumbnail: read again
+            picture, why = load_thumbnail(result.input, side, timeout=self.timeout, allow_private=self.allow_private,
+                                          interface=self.interface)
+            why = None if picture is not None else f"no thumbnail: {why}"
+        if picture is not None:
+            picture = thumbnail_of(picture, side)  # as it is when decoded at this size
+            tile.paste(picture, ((side - picture.width) // 2, (side - picture.height) // 2))
+        elif why is not None:  # the reason, wrapped at an average letter's width, each line fitted
+            chars = max(1, int((side - 12) * 26 / font.getlength("abcdefghijklmnopqrstuvwxyz")))
+            for i, text in enumerate(textwrap.wrap(display_name(why), chars, max_lines=(side - 12) // line,
+                                                   placeholder=" " + _ELLIPSIS)):
+                draw.text((6, 6 + i * line), _fit(text, font, side - 12), font=font, fill=ink)
+        draw.text((2, side + 1), _fit(display_name(result.input), font, side - 4, keep_end=True), font=font, fill=_INK)
+        column = font.getlength("100.0%")
+        for rank, top in enumerate(result.top[:classes]):
+            y, percent = side + line * (rank + 1), f"{100 * top.probability:.1f}%"
+            bar = round((side - 1) * min(max(top.probability, 0.0), 1.0))
+            if bar:
+                draw.rectangle((0, y + 1, bar, y + line - 2), fill=_TOP_BAR if rank == 0 else _BAR)
+            draw.text((2 + column - font.getlength(percent), y + 1), percent, font=font, fill=_INK)  # right-aligned
+            draw.text((8 + column, y + 1), _fit(top.label, font, side - column - 10), font=font, fill=_INK)
+        return tile
 
 
 _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_classes", "font_size", "gap", "timeout",
@@ -372,7 +257,7 @@ _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_clas
 
 
 def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
-    """Write contact sheets of ``results`` (e.g. :func:`convnets.inference.predict.predict`'s), streaming.
+    """Write contact sheets of ``results`` (e.g. :func:`convnets.inference.predict.iter_predict`'s), streaming.
 
     Args:
         results: predictions in order; any iterable, consumed once.
@@ -392,4 +277,3 @@ def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[
         for result in results:
             writer.add(result)
     return writer.paths
-

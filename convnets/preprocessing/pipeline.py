@@ -11,6 +11,7 @@ scale first; see :data:`FAST_DECODE_MARGIN` for what that costs in pixels and ga
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -31,7 +32,7 @@ from .presets import DEFAULT_PRESET, EvalPreset
 from .transforms import preprocess_image, to_rgb
 
 __all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_image", "load_thumbnail",
-           "prepare_batch", "prepare_input_from_uri"]
+           "prepare_batch", "prepare_input_from_uri", "thumbnail_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,8 +140,16 @@ def load_thumbnail(source: str, size: int, *, timeout: float = DEFAULT_TIMEOUT, 
     except ImageLoadError as e:
         logger.warning("no thumbnail for %s: %s", source, e)
         return None, message_for(e, interface)
-    # Scaled both ways: small images (32-pixel datasets) fill their square too. LANCZOS: upstream's ANTIALIAS.
-    return ImageOps.contain(image, (size, size), Image.Resampling.LANCZOS), None
+    return thumbnail_of(image, size), None
+
+
+def thumbnail_of(image: Image.Image, size: int) -> Image.Image:
+    """``image`` scaled to fit a ``size`` square (upstream's notebook: ``img.thumbnail((256, 256))``).
+
+    Scaled both ways: small images (32-pixel datasets) fill their square too. LANCZOS: upstream's
+    ANTIALIAS. An image that already fits exactly is returned as it is.
+    """
+    return ImageOps.contain(image, (size, size), Image.Resampling.LANCZOS)
 
 
 @dataclass(frozen=True)
@@ -153,11 +162,13 @@ class _Options:
     allow_private: bool
     fast_decode: bool = False
 
-    def prepare(self, source: ImageInput) -> torch.Tensor:
+    def prepare(self, source: ImageInput, seen: Callable[[Image.Image], None] | None = None) -> torch.Tensor:
         image = load_image(source, timeout=self.timeout, max_bytes=self.max_bytes, max_pixels=self.max_pixels,
                            allow_private=self.allow_private, resize=self.preset.resize_size,
                            draft=fast_decode_draft(self.preset) if self.fast_decode else None)
         try:
+            if seen is not None:
+                seen(image)
             return preprocess_image(image, preset=self.preset)
         except ConvnetsError:
             raise
@@ -250,8 +261,7 @@ def _default_workers(inputs: Sequence[ImageInput]) -> int:
     return max(1, min(len(inputs), cores))
 
 
-def _map_in_order(function: Callable[[ImageInput], _T], inputs: list[ImageInput],
-                  workers: int) -> list[_T]:
+def _map_in_order(function: Callable[[int], _T], inputs: list[int], workers: int) -> list[_T]:
     """``[function(x) for x in inputs]`` on ``workers`` threads; the first exception is raised."""
     if workers == 1:
         return [function(source) for source in inputs]
@@ -296,6 +306,7 @@ def prepare_batch(
     workers: int | None = None,
     allow_private: bool = True,
     fast_decode: bool = False,
+    on_image: Callable[[int, Image.Image], None] | None = None,
 ) -> PreparedBatch:
     """Load and preprocess many images concurrently into one batch, reporting failures per input.
 
@@ -326,6 +337,9 @@ def prepare_batch(
             resize and crop as usual: 2.3-2.9x less CPU time on 12-megapixel photos, pixels 0.005
             apart on average (0.07 at most) in normalised units. Other images are unaffected. Default
             ``False``: the exact (upstream) preprocessing.
+        on_image: called with each input's position and its decoded, upright RGB image before it is
+            preprocessed (on the loading threads): what a contact sheet keeps of it, without reading
+            the input twice (see :func:`thumbnail_of`).
 
     Returns:
         A :class:`PreparedBatch` ``(tensor, indices, errors)``.
@@ -343,16 +357,17 @@ def prepare_batch(
     target = _target(False, device, dtype, memory_format)
     sources = _check_inputs(inputs)
 
-    def prepare(source: ImageInput) -> torch.Tensor | ImageLoadError:
+    def prepare(position: int) -> torch.Tensor | ImageLoadError:
+        seen = None if on_image is None else functools.partial(on_image, position)
         if on_error == "raise":
-            return options.prepare(source)
+            return options.prepare(sources[position], seen)
         try:
-            return options.prepare(source)
+            return options.prepare(sources[position], seen)
         except ImageLoadError as exc:
             return exc
 
     count = options.workers or _default_workers(sources)
-    results = _map_in_order(prepare, sources, min(count, max(len(sources), 1)))
+    results = _map_in_order(prepare, list(range(len(sources))), min(count, max(len(sources), 1)))
     indices = [i for i, result in enumerate(results) if isinstance(result, torch.Tensor)]
     tensors = [result for result in results if isinstance(result, torch.Tensor)]
     errors = [(i, result) for i, result in enumerate(results) if isinstance(result, ImageLoadError)]

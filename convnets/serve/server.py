@@ -54,6 +54,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any
 
 from convnets.errors import InvalidArgumentError, MissingDependencyError, ServeError
+from convnets.extras import install_hint
 
 __all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "EXIT_TIMEOUT_S", "Endpoints",
            "TritonServer", "stop_on_signals", "triton_distribution"]
@@ -148,8 +149,8 @@ def triton_distribution() -> _Distribution:
         import pytriton
     except ImportError as e:
         raise MissingDependencyError(f"the Triton Inference Server comes with nvidia-pytriton, which cannot be "
-                                     f"imported ({e}); install the 'serve' extra: pip install "
-                                     "'convnets-hub[serve]' (Linux)") from e
+                                     f"imported ({e}); install the 'serve' extra (Linux): "
+                                     f"{install_hint('serve')}") from e
     root = Path(pytriton.__file__).parent
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     # The wheel's layout: pytriton/tritonserver/{bin,backends/python,python_backend_stubs/3.X} and the

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from convnets.errors import InvalidArgumentError, MissingDependencyError
+from convnets.extras import install_hint
 from convnets.fileio import atomic_write
 from convnets.train.metrics import METRICS, read_metrics
 
@@ -48,7 +49,7 @@ def _require_matplotlib() -> tuple[Any, Any, Any]:
     except ImportError as e:
         raise MissingDependencyError(
             f"matplotlib is needed to draw {CURVES} but cannot be imported ({e}); install the 'plots' extra: "
-            "pip install 'convnets-hub[plots]'") from e
+            f"{install_hint('plots')}") from e
     return Figure, FigureCanvasAgg, MaxNLocator
 
 

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from convnets import dist
 from convnets.dist import DistContext
 from convnets.errors import CheckpointError, DataError, InvalidArgumentError, message_for, short_repr
+from convnets.extras import install_hint
 from convnets.models.resnet import ResNet, count_parameters
 from convnets.registry import check_classifier_kwargs, fetch_pretrained, get_model, load_model
 from convnets.train.checkpoint import (BEST, BEST_SAFETENSORS, CHECKPOINT, TrainingCheckpoint, atomic_copy, get_rng_state,
@@ -272,7 +273,7 @@ def _draw_curves(out: Path) -> None:
     try:
         write_curves(out)
     except ImportError:  # MissingDependencyError too
-        log.warning("%s not drawn: matplotlib is not installed (pip install 'convnets-hub[plots]')", CURVES)
+        log.warning("%s not drawn: matplotlib is not installed (%s)", CURVES, install_hint("plots"))
     except Exception as e:  # the checkpoints and metrics are complete; a figure problem must not fail the run
         log.warning("%s not drawn: %s", CURVES, e)
 

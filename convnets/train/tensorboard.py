@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from convnets.extras import install_hint
+
 __all__ = ["SCALARS", "STEPS_DIR", "STEP_SCALARS", "TENSORBOARD_DIR", "TensorBoardLog", "open_tensorboard"]
 
 log = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ def open_tensorboard(directory: Path, history: Sequence[Mapping[str, Any]] = (),
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         log.warning("TensorBoard events not written: the tensorboard package is not installed "
-                    "(pip install 'convnets-hub[tensorboard]', or pass --no-tensorboard)")
+                    "(%s, or pass --no-tensorboard)", install_hint("tensorboard"))
         return None
     directory.mkdir(parents=True, exist_ok=True)
     open_steps = None

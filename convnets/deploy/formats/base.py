@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from convnets.deploy.telemetry import import_without_telemetry
 from convnets.errors import InvalidArgumentError, MissingDependencyError, UnknownArgumentError
+from convnets.extras import install_hint
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -59,7 +60,7 @@ def require(module: str, *, extra: str = "export", purpose: str = "this export")
         return import_without_telemetry(module)
     except ImportError as e:
         raise MissingDependencyError(f"{module} is needed for {purpose} but cannot be imported ({e}); "
-                                     f"install the '{extra}' extra: pip install 'convnets-hub[{extra}]'") from e
+                                     f"install the '{extra}' extra: {install_hint(extra)}") from e
 
 
 @contextmanager

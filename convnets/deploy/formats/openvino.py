@@ -131,7 +131,7 @@ hence `instance_group [ {{ kind: KIND_CPU }} ]` in `config.pbtxt` (the server ne
 The IR's batch axis is dynamic (`[?, 3, {image_size}, {image_size}]`), which the backend uses for
 batches up to `max_batch_size` ({max_batch_size}). (No Triton server was run where this was
 written: this configuration is checked against Triton's ModelConfig schema and the IR, not served;
-`--triton-backend python` writes a variant that the Triton of `pip install 'convnets-hub[serve]'` serves.)
+`--triton-backend python` writes a variant that the Triton of convnets' `serve` extra serves.)
 
 OpenVINO computes in bfloat16 by default on CPUs that support it (AVX512-BF16, AMX): faster, but
 the logits then move away from the fp32 ones verified here (by about 5e-3 relative on a small
