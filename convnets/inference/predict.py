@@ -11,7 +11,7 @@ Used by ``convnets predict``; also usable from Python::
 iterable: a generator over a list file of millions of paths costs no more memory than a few;
 :mod:`convnets.inference.inputs`, re-exported here). Results come in input order. ``workers=N`` decodes the next batches in N processes while the model
 runs; the loop itself, shared with embeddings, is :func:`convnets.inference.loader.map_batches`.
-Writing results to files is :mod:`convnets.inference.records`; embeddings are :mod:`convnets.inference.embed`;
+Writing results to files is :mod:`convnets.inference.outputs`; embeddings are :mod:`convnets.inference.embed`;
 ``convnets predict`` runs this as a batch job (:mod:`convnets.inference.job`).
 """
 
