@@ -177,9 +177,15 @@ class Output:
         Returns:
             The writer and, when a spool is resumed, what :func:`~convnets.inference.outputs.spool.scan` found.
         """
-        if resume and spool == self.spool() and not spool.exists() and self.path.exists():
+        adopt = resume and spool == self.spool() and not spool.exists() and self.path.exists()
+        if adopt:
             write_spool(spool, self.format.read(self.path, self.kind))
-        found = scan(spool, kind=self.kind, width=width) if resume and spool.exists() else None
+        try:
+            found = scan(spool, kind=self.kind, width=width) if resume and spool.exists() else None
+        except InvalidArgumentError:
+            if adopt:  # made just now from FILE, which stays as it was
+                spool.unlink()
+            raise
         stream = open_spool(spool, append=found is not None)
         stack.push(_closer(stream, spool))
         writer = SpoolWriter(stream)
