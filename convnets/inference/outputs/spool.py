@@ -133,17 +133,20 @@ def bounded_lines(path: Path, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[b
             yield line, offset
 
 
-def _limit(kind: str) -> int:
-    return MAX_RECORD_BYTES if kind == "predictions" else _MAX_EMBEDDING_LINE
+def _limit(kind: str, width: int | None = None) -> int:
+    """The longest line of a ``kind`` record (of ``width`` values per vector, when known)."""
+    if kind == "predictions":
+        return MAX_RECORD_BYTES
+    return _MAX_EMBEDDING_LINE if width is None else MAX_RECORD_BYTES + 4 * (4 * width + 2) // 3
 
 
-def _records(path: Path, kind: str) -> Iterator[tuple[Record, int, bool]]:
+def _records(path: Path, kind: str, width: int | None = None) -> Iterator[tuple[Record, int, bool]]:
     """``(record, end offset, ends in a newline)`` per complete record; stops before a torn last line.
 
     Raises:
         InvalidArgumentError: a whole line (one that ends in a newline) that is not a record: damage.
     """
-    for position, (line, end) in enumerate(bounded_lines(path, _limit(kind)), 1):
+    for position, (line, end) in enumerate(bounded_lines(path, _limit(kind, width)), 1):
         record = _loads(line)
         if record is None:
             if line.endswith(b"\n"):
@@ -193,7 +196,7 @@ def scan(path: str | os.PathLike[str], *, kind: str = "predictions", width: int 
     path = Path(path)
     records = errors = end = 0
     newline = True
-    for record, end, newline in _records(path, kind):
+    for record, end, newline in _records(path, kind, width):
         found = _width(record)
         if found is None:
             errors += 1
