@@ -24,7 +24,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
 from convnets.errors import InvalidArgumentError
 from convnets.inference.outputs.base import OutputFormat
@@ -186,11 +185,7 @@ class Output:
             if adopt:  # made just now from FILE, which stays as it was
                 spool.unlink()
             raise
-        stream = open_spool(spool, append=found is not None)
-        stack.push(_closer(stream, spool))
-        writer = SpoolWriter(stream)
-        stack.callback(writer.flush)
-        return writer, found
+        return stack.enter_context(open_spool(spool, append=found is not None)), found
 
     def finish(self, *, world: int, batch_size: int, width: int) -> int:
         """Write FILE from the spool (rank 0 of a ``torchrun`` job merges the parts into it first), then
@@ -218,18 +213,3 @@ class Output:
         log.info("%s: %d records", self.path, count)
         return count
 
-
-def _closer(stream: IO[Any], path: Path) -> Any:
-    """An exit callback that closes ``stream``, the file ``path``: a failure names the file, and after
-    an error (the disk full) the close's own failure (flushing the same bytes again) is not raised in
-    its place."""
-    def close(kind: type[BaseException] | None, *_: object) -> bool:
-        try:
-            stream.close()
-        except OSError as e:
-            if kind is None:
-                from convnets.fileio import naming
-
-                raise naming(e, path) from e
-        return False
-    return close

@@ -19,6 +19,7 @@ path that is not a regular file (a FIFO, a link to ``/dev/zero``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import logging
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from convnets.errors import InvalidArgumentError
+from convnets.fileio import atomic_output, file_kind, naming
 from convnets.inference.names import escape_json
 from convnets.models.specs import MAX_CHANNELS, MAX_EXPANSION
 
@@ -96,8 +98,6 @@ def check_resumable(path: str | os.PathLike[str], *, option: str = "output") -> 
     Raises:
         InvalidArgumentError: ``path`` is not a regular file (the message names it and ``resume``).
     """
-    from convnets.fileio import file_kind
-
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -224,10 +224,11 @@ def scan(path: str | os.PathLike[str], *, kind: str = "predictions", width: int 
 
 
 class SpoolWriter:
-    """Appends records to a text stream as JSON lines; :meth:`flush` after each batch.
+    """Appends records to a text stream as JSON lines, :meth:`flush` after each batch: one write per
+    batch, so a killed process leaves whole batches plus at most one torn line.
 
     Args:
-        stream: the spool open for appending (or standard output: ``predict --jsonl``).
+        stream: the spool open for appending (:func:`open_spool`), or standard output (``predict --jsonl``).
     """
 
     def __init__(self, stream: IO[str]) -> None:
@@ -239,27 +240,38 @@ class SpoolWriter:
         self._pending.append(dumps(record) + "\n")
 
     def flush(self) -> None:
-        """Write the queued records and flush them to the operating system: one write per batch, so a
-        killed process leaves whole batches plus at most one torn line. A full disk's error names the file."""
+        """Write the queued records and flush them to the operating system; a full disk's error names the file."""
         text, self._pending = "".join(self._pending), []
         try:
             self.stream.write(text)
             self.stream.flush()
         except OSError as e:
-            from convnets.fileio import naming
-
             raise naming(e, getattr(self.stream, "name", "<stream>")) from e
 
+    def __enter__(self) -> SpoolWriter:
+        return self
 
-def open_spool(path: Path, *, append: bool) -> IO[str]:
-    """Open the spool ``path`` to append to it, or create it (refused if it exists)."""
-    return open(path, "a" if append else "x", encoding="utf-8", newline="")
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        """Flush what is queued and close the file, also after an error (the records written stay, for
+        ``--resume``); then a failure of its own (a full disk, again) is not raised in that error's place."""
+        try:
+            self.flush()
+            self.stream.close()
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                self.stream.close()
+            if kind is None:
+                raise naming(e, self.stream.name) if e.filename is None else e from None
+
+
+def open_spool(path: Path, *, append: bool) -> SpoolWriter:
+    """A writer appending to the spool ``path``, or to a new one (refused if it exists); use it as a
+    context manager."""
+    return SpoolWriter(open(path, "a" if append else "x", encoding="utf-8", newline=""))
 
 
 def write_spool(path: str | os.PathLike[str], records: Iterable[Record]) -> int:
     """Write a whole spool from ``records`` atomically (``path`` appears complete, or not at all); returns the count."""
-    from convnets.fileio import atomic_output
-
     count = 0
     with atomic_output(path) as f:
         for chunk in batched(records, 1024):
