@@ -14,9 +14,7 @@ FILE at the end (:mod:`convnets.inference.shard`).
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import ExitStack
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
@@ -25,7 +23,6 @@ from convnets.commands.options import (add_cache_argument, add_compile_argument,
                                        add_engine_argument, add_model_arguments,
                                        add_precision_argument, device_from_args, load_from_args)
 from convnets.constants import DEFAULT_MODEL, LAYERS
-from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob
 
 if TYPE_CHECKING:

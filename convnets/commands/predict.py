@@ -21,7 +21,6 @@ import argparse
 import json
 import sys
 from contextlib import ExitStack
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,

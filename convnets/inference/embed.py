@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor, nn
