@@ -267,6 +267,7 @@ def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) ->
     before = out.read_bytes()
     done = _predict(*names[1:], "--output", str(out), "--resume")
     assert done.returncode == 1 and "--resume" in done.stderr and out.read_bytes() == before
+    assert not spool_path(out).exists()  # the spool read back from the finished file is not left behind
 
 
 MEMORY_PROBE = textwrap.dedent("""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["ShardedRun", "interleave", "shard_count", "shard_items"]
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

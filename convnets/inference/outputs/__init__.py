@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +185,8 @@ class Output:
             if adopt:  # made just now from FILE, which stays as it was
                 spool.unlink()
             raise
+        if adopt:
+            stack.push(_drop_if_unchanged(spool))
         return stack.enter_context(open_spool(spool, append=found is not None)), found
 
     def finish(self, *, world: int, batch_size: int, width: int) -> int:
@@ -213,3 +215,14 @@ class Output:
         log.info("%s: %d records", self.path, count)
         return count
 
+
+def _drop_if_unchanged(spool: Path) -> Callable[..., bool]:
+    """An exit callback: after an error, remove ``spool`` (just read back from FILE) if the run appended
+    nothing to it (e.g. its inputs were not FILE's), so that only FILE stays, as it was found."""
+    size = spool.stat().st_size
+
+    def drop(kind: type[BaseException] | None, *_: object) -> bool:
+        if kind is not None and spool.stat().st_size == size:
+            spool.unlink()
+        return False
+    return drop
