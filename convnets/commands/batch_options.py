@@ -115,10 +115,10 @@ def add_output_arguments(parser: argparse.ArgumentParser, *, kind: str, what: st
 
     formats = [f"{', '.join(f.suffixes)} ({f.holds[kind]})" for f in output_formats(kind)]
     again = "unless --resume" if any(kind in f.readable for f in output_formats(kind)) else "(--resume continues only a spool)"
-    text = (f"write {what} to FILE; its suffix picks the format: {'; '.join(formats)}. FILE is written at the end from "
-            f"FILE.partial.jsonl, which grows as batches finish (a stopped or killed run leaves it, for --resume), in "
-            f"an existing directory. An existing FILE is refused {again}. The run holds FILE.lock until it ends: a "
-            "second run on FILE is refused at once")
+    text = (f"write {what} to FILE, in an existing directory; its suffix picks the format: {'; '.join(formats)}. "
+            "FILE appears at the end, written from FILE.partial.jsonl, which grows as batches finish (a stopped or "
+            f"killed run leaves it, for --resume). An existing FILE is refused {again}. The run holds FILE.lock until "
+            "it ends: a second run on FILE is refused at once")
     group = parser.add_argument_group("output")
     where = group if required else group.add_mutually_exclusive_group()
     add_output_argument(where, metavar="FILE", help=text, required=required)

@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      "compilation, so it pays off for many images")
     add_batch_arguments(parser, default_batch_size=16)
     where = add_output_arguments(
-        parser, kind="predictions", what="records, in input order",
+        parser, kind="predictions", what="the records (in input order)",
         resume_help="continue the FILE.partial.jsonl that a stopped or killed run left (or a finished FILE): its "
                     "torn last record is cut away and the inputs it records are skipped")
     add_json_argument(where, help="one array (an object per image) instead of a table")
