@@ -513,17 +513,23 @@ def _no_newlines(path: Path, size: int = 50_000_000) -> Path:
     return path
 
 
+# Before the spool, --resume scanned the .jsonl or .csv output itself; now it scans the spool, and reads a
+# finished .jsonl or .csv back into one: both in bounded memory.
 @pytest.mark.parametrize("suffix", ["jsonl", "csv"])
 def test_resume_scans_a_file_without_newlines_in_bounded_memory(suffix: str, tmp_path: Path) -> None:
     import tracemalloc
 
-    from convnets.inference.records import MAX_RECORD_BYTES, scan
+    from convnets.inference.outputs import Output
+    from convnets.inference.outputs.spool import MAX_RECORD_BYTES, scan
 
     path = _no_newlines(tmp_path / f"out.{suffix}")
     tracemalloc.start()
     try:
         with pytest.raises(InvalidArgumentError) as info:
-            scan(path, topk=5)
+            if suffix == "jsonl":
+                scan(path, width=5)  # a spool (a .jsonl file of predictions is read the same way)
+            else:
+                list(Output.of(path, "predictions").format.read(path, "predictions"))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -533,17 +539,22 @@ def test_resume_scans_a_file_without_newlines_in_bounded_memory(suffix: str, tmp
     assert path.stat().st_size == 50_000_000  # refused, not cut away as a torn tail
 
 
-def test_resume_refuses_a_spool_frame_longer_than_any_record(tmp_path: Path) -> None:
-    import struct
+# Before, the binary spool's frame header could claim gigabytes; a JSON line cannot claim anything, so the
+# same guarantee is pinned on a line longer than any embedding record: refused, neither read whole nor cut.
+def test_resume_refuses_a_spool_line_longer_than_any_record(tmp_path: Path) -> None:
+    import numpy as np
 
-    from convnets.inference.spool import SPOOL_MAGIC, scan_spool
+    from convnets.inference.outputs.spool import scan, write_spool
 
-    spool = tmp_path / "v.npy.spool"
-    spool.write_bytes(SPOOL_MAGIC + struct.pack("<III", 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 30) + b"x" * 100)
-    with pytest.raises(InvalidArgumentError, match="more than any record convnets writes") as info:
-        scan_spool(tmp_path / "v.npy")
-    assert str(spool) in str(info.value) and "--resume" in str(info.value)
-    assert spool.stat().st_size == len(SPOOL_MAGIC) + 12 + 100  # not cut as a torn frame
+    spool = tmp_path / "v.npy.partial.jsonl"
+    write_spool(spool, [{"input": "a.png", "embedding": np.ones(4, dtype=np.float32)}])
+    with open(spool, "ab") as f:
+        f.write(b'{"input": "b.png", "embedding": "' + b"A" * 40_000_000 + b'"}\n')
+    size = spool.stat().st_size
+    with pytest.raises(InvalidArgumentError, match="longer than any record convnets writes") as info:
+        scan(spool, kind="embeddings")
+    assert str(spool) in str(info.value) and "--resume" in info.value.message_for("cli")
+    assert spool.stat().st_size == size  # not cut as a torn line
 
 
 @pytest.mark.parametrize("kind", ["a link to /dev/zero", "a FIFO", "50 MB without a newline"])
@@ -553,7 +564,8 @@ def test_resume_of_an_output_that_no_run_left_is_one_clear_error(command: str, k
     """Before, a link to /dev/zero grew the process until the kernel killed it (under this 4 GB limit: "out of
     memory ... --batch-size"), a FIFO blocked, and a line without end was cut away as a torn record."""
     out = tmp_path / ("out.jsonl" if command == "predict" else "out.npy")
-    odd = out if command == "predict" else out.with_name(out.name + ".spool")  # what --resume reads
+    # What --resume reads: a finished .jsonl (predict), a spool (embed: an .npy cannot be read back).
+    odd = out if command == "predict" else out.with_name(out.name + ".partial.jsonl")
     if kind == "a link to /dev/zero":
         odd.symlink_to("/dev/zero")
     elif kind == "a FIFO":
@@ -587,25 +599,17 @@ class _FullFile(io.RawIOBase):
         return 0
 
 
-def test_record_and_spool_writes_name_their_file_when_the_disk_is_full(tmp_path: Path) -> None:
-    from convnets.inference.records import RecordWriter
-    from convnets.inference.spool import EmbeddingWriter
+# Before, the record writer (JSONL, CSV header) and the embedding spool writer were tested apart; now one
+# spool writer takes both kinds of record (the final files are written by atomic_output, which names its file).
+def test_spool_writes_name_their_file_when_the_disk_is_full(tmp_path: Path) -> None:
+    from convnets.inference.outputs.spool import SpoolWriter
 
-    stream = io.TextIOWrapper(io.BufferedWriter(_FullFile()), encoding="utf-8")
-    writer = RecordWriter(stream, "jsonl")
-    writer.write({"input": "a.png", "error": "x"})
-    with pytest.raises(OSError) as info:
-        writer.flush()
-    assert info.value.errno == errno.ENOSPC and info.value.filename == "/somewhere/out.jsonl"
-    with pytest.raises(OSError) as info:
-        RecordWriter(io.TextIOWrapper(io.BufferedWriter(_FullFile()), encoding="utf-8"), "csv", header=True)
-    assert info.value.filename == "/somewhere/out.jsonl"
-    spool = io.BufferedWriter(_FullFile())
-    embeddings = EmbeddingWriter(tmp_path / "v.npy", spool, dim=2)  # type: ignore[arg-type]
-    embeddings.write({"input": "a.png", "embedding": [1.0, 2.0]})
-    with pytest.raises(OSError) as info:
-        embeddings.flush()
-    assert info.value.errno == errno.ENOSPC and info.value.filename == "/somewhere/out.jsonl"
+    for record in ({"input": "a.png", "error": "x"}, {"input": "a.png", "embedding": [1.0, 2.0]}):
+        writer = SpoolWriter(io.TextIOWrapper(io.BufferedWriter(_FullFile()), encoding="utf-8"))
+        writer.write(record)
+        with pytest.raises(OSError) as info:
+            writer.flush()
+        assert info.value.errno == errno.ENOSPC and info.value.filename == "/somewhere/out.jsonl"
 
 
 def test_an_error_on_its_way_is_not_replaced_by_closing_the_file(tmp_path: Path,
@@ -701,10 +705,10 @@ def test_a_full_disk_is_one_line_naming_the_file(case: str, tiny_weights: Path,
     env = {}
     if case == "predict":
         args, named = ["predict", *common, "--engine", "torch", "--output", str(full / "out.jsonl"), *photos], \
-            full / "out.jsonl"
+            full / "out.jsonl.partial.jsonl"  # the spool fills the disk before out.jsonl is written
     elif case == "embed":
         args, named = ["embed", *common, "--engine", "torch", "--output", str(full / "v.npy"), *photos], \
-            full / "v.npy.spool"
+            full / "v.npy.partial.jsonl"
     elif case.startswith("export"):
         fmt = case.split()[1]
         args = ["export", "--weights", str(tiny_weights), "--format", fmt, "--output", str(full)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,8 @@ from torchvision import transforms
 
 import convnets
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.inference.spool import open_embedding_writer, read_embedding_records, scan_spool, spool_path
+from convnets.inference.outputs import Output
+from convnets.inference.outputs.spool import read_spool, scan, spool_path, write_spool
 
 ARCH = "se_resnext101_32x4d"
 IMAGE_SIZE = 40
@@ -165,8 +165,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_file(fmt: str, seed: int, r
     inputs = _names(images)
     listing = tmp_path / "inputs.txt"
     listing.write_text("".join(f"{name}\n" for name in inputs), encoding="utf-8")
-    frame = 16 + 4 * reference["vectors"].shape[1]
-    full = 8 + sum(frame + len(name.encode()) for name in inputs)  # about the whole spool (errors are shorter)
+    line = len('{"input": "", "embedding": ""}\n') + 4 * -(-4 * reference["vectors"].shape[1] // 3)  # base64
+    full = sum(line + len(name.encode()) for name in inputs)  # about the whole spool (errors are shorter)
     rng = random.Random(seed)
     # --workers 1: one decoding process reads 3 batches ahead of the records written (PREFETCH + 1),
     # and those wait on the open stdin: 7 of the 11 batches can be written before the kill.
@@ -174,7 +174,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_file(fmt: str, seed: int, r
                  "--no-progress", "--output", str(out), "--workers", "1"], spool_path(out), inputs[:-4],
                 after_bytes=int(rng.uniform(0.1, 0.5) * full), extra_s=rng.uniform(0, 0.02))
     assert not out.exists()
-    found = scan_spool(out, repair=False)
+    found = scan(spool_path(out), kind="embeddings", repair=False)
     assert 0 < found.records < len(inputs)
     done = _embed(checkpoint, "--from-file", str(listing), "--output", str(out), "--resume")
     assert done.returncode == 1, done.stderr  # unreadable inputs, reported in either run
@@ -196,11 +196,11 @@ def test_output_checks_before_the_model_loads(checkpoint: Path, images: Path, tm
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "done.npy").write_bytes(b"keep")
-    (tmp_path / "left.npy.spool").write_bytes(b"CNVEMB1\n")
+    (tmp_path / "left.npy.partial.jsonl").write_bytes(b"")
     cases = [(["--output", "x.txt"], "--output x.txt: unknown embedding format '.txt'; end the file name in .npy, "
                                      ".parquet", 2),  # a usage error
              (["--output", "done.npy"], "--output done.npy exists", 1),
-             (["--output", "left.npy"], "left.npy.spool exists: a stopped run left it; pass --resume", 1)]
+             (["--output", "left.npy"], "left.npy.partial.jsonl exists: a stopped run left it; pass --resume", 1)]
     for args, message, status in cases:
         assert main(["embed", "--weights", str(checkpoint), *args, str(images)]) == status
         err = capsys.readouterr().err
@@ -208,44 +208,38 @@ def test_output_checks_before_the_model_loads(checkpoint: Path, images: Path, tm
     with pytest.raises(SystemExit):
         main(["embed", str(images)])  # --output is required
     assert "the following arguments are required: --output" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["done.npy", "left.npy.spool"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done.npy", "left.npy.partial.jsonl"]
 
 
 def test_resume_with_another_layer_is_refused(reference: dict, checkpoint: Path, images: Path, tmp_path: Path) -> None:
     out = tmp_path / "e.npy"
-    with ExitStack() as stack:
-        writer, _ = open_embedding_writer(out, dim=reference["vectors"].shape[1], resume=False, stack=stack,
-                                          assemble=False)
-        writer.write({"input": _names(images)[0], "embedding": reference["vectors"][0]})
+    write_spool(spool_path(out), [{"input": _names(images)[0], "embedding": reference["vectors"][0]}])
     before = spool_path(out).read_bytes()
     done = _embed(checkpoint, str(images), "--output", str(out), "--resume", "--layer", "layer3")
     assert done.returncode == 1 and "resume with the same --layer and model" in done.stderr
     assert spool_path(out).read_bytes() == before and not out.exists()
 
 
+# Before, the spool was binary frames with a CRC each (damage: a checksum mismatch); now it is JSON
+# lines (damage: a whole line that is not a record), and the vectors come back bit for bit.
 def test_spool_torn_tail_is_cut_and_damage_refused(tmp_path: Path) -> None:
-    out = tmp_path / "s.parquet"
-    records = [{"input": f"a{i}.jpg", "embedding": np.arange(6, dtype=np.float32) + i} for i in range(5)]
+    spool = tmp_path / "s.parquet.partial.jsonl"
+    records = [{"input": f"a{i}.jpg", "embedding": np.arange(6, dtype=np.float32) / 7 + i} for i in range(5)]
     records.insert(2, {"input": "bad.jpg", "error": "Cannot load image 'bad.jpg'"})
-    with ExitStack() as stack:
-        writer, _ = open_embedding_writer(out, dim=6, resume=False, stack=stack, assemble=False)
-        for record in records:
-            writer.write(record)
-    spool = spool_path(out)
+    write_spool(spool, records)
     whole = spool.read_bytes()
-    back = list(read_embedding_records(out))
+    back = list(read_spool(spool, "embeddings"))
     assert [r["input"] for r in back] == [r["input"] for r in records] and back[2] == records[2]
     assert all(np.array_equal(a["embedding"], b["embedding"]) for a, b in zip(back, records) if "embedding" in a)
-    spool.write_bytes(whole[:-10])  # a killed writer's partial last frame
-    found = scan_spool(out)
-    assert (found.records, found.errors, found.dim) == (5, 1, 6) and found.torn > 0
+    spool.write_bytes(whole[:-10])  # a killed writer's partial last line
+    found = scan(spool, kind="embeddings")
+    assert (found.records, found.errors, found.width) == (5, 1, 6) and found.torn > 0
     assert spool.stat().st_size == found.end
-    damaged = bytearray(whole)
-    damaged[30] ^= 0xFF  # inside the first frame: the checksum tells
-    spool.write_bytes(bytes(damaged))
+    damaged = whole.replace(b'"a0.jpg", "embedding": "', b'"a0.jpg", "embedding": "%')  # not base64
+    spool.write_bytes(damaged)
     with pytest.raises(InvalidArgumentError, match="damaged"):
-        scan_spool(out)
-    assert spool.read_bytes() == bytes(damaged)  # refused, not cut
+        scan(spool, kind="embeddings")
+    assert spool.read_bytes() == damaged  # refused, not cut
 
 
 def test_embed_is_exported_once() -> None:
@@ -253,35 +247,22 @@ def test_embed_is_exported_once() -> None:
 
 
 def test_parts_merge_batch_by_batch_into_the_single_process_file(tmp_path: Path) -> None:
-    """The shard contract (PLAN3): batch k goes to rank k % world; each rank leaves its part's spool
-    (assemble=False); taking batch_size records from part 0, then part 1, ... through the same writer
-    gives the single-process file byte for byte, unreadable inputs (no vector) included."""
+    """The shard contract: batch k goes to rank k % world; each rank leaves its part spool; rank 0
+    merging them (batch_size records from part 0, then part 1, ...) gives the single-process file
+    byte for byte, unreadable inputs (no vector) included."""
     rng = np.random.default_rng(0)
     records = [{"input": f"img{i}.jpg", "embedding": rng.standard_normal(5).astype(np.float32)} if i % 7 != 3
                else {"input": f"img{i}.jpg", "error": "Cannot load image"} for i in range(23)]
     batch_size, world = 4, 2
     for fmt in ("npy", "parquet"):
-        single, merged = tmp_path / f"single.{fmt}", tmp_path / f"merged.{fmt}"
-        with ExitStack() as stack:
-            writer, _ = open_embedding_writer(single, dim=5, resume=False, stack=stack)
-            for record in records:
-                writer.write(record)
-        parts = [tmp_path / f"part{rank}.{fmt}" for rank in range(world)]
-        with ExitStack() as stack:
-            writers = [open_embedding_writer(p, dim=5, resume=False, stack=stack, assemble=False)[0] for p in parts]
-            for k in range(0, len(records), batch_size):
-                for record in records[k:k + batch_size]:
-                    writers[k // batch_size % world].write(record)
-                writers[k // batch_size % world].flush()
-        readers = [read_embedding_records(p) for p in parts]
-        with ExitStack() as stack:
-            writer, _ = open_embedding_writer(merged, dim=5, resume=False, stack=stack)
-            rank = 0
-            while batch := [r for _, r in zip(range(batch_size), readers[rank])]:
-                for record in batch:
-                    writer.write(record)
-                rank = (rank + 1) % world
-        assert merged.read_bytes() == single.read_bytes()
+        single, merged = Output.of(tmp_path / f"single.{fmt}", "embeddings"), Output.of(tmp_path / f"merged.{fmt}", "embeddings")
+        write_spool(single.spool(), records)
+        single.finish(world=1, batch_size=batch_size, width=5)
+        for rank in range(world):
+            write_spool(merged.spool(rank, world), [r for i, r in enumerate(records) if i // batch_size % world == rank])
+        merged.finish(world=world, batch_size=batch_size, width=5)
+        assert merged.path.read_bytes() == single.path.read_bytes()
+        assert not any(p.name.endswith(".partial.jsonl") for p in tmp_path.iterdir())
         if fmt == "npy":
             assert (tmp_path / "merged.npy.inputs.txt").read_text() == (tmp_path / "single.npy.inputs.txt").read_text()
-            assert np.load(merged).shape == (sum("embedding" in r for r in records), 5)
+            assert np.load(merged.path).shape == (sum("embedding" in r for r in records), 5)

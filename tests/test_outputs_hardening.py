@@ -30,7 +30,8 @@ from convnets.errors import InvalidArgumentError
 from convnets.fileio import LockHeldError, exclusive_lock
 from convnets.inference.inputs import read_list
 from convnets.inference.names import decode_name, encode_name
-from convnets.inference.spool import read_inputs_list
+from convnets.inference.outputs.npy import read_inputs_list
+from convnets.inference.outputs.spool import spool_path
 
 TINY_ARCH = {"layers": [1, 1, 1, 1], "widths": [8, 16, 32, 64]}
 COMMON = ["--image-size", "32", "--batch-size", "4", "--no-progress", "--workers", "0"]
@@ -132,7 +133,7 @@ def test_non_utf8_name_is_a_good_record_and_resume_continues_past_it(fmt: str, w
     _write_list(listing, names)
     command = "embed" if fmt == "npy" else "predict"
     out = tmp_path / f"run.{fmt}"
-    watched = out.with_name(out.name + ".spool") if fmt == "npy" else out
+    watched = spool_path(out)  # every format: the spool grows while the run goes
     # Killed mid-run, after its first batch (which holds the name) is on disk ...
     _kill_after_first_batch([command, *weights, *COMMON, "--output", str(out)], watched, names, least=200)
     # ... and resumed with the same inputs from a list file (undecodable bytes in it too).
@@ -214,7 +215,7 @@ def test_two_predict_runs_on_one_output_the_second_fails_at_once(weights: list[s
         first.stdin.write(b"".join(os.fsencode(n) + b"\n" for n in names[:100]))
         first.stdin.flush()  # stdin stays open: the first run cannot end before the second has tried
         deadline = time.monotonic() + 120
-        while not (out.exists() and out.stat().st_size > 0):
+        while not (spool_path(out).exists() and spool_path(out).stat().st_size > 0):
             assert first.poll() is None and time.monotonic() < deadline, "the first run wrote nothing"
             time.sleep(0.02)
         assert lock.exists()

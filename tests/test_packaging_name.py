@@ -57,11 +57,6 @@ def test_the_distribution_is_not_the_taken_name() -> None:
     assert ast.literal_eval(_setup_call()["license_files"]) == ["LICENSE"] and (REPO / "LICENSE").is_file()
 
 
-#: Hints written out in files that another change is rewriting (issue 29's outputs): they go through
-#: install_hint when it lands.
-PENDING = {REPO / "convnets" / "inference" / "records.py"}
-
-
 def test_every_install_hint_names_the_distribution_or_the_checkout() -> None:
     """Literal hints name the checkout (`pip install -e '.[test]'`, the extra declared in setup.py) or
     are install_hint's own words; every other hint is made by install_hint (no literal extra hint in
@@ -73,7 +68,7 @@ def test_every_install_hint_names_the_distribution_or_the_checkout() -> None:
         if target.startswith("."):  # the checkout: `pip install -c constraints.txt -e '.[export]'`
             assert extra.rstrip("]") in extras | {""} or re.fullmatch(r"\{\w+\}\]", extra), where
         elif base in ("convnets", name):
-            assert path in PENDING | {REPO / "convnets" / "extras.py"}, where
+            assert path == REPO / "convnets" / "extras.py", where
     bare = [f"{p.relative_to(REPO)}" for p in _source_files()
             if re.search(r"(?<![\w-])convnets\[", p.read_text(encoding="utf-8", errors="replace"))]
     assert bare == []

@@ -26,9 +26,10 @@ from strict_skips import require_module
 
 import convnets
 from convnets.errors import InvalidArgumentError
-from convnets.inference.records import CSV_COLUMNS, read_records, write_records
-from convnets.inference.shard import (interleave, merge_parts, part_path, part_paths, shard_count, shard_items,
-                            split_into_parts)
+from convnets.inference.outputs import Output
+from convnets.inference.outputs.csv import COLUMNS as CSV_COLUMNS
+from convnets.inference.outputs.spool import read_spool, spool_path, write_spool
+from convnets.inference.shard import interleave, shard_count, shard_items
 
 BATCH = 3
 N_GOOD = 31  # + 4 unreadable = 35 inputs: 12 batches, 6 per rank, the last one short (18 and 17 inputs)
@@ -171,25 +172,24 @@ def test_two_machines_one_failing_input_fails_both(setup: dict, tmp_path: Path) 
 
 
 def _cut(path: Path, records: int) -> None:
-    """Keep the first ``records`` records of ``path`` and 7 bytes of the next (a killed writer's torn tail)."""
+    """Keep the first ``records`` records of the spool ``path`` and 7 bytes of the next (a killed writer's torn tail)."""
     data = path.read_bytes()
-    prefix = path.with_name(f"prefix{path.suffix}")
-    write_records(prefix, [list(read_records(path))[:records]])
-    size = prefix.stat().st_size
-    prefix.unlink()
+    size = len(b"".join(data.splitlines(keepends=True)[:records]))
     assert data[size - 1:size] == b"\n" and len(data) > size + 7
     path.write_bytes(data[:size + 7])
 
 
 def test_resume_continues_each_ranks_part(setup: dict, tmp_path: Path) -> None:
-    """Parts that a killed sharded run left (torn in the middle of a line) are resumed, each by its
+    """Part spools that a killed sharded run left (torn in the middle of a line) are resumed, each by its
     rank; the merged file is the uninterrupted run's."""
     expected = setup["single"] / "all.jsonl"
     out = tmp_path / "all.jsonl"
     shutil.copy(expected, out)
-    assert split_into_parts(out, 2, BATCH) == [shard_count(N_GOOD + 4, r, 2, BATCH) for r in (0, 1)] == [18, 17]
+    Output.of(out, "predictions").split(2, BATCH)  # what --resume under torchrun does with a finished file
+    parts = [spool_path(out, rank, 2) for rank in (0, 1)]
+    assert [sum(1 for _ in read_spool(p)) for p in parts] == [shard_count(N_GOOD + 4, r, 2, BATCH) for r in (0, 1)] \
+        == [18, 17]
     out.unlink()  # killed before the merge: only the parts
-    parts = part_paths(out, 2)
     _cut(parts[0], 5 * BATCH)  # rank 0 stopped in its sixth batch (the run's 11th), rank 1 in its second
     _cut(parts[1], 1 * BATCH)
     proc = torchrun(*setup["args"], str(setup["images"]), "--output", str(out), "--resume")
@@ -201,13 +201,15 @@ def test_resume_continues_each_ranks_part(setup: dict, tmp_path: Path) -> None:
         f"convnets predict: 4 of {N_GOOD + 4} inputs could not be read (2 recorded by the earlier run)"], proc.stderr
 
 
-def test_resume_splits_a_single_process_file(setup: dict, tmp_path: Path) -> None:
-    """A single process's file, killed mid-line, resumed by two processes: rank 0 splits its records into
+# Before the spool, a killed single process left a torn all.csv; now it leaves all.csv.partial.jsonl
+# (the lines of all.jsonl), torn the same way, which rank 0 splits.
+def test_resume_splits_a_single_process_spool(setup: dict, tmp_path: Path) -> None:
+    """A single process's spool, killed mid-line, resumed by two processes: rank 0 splits its records into
     parts, each rank continues its own, and the merge is the uninterrupted file."""
     expected = setup["single"] / "all.csv"
     out = tmp_path / "all.csv"
-    shutil.copy(expected, out)
-    _cut(out, 7 * BATCH)
+    shutil.copy(setup["single"] / "all.jsonl", spool_path(out))  # a spool holds the lines of the JSONL file
+    _cut(spool_path(out), 7 * BATCH)
     proc = torchrun(*setup["args"], str(setup["images"]), "--output", str(out), "--resume")
     assert proc.returncode == 1, proc.stderr[-3000:]
     rows = _read_csv(out)  # read back with csv: 3 rows per image, one per unreadable input
@@ -226,7 +228,7 @@ def test_resume_splits_a_single_process_file(setup: dict, tmp_path: Path) -> Non
                   "output file, which rank 0 merges at the end: pass --output FILE"),
     (["--output", "x.jsonl", "--from-file", "-"], "cannot come from standard input: write them to a file and "
                                                      "pass --from-file FILE"),
-    (["--output", "x.jsonl"], "--output x.jsonl.part-00001-of-00002.jsonl exists; pass --resume"),
+    (["--output", "x.jsonl"], "x.jsonl.part-00001-of-00002.partial.jsonl exists: a stopped run left it; pass --resume"),
     (["--output", "y.jsonl", "--show", "y.png"], "--show draws the contact sheets in one process, not under "
                                                  "torchrun"),
 ])
@@ -238,7 +240,7 @@ def test_what_a_sharded_run_refuses(args: list[str], message: str, tmp_path: Pat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    (tmp_path / "x.jsonl.part-00001-of-00002.jsonl").write_text("")
+    (tmp_path / "x.jsonl.part-00001-of-00002.partial.jsonl").write_text("")
     (tmp_path / "a.png").write_bytes(b"")  # an INPUT that exists (checked first); refused before it is read
     assert main(["predict", "--random-init", "--model", "resnet50", *args, "a.png"]) == 1
     err = capsys.readouterr().err
@@ -278,7 +280,7 @@ def test_the_progress_bar_counts_this_ranks_shard_and_only_rank_0_shows_it(rank:
 
     args = argparse.Namespace(inputs=[f"img{i}.png" for i in range(10)], recursive=False, from_file=None,
                               progress=True, batch_size=2)
-    run = ShardedRun(rank, world, output=tmp_path / "x.jsonl", batch_size=2)
+    run = ShardedRun(rank, world, batch_size=2)
     assert progress_from_args(args, True, run) == (total, show)
     args.inputs.append(str(tmp_path))  # a directory: the total would need a listing, so there is none
     assert progress_from_args(args, True, run) == (None, show)
@@ -309,29 +311,34 @@ def test_interleave_refuses_parts_of_other_runs() -> None:
         list(shard_items([1], 2, 2, 1))
 
 
-def test_part_names_keep_the_format_suffix(tmp_path: Path) -> None:
-    assert part_path("runs/out.jsonl", 1, 2) == Path("runs/out.jsonl.part-00001-of-00002.jsonl")
-    assert part_path("out.parquet", 11, 16).name == "out.parquet.part-00011-of-00016.parquet"
+def test_part_spool_names(tmp_path: Path) -> None:
+    assert spool_path("runs/out.jsonl") == Path("runs/out.jsonl.partial.jsonl")
+    assert spool_path("runs/out.jsonl", 1, 2) == Path("runs/out.jsonl.part-00001-of-00002.partial.jsonl")
+    assert spool_path("out.parquet", 11, 16).name == "out.parquet.part-00011-of-00016.partial.jsonl"
     with pytest.raises(InvalidArgumentError, match="cannot merge"):
-        merge_parts(tmp_path / "out.jsonl", 2, 4)
+        Output.of(tmp_path / "out.jsonl", "predictions").finish(world=2, batch_size=4, width=1)
 
 
+# Before the spool, parts were files of the output's format (write_records / read_records); now they
+# are spools, and every format is written from the merged spool and read back by its own reader.
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
 def test_records_round_trip_through_parts(fmt: str, tmp_path: Path) -> None:
-    """write_records / read_records / split / merge without processes, for every format."""
+    """Each format written from a spool and read back, split into parts and merged, without processes."""
     if fmt == "parquet":
         require_module("pyarrow")
     records = [{"input": f"i{n}.png", "error": "Cannot load"} if n % 4 == 1 else
                {"input": f"i{n}.png", "top": [{"index": n, "label": f"l,\"{n}\"", "probability": 1 / (n + 3)}]}
                for n in range(10)]
-    out = tmp_path / f"r.{fmt}"
-    assert write_records(out, [records[i:i + 3] for i in range(0, 10, 3)]) == 10
-    assert list(read_records(out)) == records
-    before = out.read_bytes()
-    assert split_into_parts(out, 3, 3) == [4, 3, 3]
-    out.unlink()
-    assert merge_parts(out, 3, 3) == 10
-    assert out.read_bytes() == before and _only_file(tmp_path) == [out.name]
+    output = Output.of(tmp_path / f"r.{fmt}", "predictions")
+    write_spool(output.spool(), records)
+    assert output.finish(world=1, batch_size=3, width=1) == 10
+    assert list(output.format.read(output.path, "predictions")) == records
+    before = output.path.read_bytes()
+    output.split(3, 3)
+    assert [sum(1 for _ in read_spool(output.spool(rank, 3))) for rank in range(3)] == [4, 3, 3]
+    output.path.unlink()
+    assert output.finish(world=3, batch_size=3, width=1) == 10
+    assert output.path.read_bytes() == before and _only_file(tmp_path) == [output.path.name]
 
 
 def test_embed_two_ranks_write_the_single_process_file(setup: dict, tmp_path: Path) -> None:
@@ -355,19 +362,15 @@ def test_embed_two_ranks_write_the_single_process_file(setup: dict, tmp_path: Pa
     assert len(errors) == 4, proc.stderr
 
 
-def test_sharded_embed_refuses_a_single_process_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture) -> None:
-    """A spool left by one process is not split into parts: continuing it under torchrun is refused
-    before the model loads, with what to do instead."""
-    from convnets.cli import main
-    from convnets.inference.spool import SPOOL_MAGIC
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    (tmp_path / "v.npy.spool").write_bytes(SPOOL_MAGIC)
-    (tmp_path / "a.png").write_bytes(b"")  # an INPUT that exists (checked first); refused before it is read
-    assert main(["embed", "--random-init", "--model", "resnet50", "--output", "v.npy", "--resume", "a.png"]) == 1
-    err = capsys.readouterr().err
-    assert "v.npy.spool was left by a run of one process: continue it with one process" in err, err
-    assert len(err.strip().splitlines()) == 1 and not torch.distributed.is_initialized()
+# Before, a spool left by one process was refused under torchrun; now every spool is JSON lines and
+# is split into parts like a prediction spool, so the embed case is split too (no torchrun needed here).
+def test_a_single_process_embed_spool_is_split_into_parts(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    records = [{"input": f"img{i}.jpg", "embedding": rng.standard_normal(3).astype(np.float32)} for i in range(7)]
+    output = Output.of(tmp_path / "v.npy", "embeddings")
+    write_spool(output.spool(), records)
+    output.spool().write_bytes(output.spool().read_bytes()[:-5])  # killed mid-line
+    output.split(2, 2)
+    assert not output.spool().exists()
+    parts = [[r["input"] for r in read_spool(output.spool(rank, 2), "embeddings")] for rank in (0, 1)]
+    assert parts == [["img0.jpg", "img1.jpg", "img4.jpg", "img5.jpg"], ["img2.jpg", "img3.jpg"]]

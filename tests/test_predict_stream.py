@@ -1,4 +1,4 @@
-"""``convnets predict`` at scale: streaming output files, resume after a kill, inputs that stream.
+"""``convnets predict`` at scale: the spool that grows while a run goes, resume after a kill, inputs that stream.
 
 Every run is a real subprocess of a tiny random-init ResNet on many small generated images, so
 that several batches are written and a SIGKILL can land between (or inside) them.
@@ -25,7 +25,9 @@ from PIL import Image
 from strict_skips import require_module
 
 import convnets
-from convnets.inference.records import CSV_COLUMNS, open_writer, scan
+from convnets.inference.outputs import Output
+from convnets.inference.outputs.csv import COLUMNS as CSV_COLUMNS
+from convnets.inference.outputs.spool import scan, spool_path, write_spool
 
 TINY_ARCH = {"layers": [1, 1, 1, 1], "widths": [8, 16, 32, 64]}
 # Random init for runs that compare nothing; runs whose records are compared share one checkpoint.
@@ -172,7 +174,7 @@ def test_from_file_list_with_comments_and_stdin(reference: dict, images: Path) -
 @pytest.mark.parametrize("args, message, status", [
     (["--output", "out.txt"], "--output out.txt: unknown format '.txt'", 2),  # a usage error
     (["--resume", "--jsonl"], "--resume continues an --output FILE", 1),
-    (["--output", "x.parquet", "--resume"], "--resume works with .jsonl and .csv", 1),
+    (["--output", "left.parquet"], "left.parquet.partial.jsonl exists: a stopped run left it; pass --resume", 1),
     (["--output", "exists.jsonl"], "--output exists.jsonl exists; pass --resume", 1),
 ])
 def test_bad_output_options_end_in_one_line(args: list[str], message: str, status: int, tmp_path: Path,
@@ -181,26 +183,35 @@ def test_bad_output_options_end_in_one_line(args: list[str], message: str, statu
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "exists.jsonl").write_text("keep me\n")
+    (tmp_path / "left.parquet.partial.jsonl").write_text("keep me\n")  # a killed run's spool
     (tmp_path / "x.png").write_bytes(b"")  # an INPUT that exists: refused before it is read
     assert main(["predict", *RANDOM, *args, "x.png"]) == status
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1  # before the model loads: not even its warning
-    assert (tmp_path / "exists.jsonl").read_text() == "keep me\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.jsonl", "x.png"]
+    assert (tmp_path / "exists.jsonl").read_text() == (tmp_path / "left.parquet.partial.jsonl").read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.jsonl", "left.parquet.partial.jsonl", "x.png"]
 
 
 def _write_records(path: Path, records: list[dict]) -> None:
-    """What an earlier run wrote, written by the same writer in this process."""
-    with ExitStack() as stack:
-        writer, _ = open_writer(path, resume=False, topk=3, stack=stack)
-        for record in records:
-            writer.write(record)
+    """What an earlier run wrote to its spool (the lines of a JSONL file), written by the same code in this process."""
+    write_spool(path, records)
 
 
-@pytest.mark.parametrize("fmt, seed", [("jsonl", 1), ("csv", 2), ("jsonl", 3)])
+def _read_back(path: Path) -> list[dict]:
+    """The records of a finished output, read with the standard readers (json, csv, pyarrow)."""
+    if path.suffix == ".parquet":
+        table = require_module("pyarrow.parquet").read_table(path)
+        return [{k: v for k, v in row.items() if v is not None} for row in table.to_pylist()]
+    return _read_jsonl(path) if path.suffix == ".jsonl" else _read_csv(path)
+
+
+# Before the spool, a killed run left a torn .jsonl or .csv; now it leaves the spool whatever the format,
+# and FILE appears at the end: the kill lands in the spool, and the resumed run writes FILE.
+@pytest.mark.parametrize("fmt, seed", [("jsonl", 1), ("csv", 2), ("jsonl", 3), ("parquet", 4)])
 def test_sigkill_then_resume_gives_the_uninterrupted_records(fmt: str, seed: int, reference: dict, images: Path,
                                                              tmp_path: Path) -> None:
     out = tmp_path / f"run.{fmt}"
+    spool = spool_path(out)
     # The inputs in the order of the reference run (--recursive over the same tree), as a list.
     inputs = [r["input"] for r in reference["jsonl"]]
     listing = tmp_path / "inputs.txt"
@@ -208,20 +219,22 @@ def test_sigkill_then_resume_gives_the_uninterrupted_records(fmt: str, seed: int
     args = ["--output", str(out)]
     # The size of the whole file, from the reference records: the kill lands between 10% and 80% of it
     # (after at least one batch), at a random moment (a batch's write may be in flight).
-    _write_records(tmp_path / f"full.{fmt}", reference["jsonl"])
-    full_size = (tmp_path / f"full.{fmt}").stat().st_size
+    _write_records(tmp_path / "full.jsonl", reference["jsonl"])
+    full_size = (tmp_path / "full.jsonl").stat().st_size
     rng = random.Random(seed)
     # --workers 1: the main process reads the inputs PREFETCH * workers + 1 batches ahead of the records
     # written, and those ahead wait on the open stdin; the default (up to 4 workers) would hold back
     # more than the kill threshold on a machine with many cores.
-    kill_midway(["predict", *MODEL, *args, "--workers", "1"], out, inputs[:-4],
+    kill_midway(["predict", *MODEL, *args, "--workers", "1"], spool, inputs[:-4],
                 after_bytes=int(rng.uniform(0.1, 0.8) * full_size), extra_s=rng.uniform(0, 0.02), deadline_s=90)
-    killed_size = out.stat().st_size
-    assert 0 < scan(out, topk=3, repair=False).records < len(reference["jsonl"])  # killed mid-run
+    killed_size = spool.stat().st_size
+    assert not out.exists()  # a killed run leaves the spool, not a half-written FILE
+    assert 0 < scan(spool, width=3, repair=False).records < len(reference["jsonl"])  # killed mid-run
     args += ["--from-file", str(listing)]
     done = _predict(*args, "--resume")
     assert done.returncode == 1, done.stderr  # the unreadable inputs still count, recorded before or now
-    records = _read_jsonl(out) if fmt == "jsonl" else _read_csv(out)
+    assert not spool.exists()
+    records = _read_back(out)
     assert len({r["input"] for r in records}) == len(records), "an input recorded twice"
     assert _same_records(records, reference["jsonl"]), f"killed at {killed_size} bytes"
     if seed == 1:  # a second resume of the finished file records nothing more (and prints no input error)
@@ -229,21 +242,22 @@ def test_sigkill_then_resume_gives_the_uninterrupted_records(fmt: str, seed: int
         assert "error: Cannot" not in again.stderr and _read_jsonl(out) == records
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
-def test_torn_last_record_is_cut_and_redone(fmt: str, reference: dict, images: Path, tmp_path: Path) -> None:
+# Before the spool, the CSV case tore the file itself (a record short of rows); now a killed run tears
+# the spool, whatever the format, and a finished .jsonl FILE torn by hand is resumed the same way.
+@pytest.mark.parametrize("fmt, torn_file", [("jsonl", "spool"), ("csv", "spool"), ("jsonl", "output")])
+def test_torn_last_record_is_cut_and_redone(fmt: str, torn_file: str, reference: dict, images: Path,
+                                            tmp_path: Path) -> None:
     out = tmp_path / f"torn.{fmt}"
+    torn = spool_path(out) if torn_file == "spool" else out
     names = [r["input"] for r in reference["jsonl"]][:9]
-    _write_records(out, reference["jsonl"][:6])
-    whole = out.read_bytes()
-    lines = whole.splitlines(keepends=True)
-    # jsonl: half of the last line; csv: the last record's last row missing (a record is 3 rows).
-    torn = b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2] if fmt == "jsonl" else b"".join(lines[:-1])
-    out.write_bytes(torn)
-    found = scan(out, topk=3, repair=False)
+    _write_records(torn, reference["jsonl"][:6])
+    lines = torn.read_bytes().splitlines(keepends=True)
+    torn.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])  # half of the last line
+    found = scan(torn, width=3, repair=False)
     assert found.records == 5 and found.torn > 0
     done = _predict(*names, "--output", str(out), "--resume")
     assert done.returncode == 0, done.stderr
-    assert _same_records(_read_jsonl(out) if fmt == "jsonl" else _read_csv(out), reference["jsonl"][:9])
+    assert _same_records(_read_back(out), reference["jsonl"][:9]) and not spool_path(out).exists()
 
 
 def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) -> None:
@@ -253,6 +267,7 @@ def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) ->
     before = out.read_bytes()
     done = _predict(*names[1:], "--output", str(out), "--resume")
     assert done.returncode == 1 and "--resume" in done.stderr and out.read_bytes() == before
+    assert not spool_path(out).exists()  # the spool read back from the finished file is not left behind
 
 
 MEMORY_PROBE = textwrap.dedent("""
@@ -325,14 +340,13 @@ def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> Non
 def test_library_errors_are_convnets_errors_with_builtin_bases(monkeypatch: pytest.MonkeyPatch,
                                                               tmp_path: Path) -> None:
     from convnets.errors import InvalidArgumentError, MissingDependencyError
-    from convnets.inference.records import check_destination, format_of
 
     with pytest.raises(InvalidArgumentError, match="output='a.txt': unknown format") as caught:
-        format_of("a.txt")
+        Output.of("a.txt", "predictions")
     assert isinstance(caught.value, ValueError) and "--output a.txt" in caught.value.message_for("cli")
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow` fail
     with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[parquet\]'") as missing:
-        check_destination(tmp_path / "x.parquet", resume=False)
+        Output.of(tmp_path / "x.parquet", "predictions")
     assert isinstance(missing.value, ImportError)
 
 
@@ -376,19 +390,30 @@ def test_recursive_walk_skips_hidden_and_does_not_loop(tmp_path: Path) -> None:
     assert [n for n, _ in iter_inputs([str(tmp_path / ".f" / "g.png")])] == [str(tmp_path / ".f" / "g.png")]
 
 
+# Before the spool, this scanned the .jsonl or .csv file itself; now a spool is scanned, and a finished
+# .jsonl or .csv that --resume reads back into one is refused the same way, left as it was.
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_damage_and_other_topk_are_refused_not_cut(fmt: str, reference: dict, tmp_path: Path) -> None:
     """Only what a killed writer leaves is cut away: a damaged middle or another --topk keeps the file as is."""
     from convnets.errors import InvalidArgumentError
 
     out = tmp_path / f"r.{fmt}"
-    _write_records(out, reference["jsonl"][:5])
-    whole = out.read_bytes()
+    output = Output.of(out, "predictions")
+    _write_records(output.spool(), reference["jsonl"][:5])
+    spool = output.spool().read_bytes()
     with pytest.raises(InvalidArgumentError, match="holds 3 classes per input, this run 5"):
-        scan(out, topk=5)
-    lines = whole.split(b"\n")
-    lines[2] = b'garbage,"unclosed' if fmt == "csv" else b'{"input": "x", "top'
-    out.write_bytes(b"\n".join(lines))
-    with pytest.raises(InvalidArgumentError, match="damaged"):
-        scan(out, topk=3)
-    assert out.read_bytes() == b"\n".join(lines)
+        scan(output.spool(), width=5)
+    output.format.write(out, output.spool(), kind="predictions", width=3, batch_size=4)
+    output.spool().unlink()
+    written = out.read_bytes()
+    with ExitStack() as stack, pytest.raises(InvalidArgumentError, match="holds 3 classes per input, this run 5"):
+        output.open(output.spool(), resume=True, width=5, stack=stack)  # FILE read back, then refused
+    assert out.read_bytes() == written and not output.spool().exists()
+    for path, whole in ((output.spool(), spool), (out, written)):
+        lines = whole.split(b"\n")
+        lines[2] = b'garbage,"unclosed' if path == out and fmt == "csv" else b'{"input": "x", "top'
+        path.write_bytes(b"\n".join(lines))
+        with pytest.raises(InvalidArgumentError, match="damaged"), ExitStack() as stack:
+            output.open(output.spool(), resume=True, width=3, stack=stack)
+        assert path.read_bytes() == b"\n".join(lines)
+        output.spool().unlink(missing_ok=True)

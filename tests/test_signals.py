@@ -132,13 +132,15 @@ def test_predict_stops_cleanly_and_resumes(signum: int, status: int, word: str, 
     listing = tmp_path / "list.txt"
     listing.write_text("".join(f"{name}\n" for name in names))
     code, stderr, children = _stop_mid_run(
-        ["predict", *weights, *COMMON, "--workers", "2", "--output", str(out), "--from-file", "-"], out, signum,
-        group=group, stdin=listing.read_bytes())
+        ["predict", *weights, *COMMON, "--workers", "2", "--output", str(out), "--from-file", "-"],
+        tmp_path / "r.jsonl.partial.jsonl", signum, group=group, stdin=listing.read_bytes())
     assert len(children) == 2, children  # the two decoding workers were running
     assert code == status and "Traceback" not in stderr and command_lines(stderr) == [f"convnets: {word}"], stderr
     assert not (tmp_path / "r.jsonl.lock").exists()
-    # What was written is a prefix that --resume continues: every input once, in order.
-    written = out.read_bytes().splitlines()
+    # What was written is a prefix that --resume continues: every input once, in order. Since the spool, it is
+    # in r.jsonl.partial.jsonl (r.jsonl appears at the end); before, in r.jsonl itself.
+    assert not out.exists()
+    written = (tmp_path / "r.jsonl.partial.jsonl").read_bytes().splitlines()
     assert 0 < len(written) < len(names)
     done = run_cli("predict", *weights, *COMMON, "--workers", "0", "--output", str(out), "--resume",
                    "--from-file", str(listing))
@@ -153,7 +155,7 @@ def test_embed_stops_cleanly_on_sigterm_and_resumes(weights: list[str], names: l
     listing.write_text("".join(f"{name}\n" for name in names))
     code, stderr, children = _stop_mid_run(
         ["embed", *weights, *COMMON, "--workers", "2", "--output", str(out), "--from-file", "-"],
-        tmp_path / "v.npy.spool", signal.SIGTERM, group=False, stdin=listing.read_bytes())
+        tmp_path / "v.npy.partial.jsonl", signal.SIGTERM, group=False, stdin=listing.read_bytes())
     assert len(children) == 2, children
     assert code == 143 and "Traceback" not in stderr and command_lines(stderr) == ["convnets: terminated"], stderr
     assert not (tmp_path / "v.npy.lock").exists() and not out.exists()  # the spool stays, for --resume
@@ -246,4 +248,6 @@ def test_sigterm_while_the_workers_start_is_quiet_too(weights: list[str], names:
     assert lines[0].startswith("workers ") and lines[1:] == ["convnets: terminated"], lines
     workers = [int(pid) for pid in lines[0].split()[1:]]
     assert len(workers) == 2 and not [pid for pid in workers if _running(pid)]
-    assert not (tmp_path / "r.jsonl.lock").exists() and out.read_text() == ""
+    # Nothing recorded: the spool is empty (before the spool, r.jsonl itself was), and r.jsonl is not written.
+    assert not (tmp_path / "r.jsonl.lock").exists() and (tmp_path / "r.jsonl.partial.jsonl").read_text() == ""
+    assert not out.exists()

@@ -20,7 +20,7 @@ from convnets.commands.path_checks import check_inputs_exist, check_output_file,
 from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
     from contextlib import ExitStack
 
     from convnets.inference.job import BatchJob, JobSettings
@@ -96,22 +96,33 @@ def add_fast_decode_argument(parser: Parser) -> None:
                             "images are unaffected (default: exact, upstream preprocessing)")
 
 
-def add_output_arguments(parser: argparse.ArgumentParser, *, output_help: str, resume_help: str,
+def add_output_arguments(parser: argparse.ArgumentParser, *, kind: str, what: str, resume_help: str,
                          required: bool = False) -> argparse._ArgumentGroup:
-    """Add the ``output`` group: ``--output FILE`` and ``--resume``.
+    """Add the ``output`` group: ``--output FILE`` (its formats from :mod:`convnets.inference.outputs`'
+    registry) and ``--resume``.
 
     Args:
         parser: the command's parser.
-        output_help, resume_help: what the command writes and how it resumes.
+        kind: what the command writes, ``"predictions"`` or ``"embeddings"``.
+        what: how ``--output``'s help names it.
+        resume_help: how it resumes.
         required: ``--output`` must be given (no output on standard output).
 
     Returns:
         Without ``required``: the group of mutually exclusive destinations that holds ``--output``,
         for a command to add its standard-output formats (``predict --json``); else the ``output`` group.
     """
+    from convnets.inference.outputs import output_formats
+
+    formats = [f"{', '.join(f.suffixes)} ({f.holds[kind]})" for f in output_formats(kind)]
+    again = "unless --resume" if any(kind in f.readable for f in output_formats(kind)) else "(--resume continues only a spool)"
+    text = (f"write {what} to FILE, in an existing directory; its suffix picks the format: {'; '.join(formats)}. "
+            "FILE appears at the end, written from FILE.partial.jsonl, which grows as batches finish (a stopped or "
+            f"killed run leaves it, for --resume). An existing FILE is refused {again}. The run holds FILE.lock until "
+            "it ends: a second run on FILE is refused at once")
     group = parser.add_argument_group("output")
     where = group if required else group.add_mutually_exclusive_group()
-    add_output_argument(where, metavar="FILE", help=output_help, required=required)
+    add_output_argument(where, metavar="FILE", help=text, required=required)
     group.add_argument("--resume", action="store_true", help=resume_help)
     return where
 
@@ -144,8 +155,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
                        batch_size=args.batch_size, image_size=args.image_size, progress=args.progress)
 
 
-def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack, *, formats: Mapping[str, str],
-                kind: str = "format") -> Callable[[], int] | int:
+def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | int:
     """A batch job's ``prepare`` (see :mod:`convnets.cli`): before anything heavy is imported, check the
     paths that the options of this module and ``--weights`` name, then claim the output (its lock,
     held in ``stack`` until the run ends, and the job's own checks:
@@ -155,7 +165,6 @@ def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack, *, fo
         job: the command's plug-in.
         args: parsed by a parser with this module's groups and the model options.
         stack: holds the output's lock.
-        formats, kind: the formats ``--output``'s suffix may name, and what a message calls one.
 
     Returns:
         The run (:func:`convnets.inference.job.run_job`), or the exit status 0 when there is
@@ -168,10 +177,11 @@ def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack, *, fo
         InvalidArgumentError: the output is held by another run, or refused by the job's checks.
     """
     from convnets.inference.job import claim_output, run_job
+    from convnets.inference.outputs import KINDS, suffixes
 
     with usage_errors():
         if args.output is not None:
-            check_output_file(args.output, formats=formats, kind=kind)
+            check_output_file(args.output, formats=suffixes(job.kind), kind=KINDS[job.kind])
         check_inputs_exist("INPUT", *args.inputs)
         check_inputs_exist("--from-file", None if args.from_file == "-" else args.from_file)
         check_inputs_exist("--weights", args.weights)

@@ -2,21 +2,19 @@
 
 ``--output FILE.npy`` writes float32 ``[N, D]`` with the inputs in ``FILE.npy.inputs.txt`` (same
 order); ``--output FILE.parquet`` columns ``input`` and ``embedding``. Records stream into
-``FILE.spool`` as batches finish and FILE is assembled at the end, so a killed run continues with
-``--resume`` (see :mod:`convnets.inference.spool`). Inputs that cannot be read are reported on stderr, get
+``FILE.partial.jsonl`` as batches finish and FILE is written from it at the end, so a killed run
+continues with ``--resume`` (see :mod:`convnets.inference.outputs`). Inputs that cannot be read are reported on stderr, get
 no vector and leave the exit status at 1. The inputs, batches, workers and output options are
 ``convnets predict``'s (:mod:`convnets.commands.batch_options`), and so is the run around the model
 (:mod:`convnets.inference.job`, of which this module is a plug-in), sharding under ``torchrun`` included:
-each process embeds its share of the batches into a part (its spool), and rank 0 merges the parts
-into FILE at the end (:mod:`convnets.inference.shard`).
+each process embeds its share of the batches into a part spool, and rank 0 merges the parts into
+FILE at the end (:mod:`convnets.inference.shard`).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import ExitStack
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
@@ -26,7 +24,6 @@ from convnets.commands.run_options import (add_cache_argument, add_compile_argum
                                            add_engine_argument, add_engine_settings_arguments, add_precision_argument,
                                            device_from_args, engine_settings_from_args)
 from convnets.constants import DEFAULT_MODEL, LAYERS
-from convnets.errors import InvalidArgumentError
 from convnets.inference.job import BatchJob
 
 if TYPE_CHECKING:
@@ -37,8 +34,7 @@ if TYPE_CHECKING:
     from convnets.inference.embed import Embedding
     from convnets.inference.inputs import InputItem
     from convnets.inference.loader import Decoding
-    from convnets.inference.records import Record, ScanResult, Writer
-    from convnets.inference.shard import PartFiles, ShardedRun
+    from convnets.inference.outputs.spool import Record
     from convnets.models.resnet import ResNet
 
 __all__ = ["add_arguments", "prepare"]
@@ -65,13 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      "compilation")
     add_batch_arguments(parser, default_batch_size=16)
     add_output_arguments(
-        parser, required=True,
-        output_help="where the vectors go; its suffix picks the format: .npy (float32 [N, D]; the inputs, one per "
-                    "line, in FILE.inputs.txt) or .parquet (input, embedding; needs pyarrow), in an existing "
-                    "directory. Written at the end from FILE.spool, which grows as batches finish. An existing FILE "
-                    "is refused. The run holds FILE.lock until it ends: a second run on FILE is refused at once",
-        resume_help="continue the FILE.spool that a stopped or killed run left: its torn last record is cut away "
-                    "and the inputs it records are skipped")
+        parser, kind="embeddings", what="the vectors", required=True,
+        resume_help="continue the FILE.partial.jsonl that a stopped or killed run left: its torn last record is cut "
+                    "away and the inputs it records are skipped")
     add_progress_argument(parser)
 
 
@@ -79,38 +71,19 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | i
     """Check the paths on the command line and claim ``--output`` (see
     :func:`~convnets.commands.batch_options.prepare_job`); the run's exit status is 1 if any input could
     not be read."""
-    from convnets.inference.spool import EMBEDDING_FORMATS
-
-    return prepare_job(EmbedJob(args), args, stack, formats=EMBEDDING_FORMATS, kind="embedding format")
+    return prepare_job(EmbedJob(args), args, stack)
 
 
 class EmbedJob(BatchJob):
-    """``convnets embed`` as a batch job: a vector per input, spooled, assembled into ``.npy`` or ``.parquet``."""
+    """``convnets embed`` as a batch job: a vector per input, spooled, written into ``.npy`` or ``.parquet``."""
 
     command = "embed"
+    kind = "embeddings"
     unreadable = " and have no vector"
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.net: Any = None
-        self.sharded = False
-
-    def check(self, run: ShardedRun, part: Path | None) -> bool:
-        from convnets.inference.spool import check_embedding_destination, embedding_output_complete, spool_path
-
-        args = self.args
-        check_embedding_destination(args.output, resume=args.resume)
-        if args.resume and embedding_output_complete(args.output):
-            print(f"convnets embed: {args.output} is complete (no {spool_path(args.output).name} to continue); "
-                  "nothing to do", file=sys.stderr)
-            return False
-        self.sharded = run.world > 1
-        if self.sharded and part is not None:
-            if spool_path(args.output).exists():  # a single process's run: its spool is not split into parts
-                raise InvalidArgumentError(f"{spool_path(args.output)} was left by a run of one process: continue "
-                                           "it with one process (--resume, without torchrun), or delete it")
-            check_embedding_destination(part, resume=args.resume)
-        return True
 
     def device(self) -> torch.device:
         return device_from_args(self.args)
@@ -123,20 +96,8 @@ class EmbedJob(BatchJob):
         self.net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile,
                                   engine=args.engine, cache=args.cache,
                                   settings=engine_settings_from_args(args))
+        self.width = self.net.num_features
         return model
-
-    def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:
-        from convnets.inference.spool import open_embedding_writer
-
-        assert part is not None  # --output is required
-        # A shard's part stays a spool: rank 0 assembles FILE from all of them.
-        return open_embedding_writer(part, dim=self.net.num_features, resume=self.args.resume, stack=stack,
-                                     assemble=not self.sharded)
-
-    def recorded(self, part: Path) -> Iterator[str]:
-        from convnets.inference.spool import read_embedding_records
-
-        return (r["input"] for r in read_embedding_records(part))
 
     def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
                 start: int, on_batch: Callable[[int], None]) -> Iterator[Embedding]:
@@ -146,12 +107,8 @@ class EmbedJob(BatchJob):
                            decoding=decoding, start=start, on_batch=on_batch)
 
     def record(self, result: Embedding, error: str) -> Record:
-        """A vector, or the input's error: the spool's records (:mod:`convnets.inference.spool`)."""
+        """A vector, or the input's error: the spool's records (:mod:`convnets.inference.outputs.spool`)."""
         if result.ok:
             return {"input": result.input, "embedding": result.vector}
         return {"input": result.input, "error": error}
 
-    def part_files(self) -> PartFiles:
-        from convnets.inference.shard import PartFiles
-
-        return PartFiles.embeddings(self.net.num_features)

@@ -68,7 +68,7 @@ def check_output_file(path: str | os.PathLike[str], *, option: str = "output",
         InvalidArgumentError: what is wrong, naming the option.
     """
     from convnets.fileio import directory_problem
-    from convnets.inference.records import suffix_format
+    from convnets.inference.outputs import suffix_format
 
     if formats is not None:
         suffix_format(path, dict(formats), option=option, kind=kind)

@@ -2,17 +2,17 @@
 
 Prints a table, or with ``--json`` exactly one JSON array on stdout: one object per image in
 input order, ``{"input": ..., "top": [{"index", "label", "probability"}, ...]}``; ``--jsonl`` streams
-one such object per line instead. ``--output FILE`` writes records to a file as batches finish
-(``.jsonl``, ``.csv``, ``.parquet``: see :mod:`convnets.inference.records`), and ``--resume`` continues one
-that a killed run left. Inputs that cannot be read are reported on stderr, one line each, and leave
+one such object per line instead. ``--output FILE`` writes records to a file (``.jsonl``, ``.csv``,
+``.parquet``: see :mod:`convnets.inference.outputs`) from the spool that grows as batches finish, and
+``--resume`` continues the spool that a killed run left. Inputs that cannot be read are reported on stderr, one line each, and leave
 the exit status at 1; the others are still predicted. Inputs are streamed (``--recursive`` trees,
 ``--from-file`` lists), so their number does not cost memory, and decoded by ``--workers`` processes
 while the model runs (:mod:`convnets.inference.loader`). The options shared with ``convnets embed`` are in
 :mod:`convnets.commands.batch_options`, and the run around the model (inputs, resume, progress,
 errors, summary) is the batch-job driver's, :mod:`convnets.inference.job`: this module is its plug-in. ``--show FILE.png`` also draws contact sheets, thumbnails with
 their top classes (:mod:`convnets.inference.sheet`). Under ``torchrun`` each process predicts its share of
-the batches into a part of ``--output`` (required there) and rank 0 merges the parts into it at the
-end: the file one process writes (see :mod:`convnets.inference.shard`).
+the batches into a part spool of ``--output`` (required there) and rank 0 merges the parts into it at
+the end: the file one process writes (see :mod:`convnets.inference.shard`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import dataclasses
 import json
 import sys
 from contextlib import ExitStack
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
     from convnets.inference.inputs import InputItem
     from convnets.inference.loader import Decoding
     from convnets.inference.predict import Prediction
-    from convnets.inference.records import Record, ScanResult, Writer
+    from convnets.inference.outputs.spool import Record, SpoolWriter
     from convnets.inference.shard import ShardedRun
     from convnets.inference.sheet import ContactSheetWriter
     from convnets.models.resnet import ResNet
@@ -87,12 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      "compilation, so it pays off for many images")
     add_batch_arguments(parser, default_batch_size=16)
     where = add_output_arguments(
-        parser, output_help="write records to FILE as batches finish, in input order; its suffix picks the "
-                            "format: .jsonl, .csv (input, rank, index, label, probability, error) or .parquet "
-                            "(needs pyarrow), in an existing directory. An existing FILE is refused unless --resume. "
-                            "The run holds FILE.lock until it ends: a second run on FILE is refused at once",
-        resume_help="continue an existing --output FILE (.jsonl or .csv) that a stopped or killed run "
-                    "left: its torn last record is cut away and the inputs it records are skipped")
+        parser, kind="predictions", what="the records (in input order)",
+        resume_help="continue the FILE.partial.jsonl that a stopped or killed run left (or a finished FILE): its "
+                    "torn last record is cut away and the inputs it records are skipped")
     add_json_argument(where, help="one array (an object per image) instead of a table")
     where.add_argument("--jsonl", action="store_true",
                        help="print one JSON object per line instead of a table, as batches finish")
@@ -109,14 +105,12 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | i
     """Check the paths on the command line and claim ``--output`` (see
     :func:`~convnets.commands.batch_options.prepare_job`); the run's exit status is 1 if any input could
     not be read."""
-    from convnets.inference.records import FORMATS
-
     if args.show is not None:
         from convnets.inference.sheet import check_sheet_destination
 
         with usage_errors():
             check_sheet_destination(args.show, option="show")
-    return prepare_job(PredictJob(args), args, stack, formats=FORMATS)
+    return prepare_job(PredictJob(args), args, stack)
 
 
 class PredictJob(BatchJob):
@@ -129,33 +123,16 @@ class PredictJob(BatchJob):
         self.args = args
         self.net: Any = None
         self.labels: list[str] = []
-        self.topk = 0  # set by load(): --topk, or its default for the model's classes (resolve_topk)
         self.sheets: ContactSheetWriter | None = None
         self.printed: list[Record] = []  # --json: printed at the end, as one array
 
-    def check(self, run: ShardedRun, part: Path | None) -> bool:
-        from convnets.inference.records import check_destination
-
-        args = self.args
-        if args.output is not None:
-            check_destination(args.output, resume=args.resume)
-            if run.world > 1 and part is not None:
-                check_destination(part, resume=args.resume)
-        if args.show is not None and run.world > 1:  # each rank sees only its shard; one process must draw them all
+    def check(self, run: ShardedRun) -> None:
+        if self.args.show is not None and run.world > 1:  # each rank sees only its shard; one process must draw them all
             raise InvalidArgumentError("--show draws the contact sheets in one process, not under torchrun; "
                                        "drop --show here and draw sheets from a single-process run")
-        return True
 
     def device(self) -> torch.device:
         return device_from_args(self.args)
-
-    def repair(self, path: Path) -> object:
-        from convnets.inference.records import scan
-
-        from convnets.inference.records import recorded_topk
-
-        # Before the model loads (torchrun's resume): without --topk, the file's own k is checked later.
-        return scan(path, topk=self.args.topk or recorded_topk(path) or DEFAULT_TOPK)
 
     def load(self, device: torch.device) -> ResNet:
         from convnets.deploy.optimize import optimize_for_inference
@@ -164,14 +141,14 @@ class PredictJob(BatchJob):
         args = self.args
         model = load_from_args(args, device=device).model
         self.labels = class_labels(model)
-        self.topk = resolve_topk(args.topk, len(self.labels))
+        self.width = resolve_topk(args.topk, len(self.labels))
         self.net = optimize_for_inference(model, args.precision, device=device, engine=args.engine,
                                           compile=args.compile, cache=args.cache,
                                           settings=engine_settings_from_args(args))
         return model
 
-    def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:
-        from convnets.inference.records import RecordWriter, open_writer
+    def open(self, stack: ExitStack) -> SpoolWriter | None:
+        from convnets.inference.outputs.spool import SpoolWriter
 
         args = self.args
         if args.show is not None:  # closed (the last sheet written) when the stack unwinds without an error
@@ -180,14 +157,7 @@ class PredictJob(BatchJob):
             self.sheets = stack.enter_context(ContactSheetWriter(args.show, timeout=args.timeout,
                                                                       allow_private=args.allow_private,
                                                                       interface="cli"))
-        if part is not None:
-            return open_writer(part, resume=args.resume, topk=self.topk, stack=stack)
-        return (RecordWriter(sys.stdout, "jsonl") if args.jsonl else None), None
-
-    def recorded(self, part: Path) -> Iterator[str]:
-        from convnets.inference.records import recorded_inputs
-
-        return recorded_inputs(part, topk=self.topk)
+        return SpoolWriter(sys.stdout) if args.jsonl else None
 
     def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
                 start: int, on_batch: Callable[[int], None]) -> Iterator[Prediction]:
@@ -195,11 +165,11 @@ class PredictJob(BatchJob):
 
         if self.sheets is not None:  # the sheets' thumbnails, kept as the inputs are decoded: read once
             decoding = dataclasses.replace(decoding, thumbnail=self.sheets.side)
-        return predict_items(self.net, items, labels=self.labels, topk=self.topk, batch_size=batch_size,
+        return predict_items(self.net, items, labels=self.labels, topk=self.width, batch_size=batch_size,
                              device=device, decoding=decoding, start=start, on_batch=on_batch)
 
     def record(self, result: Prediction, error: str) -> Record:
-        """The record of one result (see :mod:`convnets.inference.records`)."""
+        """The record of one result (see :mod:`convnets.inference.outputs.spool`)."""
         if not result.ok:
             return {"input": result.input, "error": error}
         return {"input": result.input,

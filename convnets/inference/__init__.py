@@ -6,8 +6,8 @@
 * :mod:`~convnets.inference.embed`: pooled stage outputs, one vector per image;
 * :mod:`~convnets.inference.loader`: decoding settings, batch boundaries, decoding in worker
   processes, and the loop predict and embed share;
-* :mod:`~convnets.inference.records`: prediction records on disk, streamed and resumable;
-* :mod:`~convnets.inference.spool`: embedding files (a resumable spool, assembled at the end);
+* :mod:`~convnets.inference.outputs`: output files: one resumable spool while a run goes, then the
+  format asked for (a registry: ``.jsonl``, ``.csv``, ``.parquet``, ``.npy``);
 * :mod:`~convnets.inference.shard`: runs under ``torchrun`` (a shard per rank, parts merged);
 * :mod:`~convnets.inference.sheet`: contact sheets (``predict --show``).
 

@@ -14,7 +14,7 @@ folded, channels_last, the precision asked for, optionally compiled), or ONNX Ru
 ``engine="auto"`` (``convnets embed``'s default), which checks its pick against the torch path.
 Inputs are read lazily and decoded as for predictions, in the same loop
 (:func:`convnets.inference.loader.map_batches`); writing vectors to files is
-:mod:`convnets.inference.spool` (``.npy``, ``.parquet``); ``convnets embed`` runs this as a batch job
+:mod:`convnets.inference.outputs` (``.npy``, ``.parquet``); ``convnets embed`` runs this as a batch job
 (:mod:`convnets.inference.job`).
 """
 
@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor, nn

@@ -3,13 +3,13 @@
 A batch job reads inputs (INPUTs, then a ``--from-file`` list; :mod:`convnets.inference.inputs`),
 keeps its shard of them under ``torchrun`` (:mod:`convnets.inference.shard`), locks and checks its
 destination before PyTorch loads (:func:`claim_output`: ``FILE.lock``, held to the end, so that a
-second run on the same output fails at once, naming the first), continues a resumed file (skipping
+second run on the same output fails at once, naming the first), continues a resumed spool (skipping
 exactly the inputs it records), decodes in worker processes (:class:`~convnets.inference.loader.Decoding`), shows a
-progress bar, writes records as batches finish, reports each unreadable input on stderr, and ends
+progress bar, appends records to the output's spool as batches finish and writes the output from it
+at the end (:mod:`convnets.inference.outputs`), reports each unreadable input on stderr, and ends
 with one summary line and the exit status (1 if any input, now or in the resumed run, could not
 be read). :func:`run_job` does all of that; what differs between jobs is a :class:`BatchJob`
-plug-in: its destination checks, its model, what it computes on a batch, what its record looks
-like, which writer, and its words. The commands (:mod:`convnets.commands.predict`,
+plug-in: its model, what it computes on a batch, what its record looks like, and its words. The commands (:mod:`convnets.commands.predict`,
 :mod:`convnets.commands.embed`) claim the output while the command line is checked, then build
 a :class:`JobSettings` from their options (:mod:`convnets.commands.batch_options`) and call
 :func:`run_job` with the plug-in and what :func:`claim_output` returned.
@@ -31,14 +31,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.errors import ConvnetsError, InvalidArgumentError, message_for
-from convnets.inference.shard import PartFiles, ShardedRun
+from convnets.inference.shard import ShardedRun
 
 if TYPE_CHECKING:
     import torch
 
     from convnets.inference.inputs import InputItem
     from convnets.inference.loader import Decoding, Result
-    from convnets.inference.records import Record, ScanResult, Writer
+    from convnets.inference.outputs import Output
+    from convnets.inference.outputs.spool import Record, SpoolWriter
     from convnets.models.resnet import ResNet
 
 __all__ = ["BatchJob", "Destination", "JobSettings", "claim_output", "input_error_message", "lock_output",
@@ -74,53 +75,36 @@ class JobSettings:
 
 class BatchJob(ABC):
     """The per-job part of a batch job, the rest being :func:`run_job`'s. Hooks run in this order:
-    :meth:`check`, :meth:`device`, :meth:`load`, :meth:`open`, (:meth:`recorded`), :meth:`results`
-    with :meth:`record` and :meth:`show` per result, :meth:`close`, :meth:`part_files`.
+    :meth:`check`, :meth:`device`, :meth:`load`, :meth:`open`, :meth:`results` with :meth:`record`
+    and :meth:`show` per result, :meth:`close`.
 
     Attributes:
         command: the command's name, the prefix of its stderr lines (``convnets predict: error: ...``).
+        kind: what its records are, ``"predictions"`` or ``"embeddings"`` (:mod:`convnets.inference.outputs`).
         unreadable: what an unreadable input means, after "N of M inputs could not be read".
+        width: set by :meth:`load`: classes per input or values per vector (a resumed spool must hold as many).
     """
 
     command: str = "job"
+    kind: str = "predictions"
     unreadable: str = ""
+    width: int = 0
 
-    def check(self, run: ShardedRun, part: Path | None) -> bool:
-        """Before PyTorch loads: check the destination (``settings.output`` and this rank's ``part``
-        of it) and the job's own options, so that a wrong one fails at once.
-
-        Returns:
-            ``False`` when there is nothing to do (the exit status is then 0).
-        """
-        return True
+    def check(self, run: ShardedRun) -> None:
+        """Before PyTorch loads: check the job's own options, so that a wrong one fails at once."""
 
     @abstractmethod
     def device(self) -> torch.device:
         """The device asked for (under torchrun, :meth:`ShardedRun.join` picks this rank's)."""
 
-    def repair(self, path: Path) -> object:
-        """Cut a torn tail off ``path`` before a sharded resume splits it into parts (default: nothing)."""
-        return None
-
     @abstractmethod
     def load(self, device: torch.device) -> ResNet:
-        """Load the model onto ``device`` and build what runs it; returns the model (for its preset)."""
+        """Load the model onto ``device``, build what runs it and set :attr:`width`; returns the model (for its preset)."""
 
-    @abstractmethod
-    def open(self, part: Path | None, stack: ExitStack) -> tuple[Writer | None, ScanResult | None]:
-        """Open this rank's ``part`` of the output (``None``: no ``--output``), or continue it.
-
-        Args:
-            part: where this rank writes.
-            stack: closes the writer (finishing the file) when it unwinds.
-
-        Returns:
-            The writer (``None``: records go nowhere) and, when a file is resumed, what its scan found.
-        """
-
-    @abstractmethod
-    def recorded(self, part: Path) -> Iterable[str]:
-        """The inputs that a resumed ``part`` records, in order (lazily)."""
+    def open(self, stack: ExitStack) -> SpoolWriter | None:
+        """Open what the job writes besides ``--output`` (closed when ``stack`` unwinds); returns where
+        records go without ``--output`` (default: nowhere)."""
+        return None
 
     @abstractmethod
     def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
@@ -135,27 +119,24 @@ class BatchJob(ABC):
         """Anything else done with each result (print it, draw it); default: nothing."""
 
     def close(self) -> None:
-        """After the last result and the writer's close: what the job prints at the end; default: nothing."""
-
-    def part_files(self) -> PartFiles | None:
-        """How a sharded run's parts are read and merged (``None``: prediction records)."""
-        return None
+        """After the last result: what the job prints at the end; default: nothing."""
 
 
 @dataclass(frozen=True)
 class Destination:
-    """Where this process writes, claimed by :func:`claim_output`: its share of the run and its
-    part of the output (``None``: no output file)."""
+    """Where this process writes, claimed by :func:`claim_output`: its share of the run and the
+    output file (``None``: none)."""
 
     run: ShardedRun
-    part: Path | None
+    output: Output | None
 
 
 def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size: int, reads_stdin: bool,
                  stack: ExitStack) -> Destination | None:
     """Before PyTorch: this process's shard, the output's locks (held until ``stack`` unwinds) and
-    the job's checks of its destination (:meth:`BatchJob.check`), so that a wrong or busy output
-    fails at once. The command line calls this while it parses (:mod:`convnets.commands.batch_options`).
+    checks (:meth:`convnets.inference.outputs.Output.claim`, :meth:`BatchJob.check`), so that a wrong
+    or busy output fails at once. The command line calls this while it parses
+    (:mod:`convnets.commands.batch_options`).
 
     Args:
         job: what is written.
@@ -170,20 +151,26 @@ def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size:
         InvalidArgumentError: ``resume`` without ``output``, another run holds the output, a
             destination that cannot be written, options that a sharded run cannot take.
     """
+    from convnets.inference.outputs import Output
+
     if resume and output is None:
         raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
     # Under torchrun, this process's shard of the inputs and its part of --output.
     run = ShardedRun.from_env(output=output, batch_size=batch_size, reads_stdin=reads_stdin)
-    part = None if output is None else run.part(output)
-    # Held to the end (the merge included): a second run on the same output fails at once.
-    if output is not None and part is not None:
+    target = None if output is None else Output.of(output, job.kind)
+    if target is not None:
+        # Held to the end (the merge included): a second run on the same output fails at once.
         if run.is_main:
-            lock_output(Path(output), stack)
-        if part != Path(output):
-            lock_output(part, stack)
-    if not job.check(run, part):
-        return None
-    return Destination(run, part)
+            lock_output(target.path, stack)
+        if run.world > 1:
+            lock_output(target.spool(run.rank, run.world), stack)
+        if not target.claim(resume=resume, world=run.world):
+            if run.is_main:
+                print(f"convnets {job.command}: {output} is complete (no {target.spool().name} to continue); "
+                      "nothing to do", file=sys.stderr)
+            return None
+    job.check(run)
+    return Destination(run, target)
 
 
 def run_job(job: BatchJob, settings: JobSettings, destination: Destination | None = None) -> int:
@@ -246,20 +233,25 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
     from tqdm.auto import tqdm
 
     from convnets.inference.inputs import iter_inputs, read_sources
+    from convnets.inference.outputs.spool import read_spool
     from convnets.preprocessing.presets import preset_for_model
 
-    run, part = destination.run, destination.part
-    device = run.join(job.device(), resume=settings.resume, repair=job.repair)
+    run, output = destination.run, destination.output
+    split = None if output is None or not settings.resume else (lambda: output.split(run.world, settings.batch_size))
+    device = run.join(job.device(), first=split)
     model = job.load(device)
     preset = preset_for_model(model).with_crop_size(settings.image_size or model.input_size)
     decoding = settings.decoding.with_preset(preset).for_device(device)
     with ExitStack() as stack:
-        writer, found = job.open(part, stack)
+        writer, found = job.open(stack), None
+        spool = None if output is None else output.spool(run.rank, run.world)
+        if output is not None and spool is not None:
+            writer, found = output.open(spool, resume=settings.resume, width=job.width, stack=stack)
         items = run.items(iter_inputs(read_sources(settings.inputs, settings.from_file, stack),
                                       recursive=settings.recursive))
         done = found.records if found else 0
-        if done and part is not None:
-            items = skip_recorded(items, job.recorded(part), str(part))
+        if done and spool is not None:
+            items = skip_recorded(items, (r["input"] for r in read_spool(spool, job.kind)), str(spool))
         total, show = progress(settings, sys.stderr.isatty(), run)
         failed = 0
 
@@ -284,8 +276,10 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
                     sys.stderr.write(f"convnets {job.command}: error: {error}\n")
     job.close()
     earlier = found.errors if found else 0
-    # Under torchrun: totals over the ranks, and rank 0 merges the parts into --output.
-    failed, earlier, done = run.finish([failed, earlier, done], files=job.part_files())
+    # Under torchrun: totals over the ranks (every rank's spool is closed), and rank 0 writes --output.
+    failed, earlier, done = run.sum([failed, earlier, done])
+    if output is not None and run.is_main:
+        output.finish(world=run.world, batch_size=settings.batch_size, width=job.width)
     if (failed or earlier) and run.is_main:
         also = f" ({earlier} recorded by the earlier run)" if earlier else ""
         print(f"convnets {job.command}: {failed + earlier} of {done} inputs could not be read{job.unreadable}{also}",

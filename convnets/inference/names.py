@@ -5,17 +5,16 @@ part of valid UTF-8 kept as a lone surrogate ``U+DC80..U+DCFF``: ``surrogateesca
 directory listings, the command line and ``--from-file`` lists here. Such a string cannot be
 written as UTF-8 as it is, and a name may hold a line break. So in the files a run writes:
 
-* JSONL (``predict --output FILE.jsonl``, ``--jsonl``): the JSON string, with each lone surrogate
-  (and U+0085, U+2028, U+2029, which some readers take for line ends) written as a ``\\uXXXX``
-  escape: byte ``0xFF`` is ``\\udcff``. ``json.loads`` gives the ``os.fsdecode`` name back, and
-  ``os.fsencode(name)`` the bytes.
+* JSONL (``predict --output FILE.jsonl``, ``--jsonl``, every run's spool ``FILE.partial.jsonl``):
+  the JSON string, with each lone surrogate (and U+0085, U+2028, U+2029, which some readers take
+  for line ends) written as a ``\\uXXXX`` escape: byte ``0xFF`` is ``\\udcff``. ``json.loads``
+  gives the ``os.fsdecode`` name back, and ``os.fsencode(name)`` the bytes.
 * Text cells (CSV ``input``, Parquet ``input``, one name per line in ``FILE.npy.inputs.txt``):
   :func:`encode_name`. A name is written as it is unless it holds an undecodable byte, a control
   character (a line break, a tab...), U+0085, U+2028, U+2029, or starts with a double quote; then
   it is written as a JSON string literal (``"a\\nb.png"``, ``"caf\\udce9.png"``), escapes as for
   JSONL. A cell that starts with ``"`` is such a literal, any other is the name itself:
   :func:`decode_name` reverses it, and the file stays valid UTF-8.
-* The embedding spool (internal) stores the name's bytes.
 
 Error messages in records are text for people: their undecodable bytes are written as ``\\udcXX``
 (:func:`safe_text`), not meant to be reversed.

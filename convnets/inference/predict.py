@@ -11,7 +11,7 @@ Used by ``convnets predict``; also usable from Python::
 iterable: a generator over a list file of millions of paths costs no more memory than a few;
 :mod:`convnets.inference.inputs`, re-exported here). Results come in input order. ``workers=N`` decodes the next batches in N processes while the model
 runs; the loop itself, shared with embeddings, is :func:`convnets.inference.loader.map_batches`.
-Writing results to files is :mod:`convnets.inference.records`; embeddings are :mod:`convnets.inference.embed`;
+Writing results to files is :mod:`convnets.inference.outputs`; embeddings are :mod:`convnets.inference.embed`;
 ``convnets predict`` runs this as a batch job (:mod:`convnets.inference.job`).
 """
 
@@ -205,21 +205,12 @@ def predict(
     recursive: bool = False,
     **options: Any,
 ) -> Predictions:
-    """Classify images: one :class:`Prediction` per input, in order, in a list that shows itself.
-
-    For more inputs than a list should hold, :func:`iter_predict` yields them one at a time.
+    """Classify images: one :class:`Prediction` per input, in order, in a list that shows itself
+    (:func:`iter_predict` yields them one at a time, for more inputs than a list should hold).
 
     Args:
-        model: a classifier in eval mode (or any callable from a normalised batch to logits, such
-            as the result of ``convnets.optimize_for_inference``).
+        model, recursive, **options: as for :func:`iter_predict`.
         inputs: a path, directory or http(s) URL, or several.
-        recursive: search directories' subfolders too.
-        **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``,
-            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``allow_private``, ``workers``,
-            ``decoding``).
-
-    Returns:
-        A prediction per file or URL; unreadable inputs carry their error instead of classes.
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
@@ -233,23 +224,16 @@ def iter_predict(
     recursive: bool = False,
     **options: Any,
 ) -> Iterator[Prediction]:
-    """Classify images, a batch at a time, yielding one :class:`Prediction` per input in order.
-
-    Inputs are read lazily, a batch at a time: a generator of a million paths costs no more memory
-    than ten.
+    """Classify images, a batch at a time, yielding one :class:`Prediction` per input in order
+    (unreadable inputs carry their error instead of classes). Inputs are read lazily: a generator of
+    a million paths costs no more memory than ten.
 
     Args:
         model: a classifier in eval mode (or any callable from a normalised batch to logits, such
             as the result of ``convnets.optimize_for_inference``).
-        inputs: paths, directories (their images, see :func:`iter_inputs`) and http(s) URLs; any
-            iterable, e.g. a generator reading a list file.
+        inputs: paths, directories (their images, see :func:`iter_inputs`) and http(s) URLs; any iterable.
         recursive: search directories' subfolders too.
-        **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``,
-            ``image_size``, ``resize_size``, ``preset``, ``timeout``, ``allow_private``, ``on_batch``,
-            ``workers``, ``decoding``).
-
-    Yields:
-        A prediction per file or URL; unreadable inputs carry their error instead of classes.
+        **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``, ...).
     """
     return predict_items(model, iter_inputs(inputs, recursive=recursive), **options)
 

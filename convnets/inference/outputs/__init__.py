@@ -1,0 +1,228 @@
+"""The files that ``convnets predict`` and ``convnets embed`` write (``--output FILE``), and their formats.
+
+While a run goes, its records go to one append-only spool (:mod:`convnets.inference.outputs.spool`:
+``FILE.partial.jsonl``, resumable, a torn tail cut away); at the end, FILE is written from it in the
+format that its suffix names, atomically, and the spool is removed. A killed run leaves the spool,
+never a half-written FILE; ``--resume`` continues it. Under ``torchrun`` each rank appends to its
+own part spool, and rank 0 merges the parts into the run's spool (batch k from rank k % world:
+:func:`convnets.inference.shard.interleave`) before writing FILE, so FILE is the one a single
+process writes, byte for byte.
+
+Formats are plug-ins, one module each with an :class:`~convnets.inference.outputs.base.OutputFormat`
+instance ``FORMAT``, registered as the inference engines are (:mod:`convnets.deploy.engines`):
+adding a built-in format is that module plus its name in :data:`_BUILTIN`; other code can add one
+with :func:`register_format`. ``--output``'s suffixes and help come from :func:`output_formats`.
+Nothing heavy is imported until a file is written or read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from convnets.errors import InvalidArgumentError
+from convnets.inference.outputs.base import OutputFormat
+from convnets.inference.outputs.spool import (Record, ScanResult, SpoolWriter, check_resumable, open_spool,
+                                              read_spool, scan, spool_path, write_spool)
+from convnets.inference.shard import interleave, shard_items
+
+__all__ = ["KINDS", "Output", "OutputFormat", "output_formats", "register_format", "suffix_format", "suffixes"]
+
+log = logging.getLogger(__name__)
+
+#: What a file holds, and what a message calls its format.
+KINDS = {"predictions": "format", "embeddings": "embedding format"}
+#: Built-in formats: module names in this package, in the order help texts list them.
+_BUILTIN: tuple[str, ...] = ("jsonl", "csv", "npy", "parquet")
+_REGISTRY: dict[str, OutputFormat] = {}
+
+
+def register_format(fmt: OutputFormat) -> OutputFormat:
+    """Add ``fmt`` to the registry under ``fmt.name`` and return it.
+
+    Raises:
+        InvalidArgumentError: not an :class:`OutputFormat`, or another format has that name.
+    """
+    if not isinstance(fmt, OutputFormat):
+        raise InvalidArgumentError(f"register_format takes an OutputFormat instance, got {fmt!r}")
+    if fmt.name in _REGISTRY and type(_REGISTRY[fmt.name]) is not type(fmt):
+        raise InvalidArgumentError(f"an output format named {fmt.name!r} is already registered")
+    _REGISTRY[fmt.name] = fmt
+    return fmt
+
+
+def output_formats(kind: str | None = None) -> tuple[OutputFormat, ...]:
+    """The registered formats (that hold ``kind``), built-in ones first."""
+    for name in _BUILTIN:
+        if name not in _REGISTRY:
+            register_format(importlib.import_module(f"{__name__}.{name}").FORMAT)
+    return tuple(f for f in _REGISTRY.values() if kind is None or kind in f.holds)
+
+
+def suffixes(kind: str) -> dict[str, str]:
+    """Suffix -> format name, for the formats that hold ``kind``."""
+    return {suffix: f.name for f in output_formats(kind) for suffix in f.suffixes}
+
+
+def suffix_format(path: str | os.PathLike[str], formats: Mapping[str, str], *, option: str = "output",
+                  kind: str = "format") -> str:
+    """The format that ``path``'s suffix names in ``formats`` (suffix -> name).
+
+    Args:
+        option: the interface's name of ``path`` in messages (``--option`` on the command line).
+        kind: what the message calls the format (``"embedding format"``).
+
+    Raises:
+        InvalidArgumentError: an unknown suffix.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in formats:
+        problem = f"unknown {kind} {suffix or '(no suffix)'!r}; end the file name in {', '.join(formats)}"
+        raise InvalidArgumentError(f"{option}={str(path)!r}: {problem}", cli=f"--{option} {path}: {problem}")
+    return formats[suffix]
+
+
+@dataclass(frozen=True)
+class Output:
+    """A run's output file of ``kind`` (``"predictions"``, ``"embeddings"``) in ``format``, and its spools.
+
+    Build it with :meth:`of`. The driver (:mod:`convnets.inference.job`) calls :meth:`claim` before
+    the model loads, :meth:`split` (``torchrun --resume``, rank 0), :meth:`open` for this rank's spool,
+    and :meth:`finish` (rank 0) once every rank has closed its spool.
+    """
+
+    path: Path
+    kind: str
+    format: OutputFormat
+    option: str = "output"
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], kind: str, *, option: str = "output") -> Output:
+        """The output ``path``, its format picked by its suffix.
+
+        Raises:
+            InvalidArgumentError: an unknown suffix.
+            MissingDependencyError: what the format needs is missing (pyarrow).
+        """
+        name = suffix_format(path, suffixes(kind), option=option, kind=KINDS[kind])
+        fmt = next(f for f in output_formats(kind) if f.name == name)
+        fmt.check()
+        return cls(Path(path), kind, fmt, option)
+
+    def spool(self, rank: int = 0, world: int = 1) -> Path:
+        """The spool of the run, or of rank ``rank``'s part (:func:`~convnets.inference.outputs.spool.spool_path`)."""
+        return spool_path(self.path, rank, world)
+
+    def _spools(self, world: int) -> list[Path]:
+        return [self.spool(), *(self.spool(rank, world) for rank in range(world) if world > 1)]
+
+    def claim(self, *, resume: bool, world: int = 1) -> bool:
+        """Before the run: refuse to overwrite or mix up files; ``False``: a resumed FILE is complete
+        and cannot be read back (an ``.npy``), so there is nothing to do.
+
+        Raises:
+            InvalidArgumentError: without ``resume``, FILE or a spool exists; with it, one that is
+                not a regular file.
+        """
+        left = [s for s in self._spools(world) if os.path.lexists(s)]
+        if not resume and left:
+            raise InvalidArgumentError(f"{left[0]} exists: a stopped run left it; pass resume=True to continue it, or "
+                                       "delete it", keyword="resume",
+                                       cli=f"{left[0]} exists: a stopped run left it; pass --resume to continue it, or "
+                                           "delete it")
+        readable = self.kind in self.format.readable
+        if not resume and os.path.lexists(self.path):
+            again = ("pass resume=True to continue it, or choose another file", "pass --resume to continue it, or "
+                     "remove it or choose another file") if readable else ("choose another file or remove it",) * 2
+            raise InvalidArgumentError(f"{self.option}={str(self.path)!r} exists; {again[0]}", keyword="resume",
+                                       cli=f"--{self.option} {self.path} exists; {again[1]}")
+        if not resume:
+            return True
+        for path in left or [self.path]:
+            check_resumable(path, option=self.option)
+        return bool(left) or readable or not self.path.exists()
+
+    def split(self, world: int, batch_size: int) -> None:
+        """``torchrun --resume`` without parts, on rank 0 before the others start: the records that one
+        process's spool (or the finished, readable FILE) holds become the parts, so that nothing is redone."""
+        spool = self.spool()
+        if any(os.path.lexists(self.spool(rank, world)) for rank in range(world)):
+            return  # the parts are continued
+        if spool.exists():
+            scan(spool, kind=self.kind)  # cut its torn tail
+        elif not (self.path.exists() and self.kind in self.format.readable):
+            return
+
+        def records() -> Iterator[Record]:
+            return read_spool(spool, self.kind) if spool.exists() else self.format.read(self.path, self.kind)
+        counts = [write_spool(self.spool(rank, world), shard_items(records(), rank, world, batch_size))
+                  for rank in range(world)]
+        spool.unlink(missing_ok=True)  # its records are in the parts
+        log.warning("%s: split its %d records into %d parts to resume them", self.path, sum(counts), world)
+
+    def open(self, spool: Path, *, resume: bool, width: int, stack: ExitStack) -> tuple[SpoolWriter, ScanResult | None]:
+        """Open ``spool`` (this rank's) for appending: a new one, or with ``resume`` the one a stopped run
+        left (a finished, readable FILE is read back into it first).
+
+        Args:
+            width: classes per input or values per vector, which a resumed spool must hold.
+            stack: flushes and closes the spool when it unwinds.
+
+        Returns:
+            The writer and, when a spool is resumed, what :func:`~convnets.inference.outputs.spool.scan` found.
+        """
+        adopt = resume and spool == self.spool() and not spool.exists() and self.path.exists()
+        if adopt:
+            write_spool(spool, self.format.read(self.path, self.kind))
+        try:
+            found = scan(spool, kind=self.kind, width=width) if resume and spool.exists() else None
+        except InvalidArgumentError:
+            if adopt:  # made just now from FILE, which stays as it was
+                spool.unlink()
+            raise
+        if adopt:
+            stack.push(_drop_if_unchanged(spool))
+        return stack.enter_context(open_spool(spool, append=found is not None)), found
+
+    def finish(self, *, world: int, batch_size: int, width: int) -> int:
+        """Write FILE from the spool (rank 0 of a ``torchrun`` job merges the parts into it first), then
+        remove the spool; returns the number of records written.
+
+        Raises:
+            InvalidArgumentError: a part is missing (several machines: FILE's folder must be shared by
+                all of them) or the parts are not the shards of one run.
+        """
+        spool = self.spool()
+        if world > 1:
+            parts = [self.spool(rank, world) for rank in range(world)]
+            missing = [str(p) for p in parts if not p.exists()]
+            if missing:
+                problem = f"cannot merge {self.path}: {', '.join(missing)} not found; on several machines, "
+                raise InvalidArgumentError(f"{problem}{self.option} must be in a folder that all of them share",
+                                           keyword=self.option,
+                                           cli=f"{problem}--{self.option} must be in a folder that all of them share")
+            batches = interleave([read_spool(p, self.kind) for p in parts], batch_size)
+            write_spool(spool, (record for batch in batches for record in batch))
+            for part in parts:
+                part.unlink()
+        count = self.format.write(self.path, spool, kind=self.kind, width=width, batch_size=batch_size)
+        spool.unlink()
+        log.info("%s: %d records", self.path, count)
+        return count
+
+
+def _drop_if_unchanged(spool: Path) -> Callable[..., bool]:
+    """An exit callback: after an error, remove ``spool`` (just read back from FILE) if the run appended
+    nothing to it (e.g. its inputs were not FILE's), so that only FILE stays, as it was found."""
+    size = spool.stat().st_size
+
+    def drop(kind: type[BaseException] | None, *_: object) -> bool:
+        if kind is not None and spool.stat().st_size == size:
+            spool.unlink()
+        return False
+    return drop

@@ -1,0 +1,53 @@
+"""What an output format is: :class:`OutputFormat`, the base of each plug-in of :mod:`convnets.inference.outputs`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+from convnets.inference.outputs.spool import Record
+
+__all__ = ["OutputFormat"]
+
+
+class OutputFormat:
+    """An output format: the file that a run's spool becomes at the end.
+
+    Attributes:
+        name: the registry's name (the module's).
+        suffixes: the file name endings that pick it (lower case, with the dot).
+        holds: what it holds, ``"predictions"`` and/or ``"embeddings"``, each with a few words on how
+            (``--output``'s help).
+        readable: the kinds whose finished files :meth:`read` gives back (``--resume`` continues
+            such a file, and a ``torchrun`` resume splits it); a finished file of another kind is
+            complete: resuming it has nothing to do.
+    """
+
+    name: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]]
+    holds: ClassVar[dict[str, str]]
+    readable: ClassVar[frozenset[str]] = frozenset()
+
+    def check(self) -> None:
+        """Before the run: raise if what writing the format needs is missing (default: nothing)."""
+
+    def write(self, path: Path, spool: Path, *, kind: str, width: int, batch_size: int) -> int:
+        """Write ``path`` atomically (:func:`convnets.fileio.atomic_output`) from the complete ``spool``.
+
+        Args:
+            path: the output file.
+            spool: its records (:func:`~convnets.inference.outputs.spool.read_spool`; read as often as needed).
+            kind: ``"predictions"`` or ``"embeddings"``.
+            width: values per vector (embeddings; the shape of an empty file), classes per input.
+            batch_size: the run's batches (a Parquet row group each).
+
+        Returns:
+            The number of records (or rows) written.
+        """
+        raise NotImplementedError
+
+    def read(self, path: Path, kind: str) -> Iterator[Record]:
+        """The records of the finished file ``path`` of a ``readable`` kind, in order, lazily."""
+        raise NotImplementedError(f"{self.name} files of {kind} cannot be read back")
+

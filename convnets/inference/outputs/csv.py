@@ -1,0 +1,81 @@
+"""``.csv``: columns ``input, rank, index, label, probability, error``; one row per top-k entry
+(ranks 1..k), or one row with ``error`` filled for an input that could not be read. Names are text
+cells (:func:`~convnets.inference.names.encode_name`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+from convnets.errors import InvalidArgumentError
+from convnets.inference.names import decode_name, encode_name, safe_text
+from convnets.inference.outputs.base import OutputFormat
+from convnets.inference.outputs.spool import Record, batched, bounded_lines, read_spool
+
+__all__ = ["COLUMNS", "FORMAT", "Csv"]
+
+#: The header.
+COLUMNS = ("input", "rank", "index", "label", "probability", "error")
+
+
+class Csv(OutputFormat):
+    name = "csv"
+    suffixes = (".csv",)
+    holds = {"predictions": "input, rank, index, label, probability, error: a row per class"}
+    readable = frozenset({"predictions"})
+
+    def write(self, path: Path, spool: Path, *, kind: str, width: int, batch_size: int) -> int:
+        from convnets.fileio import atomic_output
+
+        count = 0
+        with atomic_output(path) as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+            rows = csv.writer(text, lineterminator="\n")
+            rows.writerow(COLUMNS)
+            for chunk in batched(read_spool(spool), 1024):
+                rows.writerows(row for record in chunk for row in _rows(record))
+                count += len(chunk)
+            text.flush()
+            text.detach()  # atomic_output closes the file itself
+        return count
+
+    def read(self, path: Path, kind: str) -> Iterator[Record]:
+        rows = csv.reader(line.decode("utf-8", errors="replace") for line, _ in bounded_lines(path))
+        if tuple(next(rows, COLUMNS)) != COLUMNS:
+            raise InvalidArgumentError(f"{path} is not a convnets predict CSV file (its header is not "
+                                       f"{','.join(COLUMNS)})")
+        record: Record | None = None
+        try:
+            for row in rows:
+                name, rank, index, label, probability, error = row
+                if error and not rank:
+                    new: Record = {"input": decode_name(name), "error": error}
+                elif rank == "1":
+                    new = {"input": decode_name(name), "top": []}
+                elif record is not None and "top" in record and decode_name(name) == record["input"] \
+                        and rank == str(len(record["top"]) + 1):
+                    new = record
+                else:
+                    raise ValueError(f"row {row!r} does not continue the record before it")
+                if "top" in new:
+                    new["top"].append({"index": int(index), "label": label, "probability": float(probability)})
+                if new is not record:
+                    if record is not None:
+                        yield record
+                    record = new
+        except (ValueError, csv.Error) as e:
+            raise InvalidArgumentError(f"{path}: line {rows.line_num} is not what convnets predict writes ({e}); "
+                                       "the file is damaged: write to a new file", keyword="resume") from None
+        if record is not None:
+            yield record
+
+def _rows(record: Record) -> list[list[object]]:
+    name = encode_name(record["input"])
+    if "error" in record:
+        return [[name, "", "", "", "", safe_text(record["error"])]]
+    return [[name, rank, t["index"], t["label"], repr(t["probability"]), ""] for rank, t in enumerate(record["top"], 1)]
+
+
+FORMAT = Csv()
