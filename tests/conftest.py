@@ -216,6 +216,38 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
                           env=full_env, cwd=cwd or REPO, timeout=timeout)
 
 
+def cli_in_process(*args: str, env: dict[str, str] | None = None,
+                   cwd: Path | None = None) -> "subprocess.CompletedProcess[str]":
+    """Run ``convnets.cli.main(ARGS)`` in this process, as :func:`run_cli` runs ``python -m convnets ARGS``.
+
+    The same parsing, checks and messages (``main`` is what the console script calls), without an
+    interpreter start-up and a PyTorch import per call: for tests of what a command answers. Returns
+    a completed process: ``main``'s status (a usage error's ``SystemExit`` status), its stdout and
+    stderr text. ``env`` is set and ``cwd`` entered for the call only. Unlike a subprocess, log
+    records go to pytest's log capture rather than to stderr, and an unexpected exception is raised
+    here instead of printing a traceback. Keep :func:`run_cli` where the process itself is tested
+    (start-up imports, signals, the console script, exit codes of the interpreter).
+    """
+    import contextlib
+    import io
+    from unittest import mock
+
+    from convnets.cli import main
+
+    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    with mock.patch.dict(os.environ, env or {}), contextlib.chdir(cwd or REPO), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(list(args))
+        except SystemExit as e:  # argparse's usage errors and --help
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    texts = []
+    for stream in (out, err):
+        stream.flush()
+        texts.append(stream.buffer.getvalue().decode("utf-8", errors="replace"))  # type: ignore[attr-defined]
+    return subprocess.CompletedProcess(["convnets", *args], status, texts[0], texts[1])
+
+
 #: Modules that the command line must not import before it has checked its arguments (each costs
 #: seconds or pulls in PyTorch).
 HEAVY_MODULES = ("torch", "torchvision", "numpy", "convnets.registry")
