@@ -54,11 +54,35 @@ def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml's addopts), the tests that share a
+    module- or class-scoped fixture (a trained model, a running server, a converted engine) run on
+    one worker, one after the other, so that the fixture is built once rather than once per worker.
+    Other tests go to whichever worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values()
+                     for d in defs)
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 @pytest.fixture(scope="session")
 def shared_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One engine cache for the session: what --engine auto (every command's default) converts for a
     test's checkpoint is loaded, not converted again, by the next test with the same weights, as a
-    user's runs share it. Tests of the cache itself use :func:`cold_engine_cache`."""
+    user's runs share it. Tests of the cache itself use :func:`cold_engine_cache`.
+
+    Under pytest-xdist the workers share it too (it is made for concurrent runs: they lock its
+    entries), so a model that one worker converted is not converted again by the other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The workers' base temporary directories are siblings under one directory of this run.
+        shared = tmp_path_factory.getbasetemp().parent / "engine_cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("engine_cache")
 
 
