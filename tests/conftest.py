@@ -247,24 +247,36 @@ def cli_in_process(*args: str, env: dict[str, str] | None = None,
     The same parsing, checks and messages (``main`` is what the console script calls), without an
     interpreter start-up and a PyTorch import per call: for tests of what a command answers. Returns
     a completed process: ``main``'s status (a usage error's ``SystemExit`` status), its stdout and
-    stderr text. ``env`` is set and ``cwd`` entered for the call only. Unlike a subprocess, log
-    records go to pytest's log capture rather than to stderr, and an unexpected exception is raised
-    here instead of printing a traceback. Keep :func:`run_cli` where the process itself is tested
-    (start-up imports, signals, the console script, exit codes of the interpreter).
+    stderr text. ``env`` is set and ``cwd`` entered for the call only. The logging configuration is
+    the one a new process has (none: ``main`` sets it up, so its log records are on stderr as in a
+    subprocess), and restored afterwards. Unlike a subprocess, Python warnings go to pytest, and an
+    unexpected exception is raised here instead of printing a traceback. Keep :func:`run_cli` where
+    the process itself is tested (start-up imports, signals, the console script, decoding processes).
     """
     import contextlib
     import io
+    import logging
     from unittest import mock
 
     from convnets.cli import main
 
     out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
-    with mock.patch.dict(os.environ, env or {}), contextlib.chdir(cwd or REPO), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = main(list(args))
-        except SystemExit as e:  # argparse's usage errors and --help
-            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    root = logging.getLogger()
+    levels = {name: logging.getLogger(name).level for name in ("", "convnets.auto")}
+    handlers, root.handlers = root.handlers, []  # pytest's own: with them, main's basicConfig does nothing
+    try:
+        with mock.patch.dict(os.environ, env or {}), contextlib.chdir(cwd or REPO), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(list(args))
+            except SystemExit as e:  # argparse's usage errors and --help
+                status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers = handlers
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
     texts = []
     for stream in (out, err):
         stream.flush()
