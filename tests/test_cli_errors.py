@@ -85,13 +85,13 @@ def test_benchmark_counts_are_named_on_their_own(option: str) -> None:
 
 def test_a_format_option_is_named_as_a_flag(tmp_path: Path) -> None:
     line = _error_line(cli_in_process("export", "--random-init", "--model", "resnet50", "--opset", "3", "--output",
-                               str(tmp_path)))
+                                      str(tmp_path)))
     assert line.startswith("convnets export: error: --opset 3: ") and "17 or newer" in line
 
 
 def test_a_bad_triton_name_names_the_option(tmp_path: Path) -> None:
-    line = _error_line(cli_in_process("export", "--random-init", "--model", "resnet50", "--format", "torchscript", "--triton",
-                               "--name", "bad name", "--output", str(tmp_path)))
+    line = _error_line(cli_in_process("export", "--random-init", "--model", "resnet50", "--format", "torchscript",
+                                      "--triton", "--name", "bad name", "--output", str(tmp_path)))
     assert line.startswith("convnets export: error: --name 'bad name': ")
 
 
@@ -135,8 +135,8 @@ def test_checkpoint_of_another_architecture_advises_the_arch_option(resnet50_fil
             for k in range(2):
                 Image.new("RGB", (40, 40), (80 * i, 40 * k, 20)).save(data / split / name / f"{k}.png")
     done = cli_in_process("train", "--data", str(data), "--output", str(tmp_path / "out"), "--arch", "resnext101_32x4d",
-                   "--pretrained-from-file", str(plain), "--epochs", "1", "--batch-size", "2", "--image-size", "32",
-                   "--workers", "0")
+                          "--pretrained-from-file", str(plain), "--epochs", "1", "--batch-size", "2",
+                          "--image-size", "32", "--workers", "0")
     line = _error_line(done)
     assert "The file holds a resnet50." in line and line.endswith("To fine-tune it, use --arch resnet50.")
 
@@ -149,20 +149,20 @@ def test_checkpoint_with_a_wrong_record_says_so_without_python(resnet50_files: t
 
 
 def test_unknown_arch_kwargs_field_is_not_a_keyword_argument() -> None:
-    line = _error_line(cli_in_process("predict", "--random-init", "--model", "resnet50", "--arch-kwargs", '{"depth": 3}',
-                               IMAGE))
+    line = _error_line(cli_in_process("predict", "--random-init", "--model", "resnet50", "--arch-kwargs",
+                                      '{"depth": 3}', IMAGE))
     assert line.startswith("convnets predict: error: --arch-kwargs: unknown field(s) ['depth']")
 
 
 def test_train_configuration_errors_name_the_flags(tmp_path: Path) -> None:
     """TrainConfig's checks speak in flags on the command line, in field names in Python."""
     line = _error_line(cli_in_process("train", "--data", str(tmp_path), "--output", str(tmp_path / "out"),
-                               "--warmup-epochs", "100", "--label-smoothing", "1.5"))
+                                      "--warmup-epochs", "100", "--label-smoothing", "1.5"))
     assert line == ("convnets train: error: invalid training configuration: --warmup-epochs is out of range: "
                     "100.0; --label-smoothing is out of range: 1.5")
     # Counts are checked while parsing, before PyTorch: a usage error naming the flag.
     line = _error_line(cli_in_process("train", "--data", str(tmp_path), "--output", str(tmp_path / "out"),
-                               "--batch-size", "0"), status=2)
+                                      "--batch-size", "0"), status=2)
     assert line == "convnets train: error: argument --batch-size: must be a positive integer, got '0'"
     with pytest.raises(ValueError, match=r"configuration: batch_size must be a positive integer, got 0$"):
         convnets.train.TrainConfig(data=tmp_path, output=tmp_path, batch_size=0)
@@ -173,12 +173,13 @@ def test_train_unknown_arch_kwargs_field_names_the_flag(tmp_path: Path) -> None:
 
     data = make_digits(tmp_path / "digits", n_train=16, n_val=16)
     line = _error_line(cli_in_process("train", "--data", str(data), "--output", str(tmp_path / "out"), "--epochs", "1",
-                               "--batch-size", "4", "--workers", "0", "--arch-kwargs", '{"depth": 3}'))
+                                      "--batch-size", "4", "--workers", "0", "--arch-kwargs", '{"depth": 3}'))
     assert line.startswith("convnets train: error: --arch-kwargs: unknown field(s) ['depth']"), line
 
 
 def test_offline_advice_names_the_weights_option(closed_port_url: str, tmp_path: Path) -> None:
-    done = cli_in_process("predict", IMAGE, env={"CONVNETS_WEIGHTS_MIRROR": closed_port_url, "TORCH_HOME": str(tmp_path)})
+    done = cli_in_process("predict", IMAGE,
+                          env={"CONVNETS_WEIGHTS_MIRROR": closed_port_url, "TORCH_HOME": str(tmp_path)})
     # (The reason quotes urllib3's error, "HTTPConnection(host='127.0.0.1', ...)": not advice.)
     line = _error_line(done, python_words=re.compile(r"pretrained_from_file|=PATH"))
     assert "pass --weights FILE" in line and "CONVNETS_WEIGHTS_MIRROR" in line
