@@ -280,7 +280,7 @@ def cli_in_process(*args: str, env: dict[str, str] | None = None,
     texts = []
     for stream in (out, err):
         stream.flush()
-        texts.append(stream.buffer.getvalue().decode("utf-8", errors="replace"))  # type: ignore[attr-defined]
+        texts.append(stream.buffer.getvalue().decode("utf-8", errors="replace"))
     return subprocess.CompletedProcess(["convnets", *args], status, texts[0], texts[1])
 
 
