@@ -54,11 +54,35 @@ def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml's addopts), the tests that share a
+    module- or class-scoped fixture (a trained model, a running server, a converted engine) run on
+    one worker, one after the other, so that the fixture is built once rather than once per worker.
+    Other tests go to whichever worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values()
+                     for d in defs)
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 @pytest.fixture(scope="session")
 def shared_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One engine cache for the session: what --engine auto (every command's default) converts for a
     test's checkpoint is loaded, not converted again, by the next test with the same weights, as a
-    user's runs share it. Tests of the cache itself use :func:`cold_engine_cache`."""
+    user's runs share it. Tests of the cache itself use :func:`cold_engine_cache`.
+
+    Under pytest-xdist the workers share it too (it is made for concurrent runs: they lock its
+    entries), so a model that one worker converted is not converted again by the other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The workers' base temporary directories are siblings under one directory of this run.
+        shared = tmp_path_factory.getbasetemp().parent / "engine_cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("engine_cache")
 
 
@@ -214,6 +238,50 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "convnets", *args], capture_output=True, text=True,
                           env=full_env, cwd=cwd or REPO, timeout=timeout)
+
+
+def cli_in_process(*args: str, env: dict[str, str] | None = None,
+                   cwd: Path | None = None) -> "subprocess.CompletedProcess[str]":
+    """Run ``convnets.cli.main(ARGS)`` in this process, as :func:`run_cli` runs ``python -m convnets ARGS``.
+
+    The same parsing, checks and messages (``main`` is what the console script calls), without an
+    interpreter start-up and a PyTorch import per call: for tests of what a command answers. Returns
+    a completed process: ``main``'s status (a usage error's ``SystemExit`` status), its stdout and
+    stderr text. ``env`` is set and ``cwd`` entered for the call only. The logging configuration is
+    the one a new process has (none: ``main`` sets it up, so its log records are on stderr as in a
+    subprocess), and restored afterwards. Unlike a subprocess, Python warnings go to pytest, and an
+    unexpected exception is raised here instead of printing a traceback. Keep :func:`run_cli` where
+    the process itself is tested (start-up imports, signals, the console script, decoding processes).
+    """
+    import contextlib
+    import io
+    import logging
+    from unittest import mock
+
+    from convnets.cli import main
+
+    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    root = logging.getLogger()
+    levels = {name: logging.getLogger(name).level for name in ("", "convnets.auto")}
+    handlers, root.handlers = root.handlers, []  # pytest's own: with them, main's basicConfig does nothing
+    try:
+        with mock.patch.dict(os.environ, env or {}), contextlib.chdir(cwd or REPO), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(list(args))
+            except SystemExit as e:  # argparse's usage errors and --help
+                status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers = handlers
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+    texts = []
+    for stream in (out, err):
+        stream.flush()
+        texts.append(stream.buffer.getvalue().decode("utf-8", errors="replace"))
+    return subprocess.CompletedProcess(["convnets", *args], status, texts[0], texts[1])
 
 
 #: Modules that the command line must not import before it has checked its arguments (each costs

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import Route, run_cli
+from conftest import Route, cli_in_process, run_cli
 from PIL import Image
 
 import convnets
@@ -67,7 +67,8 @@ def test_predict_records_are_identical_with_workers(images: Path, tmp_path: Path
     torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict()}, checkpoint)
     args = ["--weights", str(checkpoint), "--image-size", "32", "--batch-size", "4", "--topk", "2", "--no-progress",
             "--jsonl", str(images)]
-    inline, parallel = run_cli("predict", *args, "--workers", "0"), run_cli("predict", *args, "--workers", "2")
+    # The decoding processes in a real process of their own; the reference needs none (in this process).
+    inline, parallel = cli_in_process("predict", *args, "--workers", "0"), run_cli("predict", *args, "--workers", "2")
     assert inline.returncode == parallel.returncode == 1, parallel.stderr
     assert parallel.stdout == inline.stdout and len(inline.stdout.splitlines()) == 26
     errors = [line for line in parallel.stderr.splitlines() if "error:" in line]

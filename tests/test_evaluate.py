@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, randomize_bn, run_cli
+from conftest import REPO, cli_in_process, randomize_bn
 from PIL import Image
 from strict_skips import require_module
 from train_support import TINY_ARCH
@@ -231,8 +231,9 @@ def test_flat_imagenet_layouts_evaluate_like_the_class_tree(imagenet_like: dict[
 def test_cli_tree_and_kaggle_layouts_write_the_same_report(imagenet_like: dict[str, Path], tmp_path: Path) -> None:
     reports = {}
     for name, data, workers in (("tree", imagenet_like["tree"], "0"), ("kaggle", imagenet_like["kaggle_val"], "1")):
-        done = run_cli("evaluate", "--data", str(data), "--weights", str(imagenet_like["weights"]), "--output",
-                       str(tmp_path / name), "--batch-size", "16", "--workers", workers, "--no-progress", "--device", "cpu")
+        done = cli_in_process("evaluate", "--data", str(data), "--weights", str(imagenet_like["weights"]),
+                              "--output", str(tmp_path / name), "--batch-size", "16", "--workers", workers,
+                              "--no-progress", "--device", "cpu")
         assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr
         lines = done.stdout.splitlines()
@@ -362,9 +363,10 @@ def test_engines_evaluate_like_the_model_and_the_second_run_reads_the_engine_cac
     assert eager.source["engine"] is None
     picks = []
     for run in ("first", "second"):
-        done = run_cli("evaluate", "--data", str(imagenet_like["tree"]), "--weights", str(imagenet_like["weights"]),
-                       "--output", str(tmp_path / run), "--batch-size", "16", "--workers", "0", "--no-progress",
-                       "--device", "cpu", env={"CONVNETS_CACHE_DIR": str(tmp_path / "engine-cache")})
+        done = cli_in_process("evaluate", "--data", str(imagenet_like["tree"]), "--weights",
+                              str(imagenet_like["weights"]), "--output", str(tmp_path / run), "--batch-size", "16",
+                              "--workers", "0", "--no-progress", "--device", "cpu",
+                              env={"CONVNETS_CACHE_DIR": str(tmp_path / "engine-cache")})
         assert done.returncode == 0, done.stderr
         picks.append([line for line in done.stderr.splitlines() if "picked" in line])
         saved = json.loads((tmp_path / run / "report.json").read_text())

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import cli_in_process
 from test_optimize import max_rel_error, reference, tiny_model
 
 import convnets
@@ -33,7 +32,6 @@ if HAVE_ONNX:
     import onnx
     import onnxruntime as ort
 
-REPO = Path(__file__).resolve().parents[1]
 TINY_ARCH = dict(layers=[1, 1, 1, 1], widths=[16, 32, 64, 128], cardinality=4, se_squeeze=8, stem_width=16)
 SIZE = 64  # small images keep the round trips fast; the graphs are fully convolutional
 
@@ -62,12 +60,6 @@ def model_config_pb2() -> ModuleType:
 
 def verification_batch(n: int = 4) -> torch.Tensor:
     return torch.randn(n, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3))
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "convnets", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +168,8 @@ def onnx_signature(path: Path) -> tuple[str, list[int], str, list[int]]:
 @needs_onnx
 def test_cli_onnx_triton_repository_from_a_checkpoint(tmp_path: Path, checkpoint: Path) -> None:
     out = tmp_path / "repo"
-    proc = run_cli("export", "--weights", str(checkpoint), "--format", "onnx", "--triton", "--name", "tiny_se",
-                   "--max-batch-size", "32", "--output", str(out), "--json", cwd=tmp_path)
+    proc = cli_in_process("export", "--weights", str(checkpoint), "--format", "onnx", "--triton", "--name", "tiny_se",
+                          "--max-batch-size", "32", "--output", str(out), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["verification"]["passed"] is True and report["verification"]["max_rel_error"] < 1e-4
@@ -230,7 +222,7 @@ def test_torchscript_triton_config_matches_the_traced_graph(tmp_path: Path, chec
 def test_a_bad_weights_file_is_a_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "garbage.pth"
     bad.write_bytes(b"this is not a checkpoint" * 10)
-    proc = run_cli("export", "--weights", str(bad), "--output", str(tmp_path / "out"), cwd=tmp_path)
+    proc = cli_in_process("export", "--weights", str(bad), "--output", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("convnets export: error:") and "garbage.pth" in lines[0]

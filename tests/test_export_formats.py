@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LoopbackServer, Route
+from conftest import LoopbackServer, Route, cli_in_process
 from test_export import SIZE, model_config_pb2, parse_config, verification_batch
 from test_optimize import max_rel_error, reference, tiny_model
-from train_support import make_digits, run_train, tiny_args
+from train_support import make_digits, tiny_args
 
 import convnets.deploy.formats as formats
 from convnets.assets import EXAMPLES_DIR, example_images
@@ -233,7 +233,7 @@ def trained_32px(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint written by ``convnets train`` at 32 px (one epoch on a few real digit scans)."""
     root = tmp_path_factory.mktemp("train")
     make_digits(root / "data", n_train=48, n_val=40, size=32)
-    done = run_train(*tiny_args(root / "data", root / "out", 1))
+    done = cli_in_process("train", *tiny_args(root / "data", root / "out", 1))
     assert done.returncode == 0, done.stderr
     return root / "out" / "checkpoint.pth.tar"
 

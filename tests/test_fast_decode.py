@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TINY, run_cli
+from conftest import REPO, TINY, cli_in_process
 from PIL import Image
 from processing_support import reference
 
@@ -151,8 +151,8 @@ def test_predict_fast_decode_records_every_input(checkpoint: Path, large_jpeg: b
     (folder / "c_small.png").write_bytes((REPO / "examples" / "coffee.png").read_bytes())
     (folder / "d_broken.jpg").write_bytes(large_jpeg[:2000])
     output = tmp_path / "records.jsonl"
-    done = run_cli("predict", "--weights", str(checkpoint), "--fast-decode", "--topk", "2", "--batch-size", "3",
-                   "--workers", "0", "--no-progress", "--output", str(output), str(folder))
+    done = cli_in_process("predict", "--weights", str(checkpoint), "--fast-decode", "--topk", "2", "--batch-size", "3",
+                          "--workers", "0", "--no-progress", "--output", str(output), str(folder))
     assert done.returncode == 1, done.stderr[-2000:]  # the broken file
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert [Path(r["input"]).name for r in records] == ["a_large.jpg", "b_rotated.jpg", "c_small.png",
@@ -165,8 +165,8 @@ def test_evaluate_fast_decode_reports_it(checkpoint: Path, large_jpeg: bytes, tm
     for name in ("rocket", "other"):
         (data / name).mkdir(parents=True)
         (data / name / "one.jpg").write_bytes(large_jpeg)
-    done = run_cli("evaluate", "--data", str(data), "--weights", str(checkpoint), "--fast-decode", "--workers", "0",
-                   "--no-progress", "--output", str(tmp_path / "report"))
+    done = cli_in_process("evaluate", "--data", str(data), "--weights", str(checkpoint), "--fast-decode",
+                          "--workers", "0", "--no-progress", "--output", str(tmp_path / "report"))
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["fast_decode"] is True and report["images"] == 2

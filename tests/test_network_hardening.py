@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, command_lines, randomize_bn, run_cli
+from conftest import REPO, TINY, cli_in_process, command_lines, randomize_bn
 
 import convnets
 import processing_utils
@@ -263,10 +263,11 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_cli_fetches_loopback_and_refuses_it_with_the_option(server, tiny_checkpoint: Path) -> None:
     base, _ = server
     url = f"{base}/image.png"
-    done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", url)
+    done = cli_in_process("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", url)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)[0]["input"] == url
-    done = run_cli("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", "--deny-private-urls", url)
+    done = cli_in_process("predict", "--weights", str(tiny_checkpoint), "--json", "--topk", "1", "--deny-private-urls",
+                          url)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     first = command_lines(done.stderr)[0]
     assert url in first and "127.0.0.1" in first and "--deny-private-urls" in first

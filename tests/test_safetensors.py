@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, run_cli
+from conftest import TINY, cli_in_process
 from reference import reference_forward
 from safetensors import safe_open
 from test_checkpoints import LAYOUTS, _tiny_state
@@ -63,14 +63,14 @@ def test_convert_every_layout_then_load_model_alone(layout: str, tmp_path: Path,
 
 
 def test_class_names_and_image_size_travel_in_the_metadata(tmp_path: Path) -> None:
-    """Through a real ``convnets weights convert`` process."""
+    """Through ``convnets weights convert`` (the command line, in this process)."""
     state = _tiny_state(num_classes=3)
     spec = convnets.get_model(SE, **TINY[SE]).spec
     src = tmp_path / "train.pth.tar"
     torch.save({"state_dict": state, "arch_spec": spec.to_dict(), "class_names": ["cat", "dog", "fish"],
                 "config": {"image_size": 64}, "epoch": 2}, src)
     dst = tmp_path / "model_best.safetensors"
-    assert run_cli("weights", "convert", str(src), str(dst)).returncode == 0
+    assert cli_in_process("weights", "convert", str(src), str(dst)).returncode == 0
     with safe_open(str(dst), framework="pt") as f:
         metadata = f.metadata()
     assert json.loads(metadata["class_names"]) == ["cat", "dog", "fish"] and metadata["image_size"] == "64"
@@ -180,6 +180,6 @@ def test_save_safetensors_checks_its_arguments(kwargs: dict, match: str, tmp_pat
 @pytest.mark.parametrize("args, message", [(["weights", "convert", "only-one"], "two files"),
                                            (["weights", "convert", "a.pth", "b.pth"], "must end in .safetensors")])
 def test_convert_usage_errors(args: list[str], message: str) -> None:
-    result = run_cli(*args)
+    result = cli_in_process(*args)
     assert result.returncode != 0 and message in result.stderr
 

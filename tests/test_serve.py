@@ -46,6 +46,7 @@ from strict_skips import require_module
 
 import convnets
 from convnets.cli import main
+from convnets.fileio import exclusive_lock
 from convnets.preprocessing.pipeline import prepare_batch
 
 
@@ -85,20 +86,27 @@ def serve_python() -> str:
     if importlib.util.find_spec("pytriton") is not None:
         return sys.executable
     python = SERVE_ENV / "bin" / "python"
-    if not _works(python):
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(SERVE_ENV)], check=True, timeout=300)
-        # This environment's packages (torch, ...) are seen from there, after its own (numpy 1.x, PyTriton):
-        # its site-packages directories, also those that a .pth file of its own adds.
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        ours = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
-        Path(site, "test-environment.pth").write_text("".join(f"{p}\n" for p in dict.fromkeys(ours)))
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", "constraints.txt", "-e", ".[serve]"],
-                              cwd=REPO, capture_output=True, text=True, timeout=1200)
-        if done.returncode or not _works(python):
-            pytest.skip(f"the serve extra is not installed and could not be installed in {SERVE_ENV}: "
-                        f"{done.stderr.strip()[-500:]}")
+    # Parallel workers (pytest-xdist), or two runs in one checkout, build it once: the others wait.
+    with exclusive_lock(SERVE_ENV.with_name(".venv-serve.lock"), timeout=1500):
+        if not _works(python):
+            _make_serve_env(python)
     return str(python)
+
+
+def _make_serve_env(python: Path) -> None:
+    """Create :data:`SERVE_ENV`: a venv that sees this one's packages, with the serve extra installed."""
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(SERVE_ENV)], check=True, timeout=300)
+    # This environment's packages (torch, ...) are seen from there, after its own (numpy 1.x, PyTriton):
+    # its site-packages directories, also those that a .pth file of its own adds.
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    Path(site, "test-environment.pth").write_text("".join(f"{p}\n" for p in dict.fromkeys(ours)))
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", "constraints.txt", "-e", ".[serve]"],
+                          cwd=REPO, capture_output=True, text=True, timeout=1200)
+    if done.returncode or not _works(python):
+        pytest.skip(f"the serve extra is not installed and could not be installed in {SERVE_ENV}: "
+                    f"{done.stderr.strip()[-500:]}")
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Every way a user can get ``convnets train`` wrong ends in one clear line and a non-zero exit
-status, never a traceback. Each case is a real CLI subprocess (two run at a time)."""
+status, never a traceback. Each case runs the command line's ``main`` in this process (what
+``python -m convnets.train`` runs: its parsing, checks and messages, without a PyTorch start-up per case);
+tests/test_cli_startup.py runs the real process for the mistakes refused before PyTorch loads."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ import json
 import shutil
 import subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli_in_process
 from train_support import TINY_ARCH, make_digits, run_train, tiny_args
 
 import convnets
@@ -91,13 +93,12 @@ if not torch.cuda.is_available():
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], str]]:
     digits = make_digits(tmp_path_factory.mktemp("digits"), n_train=64, n_val=16)
-    jobs = {}
+    done = {}
     for name, (case, message) in CASES.items():
         scratch = tmp_path_factory.mktemp("case")
-        jobs[name] = (case(digits, scratch), message.format(d=digits, t=scratch))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_train, *args, timeout=180) for name, (args, _) in jobs.items()}
-        return {name: (f.result(), jobs[name][1]) for name, f in futures.items()}
+        args = case(digits, scratch)
+        done[name] = (cli_in_process("train", *args), message.format(d=digits, t=scratch))
+    return done
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from strict_skips import require_module
 from torchvision import transforms
+from conftest import cli_in_process
 from train_support import (N_TRAIN, N_VAL, REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics,
                            reference_top1, run_train, tiny_args)
 
@@ -132,8 +133,8 @@ def test_model_best_safetensors_rebuilds_the_best_model_alone(trained: tuple[Pat
 def test_evaluate_reports_the_checkpoint_accuracy(trained: tuple[Path, str], digits: Path) -> None:
     out, _ = trained
     last = read_metrics(out)[-1]
-    proc = run_train("--evaluate", "--resume", str(out / "checkpoint.pth.tar"), "--data", str(digits),
-                     "--image-size", "32", "--batch-size", "50", "--workers", "0")
+    proc = cli_in_process("train", "--evaluate", "--resume", str(out / "checkpoint.pth.tar"), "--data", str(digits),
+                          "--image-size", "32", "--batch-size", "50", "--workers", "0")
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = proc.stdout.strip().splitlines()[-1]
     assert f"evaluated {N_VAL} images" in line
@@ -164,7 +165,7 @@ def test_unreadable_images_are_skipped_and_counted(digits: Path, tmp_path: Path)
     (data / "train" / "digit3" / "truncated.png").write_bytes(
         (digits / "train" / "digit3").iterdir().__next__().read_bytes()[:40])
     out = tmp_path / "out"
-    proc = run_train(*tiny_args(data, out, 1, "--batch-size", "49"))
+    proc = cli_in_process("train", *tiny_args(data, out, 1, "--batch-size", "49"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("skipping unreadable image") == 4
     record = read_metrics(out)[0]
@@ -219,9 +220,8 @@ def test_predict_cli_uses_the_training_checkpoint(trained: tuple[Path, str], dig
     """`convnets predict --weights` takes a training checkpoint: its class names and image size."""
     out, _ = trained
     files = sorted((digits / "val").glob("*/*.png"))[::10]
-    done = subprocess.run([sys.executable, "-m", "convnets", "predict", "--weights", str(out / "model_best.pth.tar"),
-                           "--json", "--topk", "1", *map(str, files)], cwd=REPO, env=cli_env(), capture_output=True,
-                          text=True, timeout=300)
+    done = cli_in_process("predict", "--weights", str(out / "model_best.pth.tar"), "--json", "--topk", "1",
+                          *map(str, files))
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
     assert [r["input"] for r in results] == [str(f) for f in files]
