@@ -1,18 +1,11 @@
-"""Classify images with a model: batching, preprocessing, top-k with class names.
-
-Used by ``convnets predict``; also usable from Python::
+"""Classify images with a model: batching, preprocessing, top-k with class names. From Python::
 
     model = convnets.se_resnext101_32x4d(pretrained=True)
     results = convnets.predict(model, ["cat.jpg", "photos/"], topk=3)   # Predictions: a list
     results          # in Jupyter: thumbnails, classes and bars; elsewhere print(results) is text
 
-:func:`predict` returns the results in a list that shows itself (:class:`Predictions`);
-:func:`iter_predict` yields them one by one and reads its inputs lazily, a batch at a time (any
-iterable: a generator over a list file of millions of paths costs no more memory than a few;
-:mod:`convnets.inference.inputs`, re-exported here). Results come in input order. ``workers=N`` decodes the next batches in N processes while the model
-runs; the loop itself, shared with embeddings, is :func:`convnets.inference.loader.map_batches`.
-Writing results to files is :mod:`convnets.inference.outputs`; embeddings are :mod:`convnets.inference.embed`;
-``convnets predict`` runs this as a batch job (:mod:`convnets.inference.job`).
+:func:`iter_predict` yields the results one by one and reads its inputs lazily; the loop, shared
+with embeddings, is :func:`convnets.inference.loader.map_batches`.
 """
 
 from __future__ import annotations
@@ -55,9 +48,8 @@ class TopClass:
 
 @dataclass(frozen=True)
 class Prediction(Result):
-    """The result for one input: its top classes, or why it could not be read (``ok``: see :class:`Result`),
-    and its thumbnail when it was decoded with :attr:`Decoding.thumbnail <convnets.inference.loader.Decoding>`
-    set (contact sheets draw it; it takes no part in comparisons)."""
+    """The result for one input: its top classes or its error, and its thumbnail when decoded with
+    ``Decoding(thumbnail=...)`` (for contact sheets; not compared)."""
 
     input: str
     top: list[TopClass] = field(default_factory=list)
@@ -76,12 +68,7 @@ class Prediction(Result):
 
 
 class Predictions(list[Prediction]):
-    """The results of :func:`predict`: a list that shows itself.
-
-    The last expression of a Jupyter cell shows as a table of thumbnails, top classes and
-    probability bars (:func:`predictions_html`); ``print`` and a terminal show the text of
-    ``convnets predict``.
-    """
+    """The results of :func:`predict`: a list shown as a table in Jupyter, as text elsewhere."""
 
     def __str__(self) -> str:
         return "\n".join(map(str, self))
@@ -93,8 +80,7 @@ class Predictions(list[Prediction]):
         return predictions_html(self)
 
 
-#: Rows drawn with their thumbnails; the rest of a longer list is counted in one line (a notebook
-#: that embeds ten thousand pictures becomes too large to open).
+#: Rows drawn with their thumbnails; the rest are counted (a notebook of ten thousand pictures cannot be opened).
 MAX_ROWS = 64
 
 _CELL = "padding:4px 8px;vertical-align:top;text-align:left"
@@ -102,22 +88,14 @@ _CELL = "padding:4px 8px;vertical-align:top;text-align:left"
 
 def predictions_html(predictions: Sequence[Prediction], *, thumbnail: int = 128, max_rows: int = MAX_ROWS,
                      timeout: float = DEFAULT_TIMEOUT) -> str:
-    """An HTML table of ``predictions``: per input, its thumbnail, name, and top classes with bars.
+    """A self-contained HTML table of ``predictions``: per input, its thumbnail, name, and top classes with bars.
 
-    What a contact sheet (:mod:`convnets.inference.sheet`) draws into a PNG, inline in a notebook
-    (``_repr_html_`` of :class:`Predictions` and :class:`Prediction`). Thumbnails are the
-    predictions' own (decoded with ``Decoding(thumbnail=...)``), else read again from each input, and
-    embedded as JPEG data URLs; an input that cannot be read again keeps its row, with the reason in
-    place of the picture.
+    Thumbnails are the predictions' own, else read again (an input that cannot be shows the reason).
 
     Args:
-        predictions: the results to show, in order.
         thumbnail: the longer side of each picture, in pixels.
         max_rows: inputs shown; the others are counted in the last line.
         timeout: seconds allowed for reading each URL again.
-
-    Returns:
-        A ``<table>`` (self-contained: the pictures are data URLs, the styles inline).
     """
     rows = [_row(p, thumbnail, timeout) for p in predictions[:max_rows]]
     more = len(predictions) - len(rows)
@@ -178,19 +156,7 @@ def resolve_preset(model: object, preset: EvalPreset | None, image_size: int | N
 def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
                      image_size: int | None = None, resize_size: int | None = None, timeout: float = DEFAULT_TIMEOUT,
                      workers: int | None = 0, allow_private: bool = True, fast_decode: bool = False) -> Decoding:
-    """The decoding a library call uses: ``decoding``, or one made of the separate options.
-
-    Args:
-        model: whose preset (:func:`resolve_preset`) applies where none is given.
-        decoding: the whole setting; its ``preset``, when ``None``, is filled in from ``model``.
-        preset, image_size, resize_size: as for :func:`resolve_preset` (used without ``decoding``,
-            or to fill its missing preset).
-        timeout, workers, allow_private, fast_decode: the fields of a new
-            :class:`~convnets.inference.loader.Decoding`.
-
-    Returns:
-        A decoding with a preset.
-    """
+    """``decoding``, or one of the separate options; its preset filled in from ``model`` (:func:`resolve_preset`)."""
     decoding = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private,
                                     fast_decode=fast_decode)
     if decoding.preset is not None and image_size is None and resize_size is None:
@@ -205,8 +171,7 @@ def predict(
     recursive: bool = False,
     **options: Any,
 ) -> Predictions:
-    """Classify images: one :class:`Prediction` per input, in order, in a list that shows itself
-    (:func:`iter_predict` yields them one at a time, for more inputs than a list should hold).
+    """Classify images: a :class:`Predictions` list, one per input, in order.
 
     Args:
         model, recursive, **options: as for :func:`iter_predict`.
@@ -224,16 +189,13 @@ def iter_predict(
     recursive: bool = False,
     **options: Any,
 ) -> Iterator[Prediction]:
-    """Classify images, a batch at a time, yielding one :class:`Prediction` per input in order
-    (unreadable inputs carry their error instead of classes). Inputs are read lazily: a generator of
-    a million paths costs no more memory than ten.
+    """Classify images a batch at a time, yielding one :class:`Prediction` per input in order; inputs read lazily.
 
     Args:
-        model: a classifier in eval mode (or any callable from a normalised batch to logits, such
-            as the result of ``convnets.optimize_for_inference``).
+        model: a classifier in eval mode, or any callable from a normalised batch to logits.
         inputs: paths, directories (their images, see :func:`iter_inputs`) and http(s) URLs; any iterable.
         recursive: search directories' subfolders too.
-        **options: as for :func:`predict_items` (``labels``, ``topk``, ``batch_size``, ``device``, ...).
+        **options: as for :func:`predict_items`.
     """
     return predict_items(model, iter_inputs(inputs, recursive=recursive), **options)
 
@@ -256,43 +218,25 @@ def predict_items(
     decoding: Decoding | None = None,
     allow_private: bool = True,
 ) -> Iterator[Prediction]:
-    """:func:`iter_predict` for inputs already expanded by :func:`iter_inputs` (e.g. after skipping
-    the ones an earlier run recorded).
+    """:func:`iter_predict` for inputs already expanded by :func:`iter_inputs`.
 
     Args:
-        model: as for :func:`predict`.
         items: ``(input, error)`` pairs in order; those with an error are reported, not read.
         labels: class names; default :func:`class_labels` of ``model``.
         topk: how many classes per image.
-        batch_size: images per forward pass.
-        device: where the batch goes.
-        image_size, resize_size: preprocessing sizes (center crop, shorter side); default: the
-            preset's. ``image_size`` alone scales the resize as :meth:`EvalPreset.for_image_size`.
-        preset: the evaluation preset; default :func:`~convnets.preprocessing.presets.preset_for_model`
-            of ``model`` (224 / 256 for the NGC weights, a checkpoint's recorded image size).
+        image_size, resize_size: center crop and shorter side; default: the preset's.
+        preset: default :func:`~convnets.preprocessing.presets.preset_for_model` of ``model``.
         timeout: total seconds allowed for each URL download.
-        on_batch: called with the number of inputs handled after each batch (progress bars).
-        start: how many inputs of the whole run come before ``items`` (a resumed run's skipped
-            ones): batches keep the boundaries of the uninterrupted run (multiples of
-            ``batch_size``), so each image is computed in the same batch and gives the same numbers.
-        workers: processes that decode the next batches while the model runs (a PyTorch
-            ``DataLoader``; the same tensors, bit for bit, and the same order); 0 (default): decode
-            in this process, on threads, between model calls; ``None``: the default for ``device``.
-            See :mod:`convnets.inference.loader`.
-        decoding: preset, timeout, workers and allow_private in one
-            :class:`~convnets.inference.loader.Decoding` (what ``convnets predict`` passes); replaces
-            those four options.
-        allow_private: download URLs whose host is a loopback, private or link-local address (the
-            default, as upstream); ``False`` makes them fail with an error, for URL lists that come
-            from someone else.
-
-    Yields:
-        A prediction per file or URL; unreadable inputs carry their error instead of classes.
+        on_batch: called with the number of inputs handled after each batch.
+        start: inputs of the whole run before ``items``: batches keep the uninterrupted run's
+            boundaries, so each image gives the same numbers.
+        workers: decoding processes (same tensors, same order); 0: decode here; ``None``: the device's default.
+        decoding: a :class:`~convnets.inference.loader.Decoding`, replacing preset, timeout, workers, allow_private.
+        allow_private: download URLs from loopback, private or link-local addresses (default).
 
     Raises:
-        InvalidArgumentError: ``topk`` or ``batch_size`` is not a positive integer, ``workers`` a
-            negative one, or ``labels``
-            is missing for a model that is not a convnets ResNet (checked on the first ``next``).
+        InvalidArgumentError: bad ``topk``, ``batch_size`` or ``workers``, or no ``labels`` for a model that
+            is not a convnets ResNet (on the first ``next``).
     """
     if not isinstance(topk, int) or topk < 1:
         raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
