@@ -26,7 +26,7 @@ from convnets.constants import DEFAULT_TIMEOUT, IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem, expand_inputs, iter_inputs
 from convnets.inference.loader import Decoding, Result, map_batches
-from convnets.inference.names import display_name
+from convnets.inference.names import safe_text
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
@@ -59,9 +59,9 @@ class Prediction(Result):
     def __str__(self) -> str:
         """The input's name and its classes, one per line, as ``convnets predict`` prints them."""
         if not self.ok:
-            return f"{display_name(self.input)}\n  error: {self.error}"
+            return f"{safe_text(self.input)}\n  error: {self.error}"
         ranks = (f"  {rank}. {100 * t.probability:6.2f}%  {t.label}  [{t.index}]" for rank, t in enumerate(self.top, 1))
-        return "\n".join([display_name(self.input), *ranks])
+        return "\n".join([safe_text(self.input), *ranks])
 
     def _repr_html_(self) -> str:
         return predictions_html([self])
@@ -106,7 +106,7 @@ def predictions_html(predictions: Sequence[Prediction], *, thumbnail: int = 128,
 
 
 def _row(prediction: Prediction, side: int, timeout: float) -> str:
-    name = html.escape(display_name(prediction.input))
+    name = html.escape(safe_text(prediction.input))
     if not prediction.ok:
         return (f'<tr style="background:#fadede"><td style="{_CELL}"></td><td style="{_CELL}"><b>{name}</b><br>'
                 f"{html.escape(str(prediction.error))}</td></tr>")

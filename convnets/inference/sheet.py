@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import Interface, InvalidArgumentError, UnknownArgumentError, message_for
 from convnets.fileio import atomic_write, directory_problem
-from convnets.inference.names import display_name
+from convnets.inference.names import safe_text
 
 if TYPE_CHECKING:
     from convnets.inference.predict import Prediction
@@ -85,7 +85,7 @@ def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path
         raise refuse(problem, "")
     existing = [] if overwrite else existing_sheets(path)
     if existing:
-        names = ", ".join(display_name(str(p)) for p in existing[:5]) + (", ..." if len(existing) > 5 else "")
+        names = ", ".join(safe_text(str(p)) for p in existing[:5]) + (", ..." if len(existing) > 5 else "")
         them = "it" if len(existing) == 1 else "them"
         raise refuse(f"{names} {'exists' if len(existing) == 1 else 'exist'}",
                      "; remove them, choose another name or pass overwrite=True",
@@ -215,10 +215,10 @@ class ContactSheetWriter:
             tile.paste(picture, ((side - picture.width) // 2, (side - picture.height) // 2))
         elif why is not None:  # the reason, wrapped at an average letter's width, each line fitted
             chars = max(1, int((side - 12) * 26 / font.getlength("abcdefghijklmnopqrstuvwxyz")))
-            for i, text in enumerate(textwrap.wrap(display_name(why), chars, max_lines=(side - 12) // line,
+            for i, text in enumerate(textwrap.wrap(safe_text(why), chars, max_lines=(side - 12) // line,
                                                    placeholder=" " + _ELLIPSIS)):
                 draw.text((6, 6 + i * line), _fit(text, font, side - 12), font=font, fill=ink)
-        draw.text((2, side + 1), _fit(display_name(result.input), font, side - 4, keep_end=True), font=font, fill=_INK)
+        draw.text((2, side + 1), _fit(safe_text(result.input), font, side - 4, keep_end=True), font=font, fill=_INK)
         column = font.getlength("100.0%")
         for rank, top in enumerate(result.top[:classes]):
             y, percent = side + line * (rank + 1), f"{100 * top.probability:.1f}%"
