@@ -1,12 +1,7 @@
 """Image embeddings: the globally average-pooled output of a ResNet stage, one vector per image::
 
-    model = convnets.resnet50(pretrained=True)
     for name, vector in convnets.embed(model, ["photos/"], normalize=True, workers=4):
         index.add(name, vector)
-
-``layer4`` (default) is the classifier's input; ``layer1`` .. ``layer3`` give earlier, more local
-features. The cut model (:class:`PooledFeatures`) runs through ``convnets.optimize_for_inference`` as
-classifiers do, in the loop predictions use (:func:`convnets.inference.loader.map_batches`).
 """
 
 from __future__ import annotations
@@ -36,12 +31,9 @@ log = logging.getLogger(__name__)
 
 
 class PooledFeatures(nn.Module):
-    """A ResNet up to and including ``layer``, then global average pooling: ``[N, 3, H, W] -> [N, D]``.
+    """A ResNet up to and including ``layer``, then global average pooling: ``[N, 3, H, W] -> [N, num_features]``.
 
-    Shares the model's modules. Stem and stages sit in one ``nn.Sequential``, so BatchNorm folding finds every pair.
-
-    Attributes:
-        num_features: D, the channels of ``layer``'s output.
+    Shares the model's modules, in one ``nn.Sequential`` so that BatchNorm folding finds every pair.
     """
 
     def __init__(self, model: ResNet, layer: str = "layer4") -> None:
@@ -77,11 +69,6 @@ def features_model(model: ResNet, layer: str = "layer4", *, precision: Precision
 
     Returns:
         The engine's module, from a batch to float32 ``[N, D]``, with ``num_features``, ``input_size``, ``device``.
-
-    Raises:
-        InvalidArgumentError: not a ResNet, an unknown layer or engine, or a model in training mode.
-        UnsupportedPrecisionError: a precision the device or engine cannot run.
-        MissingDependencyError: the engine's optional packages are missing.
     """
     from convnets.deploy.optimize import optimize_for_inference
 
@@ -163,9 +150,6 @@ def embed(
         batch_size, workers, recursive, image_size, resize_size, preset, timeout, allow_private, fast_decode:
             as for :func:`convnets.inference.predict.predict_items` and :class:`~convnets.inference.loader.Decoding`.
 
-    Raises:
-        InvalidArgumentError: bad options (on the first ``next``).
-        ImageLoadError: with ``on_error="raise"``, for the first unreadable input.
     """
     if on_error not in ("skip", "raise"):
         raise InvalidArgumentError(f"on_error must be 'skip' or 'raise', got {on_error!r}")

@@ -1,10 +1,7 @@
-"""The batch-job driver: what ``convnets predict`` and ``convnets embed`` do around their model, written once.
+"""The batch-job driver that ``convnets predict`` and ``convnets embed`` run, a :class:`BatchJob` plug-in each.
 
-:func:`run_job` reads the inputs, keeps this rank's shard, continues a resumed spool, decodes, shows
-progress, appends records as batches finish, writes ``--output`` at the end, reports unreadable inputs
-and returns the exit status. What differs between jobs is a :class:`BatchJob` plug-in. The commands
-call :func:`claim_output` while the command line is checked, so that a busy or wrong output fails
-before PyTorch loads; nothing heavy is imported at module level.
+:func:`claim_output` locks and checks the output before PyTorch loads; :func:`run_job` reads, shards,
+resumes, decodes, writes and reports. Nothing heavy is imported at module level.
 """
 
 from __future__ import annotations
@@ -37,14 +34,7 @@ __all__ = ["BatchJob", "Destination", "JobSettings", "claim_output", "input_erro
 
 @dataclass(frozen=True)
 class JobSettings:
-    """The options every batch job shares (on the command line: :mod:`convnets.commands.batch_options`).
-
-    Attributes:
-        decoding: how inputs are decoded; its preset is filled in from the model.
-        from_file: a list of more inputs, one per line (``"-"``: standard input).
-        output: the file records go to (``None``: the job's standard-output forms, if any).
-        progress: show a progress bar (``None``: when stderr is a terminal and there is more than a batch).
-    """
+    """The options every batch job shares (``from_file="-"``: standard input; ``progress=None``: on a terminal)."""
 
     inputs: Sequence[str]
     decoding: Decoding
@@ -58,15 +48,9 @@ class JobSettings:
 
 
 class BatchJob(ABC):
-    """The per-job part of a batch job. Hooks run in this order: :meth:`check`, :meth:`device`,
-    :meth:`load`, :meth:`open`, :meth:`results` with :meth:`record` and :meth:`show` per result, :meth:`close`.
-
-    Attributes:
-        command: the command's name, the prefix of its stderr lines.
-        kind: ``"predictions"`` or ``"embeddings"``.
-        unreadable: said after "N of M inputs could not be read".
-        width: set by :meth:`load`: classes per input or values per vector.
-    """
+    """The per-job part of a batch job. Hooks run in order: :meth:`check`, :meth:`device`, :meth:`load` (which
+    sets :attr:`width`, the values per record), :meth:`open`, :meth:`results` with :meth:`record` and
+    :meth:`show` per result, :meth:`close`."""
 
     command: str = "job"
     kind: str = "predictions"
@@ -116,15 +100,8 @@ def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size:
                  stack: ExitStack) -> Destination | None:
     """Before PyTorch: this process's shard, the output's locks (held until ``stack`` unwinds) and checks.
 
-    Args:
-        output, resume, batch_size: as in :class:`JobSettings`.
-        reads_stdin: the inputs come from standard input.
-
     Returns:
         Where to write, or ``None`` when there is nothing to do (exit status 0).
-
-    Raises:
-        InvalidArgumentError: a wrong, busy or unwritable output, or options a sharded run cannot take.
     """
     from convnets.inference.outputs import Output
 
@@ -148,17 +125,8 @@ def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size:
 
 
 def run_job(job: BatchJob, settings: JobSettings, destination: Destination | None = None) -> int:
-    """Run a batch job as this process's share of the run.
-
-    Args:
-        destination: what :func:`claim_output` returned, its locks held; default: claimed here.
-
-    Returns:
-        The exit status: 1 if any input could not be read (now or in the resumed run), else 0.
-
-    Raises:
-        InvalidArgumentError: bad options or destination, or a resumed file that is not a prefix of the inputs.
-    """
+    """Run a batch job as this process's share of the run (``destination``: :func:`claim_output`'s, else claimed
+    here); returns the exit status, 1 if any input could not be read (now or in the resumed run)."""
     if destination is not None:
         return _run_locked(job, settings, destination)
     with ExitStack() as locks:
@@ -169,13 +137,8 @@ def run_job(job: BatchJob, settings: JobSettings, destination: Destination | Non
 
 
 def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None:
-    """Hold ``FILE.lock`` beside the output ``path`` until ``stack`` unwinds (its holder named to a second run).
-
-    Creating it is the first write in the directory, so a missing or read-only one fails here, before PyTorch.
-
-    Raises:
-        InvalidArgumentError: another run holds the lock, or the lock file cannot be created.
-    """
+    """Hold ``FILE.lock`` beside the output ``path`` until ``stack`` unwinds; a second run is refused, naming
+    the holder. Creating it is the first write in the directory, so a missing or read-only one fails here."""
     from convnets.fileio import LockHeldError, directory_problem, exclusive_lock
 
     lock = path.with_name(path.name + ".lock")
@@ -270,11 +233,7 @@ def progress(settings: JobSettings, stderr_is_terminal: bool, run: ShardedRun) -
 
 
 def skip_recorded(items: Iterator[InputItem], recorded: Iterable[str], output: str) -> Iterator[InputItem]:
-    """``items`` after those that ``recorded`` (a resumed file's inputs, in order) holds.
-
-    Raises:
-        InvalidArgumentError: the recorded inputs are not a prefix of ``items`` (some would be recorded twice or never).
-    """
+    """``items`` after those that ``recorded`` (a resumed file's inputs) holds; refused unless they are a prefix."""
     for position, name in enumerate(recorded, 1):
         item = next(items, None)
         if item is None or item[0] != name:

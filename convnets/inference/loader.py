@@ -1,12 +1,9 @@
-"""From a stream of ``(input, error)`` items to decoded batches, and from batches to per-input results.
+"""From ``(input, error)`` items to decoded batches (:class:`Decoding`: how), and to per-input results.
 
-:func:`map_batches` is the loop predict and embed share; :class:`Decoding` is how inputs are decoded, one
-setting from the command line to :func:`decode`. The main process reads the items lazily and cuts them
-into batches with the boundaries of an uninterrupted run (:func:`iter_chunks`). Each batch is decoded
-with ``workers=0`` here, on threads, while the model waits; with ``workers=N`` in N processes of a
-:class:`~torch.utils.data.DataLoader`, one whole batch each, single-threaded, so the tensors are the
-same bit for bit, in input order, at most ``PREFETCH * N`` batches ahead (so a slow ``--from-file -``
-pipe delays finished batches until more inputs arrive).
+:func:`map_batches` is the loop predict and embed share. Batches keep an uninterrupted run's boundaries
+(:func:`iter_chunks`) and are decoded here, on threads (``workers=0``), or whole in the processes of a
+:class:`~torch.utils.data.DataLoader`: the same tensors, bit for bit, in input order, at most
+``PREFETCH * workers`` batches ahead (so a slow ``--from-file -`` pipe delays finished batches).
 """
 
 from __future__ import annotations
@@ -43,8 +40,8 @@ class Decoding:
         preset: the preprocessing; ``None``: the model's, filled in by :meth:`with_preset`.
         timeout: total seconds allowed for each URL download.
         workers: decoding processes (0: here, on threads); ``None``: :func:`convnets.runtime.default_workers`.
-        allow_private: download URLs from loopback, private or link-local addresses (``--deny-private-urls``: no).
-        fast_decode: decode large JPEGs at a reduced DCT scale first (``--fast-decode``).
+        allow_private: download URLs from loopback, private or link-local addresses.
+        fast_decode: decode large JPEGs at a reduced DCT scale first.
         thumbnail: also keep each decoded input as a thumbnail fitting this square (``predict --show``).
     """
 
@@ -82,12 +79,8 @@ PREFETCH = 2
 
 
 def iter_chunks(items: Iterable[Item], batch_size: int, start: int = 0) -> Iterator[list[Item]]:
-    """``items`` cut into batches of ``batch_size``, read lazily.
-
-    Args:
-        start: inputs of the whole run before ``items``: the first batch is shortened so that each image
-            is computed in the uninterrupted run's batch, giving the same numbers.
-    """
+    """``items`` in batches of ``batch_size``, lazily; the first is shortened by ``start`` (inputs of the run
+    before ``items``), so that each image is in the uninterrupted run's batch and gives the same numbers."""
     stream = iter(items)
     first = batch_size - start % batch_size
     while chunk := list(itertools.islice(stream, first or batch_size)):
@@ -132,11 +125,9 @@ class _Decoder:
 
 
 def decode(chunk: list[Item], decoding: Decoding, *, in_worker: bool = False) -> DecodedBatch:
-    """Decode and preprocess one batch on the CPU; unreadable inputs become ``errors``.
+    """Decode and preprocess one batch on the CPU (``decoding`` with a preset); unreadable inputs become ``errors``.
 
-    Args:
-        decoding: its preset is required here.
-        in_worker: in a decoding process: one thread for local files, threads for URLs (they wait on the network).
+    In a worker process (``in_worker``) local files get one thread, URLs several (they wait on the network).
     """
     readable = [i for i, (_, error) in enumerate(chunk) if error is None]
     names = [chunk[i][0] for i in readable]
@@ -167,9 +158,6 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding |
     Args:
         decoding: its preset is required; default: ``Decoding(preset, timeout, workers)``.
         start: as for :func:`iter_chunks`.
-
-    Raises:
-        InvalidArgumentError: a bad ``batch_size``, ``start`` or ``workers`` (on the first ``next``).
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -201,15 +189,8 @@ def map_batches(compute: Callable[[torch.Tensor], Iterable[T]], items: Iterable[
                 decoding: Decoding, device: torch.device | str = "cpu", start: int = 0,
                 on_batch: Callable[[int], None] | None = None,
                 ) -> Iterator[tuple[str, T | None, ImageLoadError | None, Image.Image | None]]:
-    """The loop of predictions and embeddings: decode each batch, ``compute`` on its tensor.
-
-    Args:
-        compute: from a batch tensor to one value per row (under ``torch.inference_mode``; skipped when no row).
-        on_batch: called with the number of inputs handled after each batch.
-
-    Yields:
-        ``(input, value, error, thumbnail)`` per input in order (``None`` where absent).
-    """
+    """The loop of predictions and embeddings: decode each batch, ``compute`` one value per row of its tensor
+    (under ``torch.inference_mode``); yields ``(input, value, error, thumbnail)`` per input, ``None`` where absent."""
     for batch in iter_batches(items, batch_size=batch_size, decoding=decoding, device=device, start=start):
         values: dict[int, T] = {}
         if batch.rows:

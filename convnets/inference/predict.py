@@ -1,11 +1,7 @@
 """Classify images with a model: batching, preprocessing, top-k with class names. From Python::
 
-    model = convnets.se_resnext101_32x4d(pretrained=True)
     results = convnets.predict(model, ["cat.jpg", "photos/"], topk=3)   # Predictions: a list
     results          # in Jupyter: thumbnails, classes and bars; elsewhere print(results) is text
-
-:func:`iter_predict` yields the results one by one and reads its inputs lazily; the loop, shared
-with embeddings, is :func:`convnets.inference.loader.map_batches`.
 """
 
 from __future__ import annotations
@@ -22,9 +18,9 @@ from typing import Any
 import torch
 from PIL import Image
 
-from convnets.constants import DEFAULT_TIMEOUT, IMAGE_SUFFIXES
+from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.inference.inputs import InputItem, expand_inputs, iter_inputs
+from convnets.inference.inputs import InputItem, iter_inputs
 from convnets.inference.loader import Decoding, Result, map_batches
 from convnets.inference.names import safe_text
 from convnets.models.resnet import ResNet
@@ -32,9 +28,8 @@ from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
-__all__ = ["IMAGE_SUFFIXES", "MAX_ROWS", "InputItem", "Prediction", "Predictions", "TopClass", "class_labels",
-           "expand_inputs", "iter_inputs", "iter_predict", "predict", "predict_items", "predictions_html",
-           "resolve_decoding", "resolve_preset"]
+__all__ = ["MAX_ROWS", "Prediction", "Predictions", "TopClass", "class_labels", "iter_inputs", "iter_predict",
+           "predict", "predict_items", "predictions_html", "resolve_decoding"]
 
 
 @dataclass(frozen=True)
@@ -88,15 +83,8 @@ _CELL = "padding:4px 8px;vertical-align:top;text-align:left"
 
 def predictions_html(predictions: Sequence[Prediction], *, thumbnail: int = 128, max_rows: int = MAX_ROWS,
                      timeout: float = DEFAULT_TIMEOUT) -> str:
-    """A self-contained HTML table of ``predictions``: per input, its thumbnail, name, and top classes with bars.
-
-    Thumbnails are the predictions' own, else read again (an input that cannot be shows the reason).
-
-    Args:
-        thumbnail: the longer side of each picture, in pixels.
-        max_rows: inputs shown; the others are counted in the last line.
-        timeout: seconds allowed for reading each URL again.
-    """
+    """A self-contained HTML table of ``predictions``: per input, its thumbnail (the prediction's, else read again
+    within ``timeout``; ``thumbnail`` pixels), name, and top classes with bars; rows after ``max_rows`` counted."""
     rows = [_row(p, thumbnail, timeout) for p in predictions[:max_rows]]
     more = len(predictions) - len(rows)
     if more > 0:
@@ -142,26 +130,20 @@ def class_labels(model: ResNet) -> list[str]:
     return [f"class {i}" for i in range(model.num_classes)]
 
 
-def resolve_preset(model: object, preset: EvalPreset | None, image_size: int | None,
-                   resize_size: int | None) -> EvalPreset:
-    """The preset ``predict`` uses: ``preset`` or the model's, with the sizes given applied."""
-    base = preset if preset is not None else preset_for_model(model)
-    if image_size is not None:
-        base = base.with_crop_size(image_size)
-    if resize_size is not None and resize_size != base.resize_size:
-        base = dataclasses.replace(base, resize_size=resize_size)
-    return base
-
-
 def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
                      image_size: int | None = None, resize_size: int | None = None, timeout: float = DEFAULT_TIMEOUT,
                      workers: int | None = 0, allow_private: bool = True, fast_decode: bool = False) -> Decoding:
-    """``decoding``, or one of the separate options; its preset filled in from ``model`` (:func:`resolve_preset`)."""
+    """``decoding``, or one of the separate options; a missing preset is ``model``'s, the sizes given applied."""
     decoding = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private,
                                     fast_decode=fast_decode)
     if decoding.preset is not None and image_size is None and resize_size is None:
         return decoding
-    return decoding.with_preset(resolve_preset(model, decoding.preset, image_size, resize_size))
+    preset = decoding.preset if decoding.preset is not None else preset_for_model(model)
+    if image_size is not None:
+        preset = preset.with_crop_size(image_size)
+    if resize_size is not None and resize_size != preset.resize_size:
+        preset = dataclasses.replace(preset, resize_size=resize_size)
+    return decoding.with_preset(preset)
 
 
 def predict(
@@ -171,11 +153,10 @@ def predict(
     recursive: bool = False,
     **options: Any,
 ) -> Predictions:
-    """Classify images: a :class:`Predictions` list, one per input, in order.
+    """Classify images (a path, directory or http(s) URL, or several): a :class:`Predictions` list, in order.
 
     Args:
         model, recursive, **options: as for :func:`iter_predict`.
-        inputs: a path, directory or http(s) URL, or several.
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
@@ -218,25 +199,16 @@ def predict_items(
     decoding: Decoding | None = None,
     allow_private: bool = True,
 ) -> Iterator[Prediction]:
-    """:func:`iter_predict` for inputs already expanded by :func:`iter_inputs`.
+    """:func:`iter_predict` for ``(input, error)`` items already expanded by :func:`iter_inputs`.
 
     Args:
-        items: ``(input, error)`` pairs in order; those with an error are reported, not read.
-        labels: class names; default :func:`class_labels` of ``model``.
-        topk: how many classes per image.
-        image_size, resize_size: center crop and shorter side; default: the preset's.
-        preset: default :func:`~convnets.preprocessing.presets.preset_for_model` of ``model``.
-        timeout: total seconds allowed for each URL download.
+        labels: class names; default :func:`class_labels` of ``model`` (required for other callables).
+        image_size, resize_size: center crop and shorter side; default: the preset's (the model's).
         on_batch: called with the number of inputs handled after each batch.
-        start: inputs of the whole run before ``items``: batches keep the uninterrupted run's
-            boundaries, so each image gives the same numbers.
+        start: inputs of the whole run before ``items``: batches keep the uninterrupted run's boundaries.
         workers: decoding processes (same tensors, same order); 0: decode here; ``None``: the device's default.
+        preset, timeout, allow_private: as for :class:`~convnets.inference.loader.Decoding`.
         decoding: a :class:`~convnets.inference.loader.Decoding`, replacing preset, timeout, workers, allow_private.
-        allow_private: download URLs from loopback, private or link-local addresses (default).
-
-    Raises:
-        InvalidArgumentError: bad ``topk``, ``batch_size`` or ``workers``, or no ``labels`` for a model that
-            is not a convnets ResNet (on the first ``next``).
     """
     if not isinstance(topk, int) or topk < 1:
         raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")

@@ -1,9 +1,6 @@
-"""Sharded runs under ``torchrun ... -m convnets predict ... --output FILE``.
-
-Every process lists all the inputs and keeps batch ``k`` when ``k % world`` is its rank, appending its
-records to its own part spool; at the end rank 0 merges the parts in the run's order (:func:`interleave`),
-so FILE is the one a single process writes. Without torchrun's environment a run is rank 0 of 1 and
-never touches ``torch.distributed``. Several machines need the same input paths and a shared FILE folder.
+"""Sharded runs under ``torchrun ... -m convnets predict ... --output FILE``: batch ``k`` goes to rank
+``k % world``, which appends it to its own part spool; rank 0 merges the parts in the run's order
+(:func:`interleave`), so FILE is the one a single process writes. Without torchrun a run is rank 0 of 1.
 """
 
 from __future__ import annotations
@@ -36,10 +33,7 @@ def _check(rank: int, world: int, batch_size: int = 1) -> None:
 
 
 def shard_items(items: Iterable[T], rank: int, world: int, batch_size: int) -> Iterator[T]:
-    """The items of batches ``rank``, ``rank + world``, ``rank + 2 * world``, ... of ``items``, lazily.
-
-    Over all ranks (each passing the whole run's items), every item exactly once.
-    """
+    """The items of batches ``rank``, ``rank + world``, ... of ``items``, lazily: over all ranks, each once."""
     _check(rank, world, batch_size)
     if world == 1:
         yield from items
@@ -57,11 +51,8 @@ def shard_count(total: int, rank: int, world: int, batch_size: int) -> int:
 
 
 def interleave(streams: Sequence[Iterable[T]], batch_size: int) -> Iterator[list[T]]:
-    """The whole run's batches, in order, from the shards of :func:`shard_items` (rank ``r``'s in ``streams[r]``).
-
-    Raises:
-        InvalidArgumentError: the streams are not the shards of one run.
-    """
+    """The whole run's batches, in order, from the shards of :func:`shard_items` (rank ``r``'s in ``streams[r]``);
+    refuses streams that are not the shards of one run."""
     _check(0, len(streams), batch_size)
     iterators = [iter(s) for s in streams]
     for k in itertools.count():
@@ -89,11 +80,7 @@ class ShardedRun:
     @classmethod
     def from_env(cls, *, output: str | os.PathLike[str] | None, batch_size: int, reads_stdin: bool = False,
                  option: str = "output") -> ShardedRun:
-        """The run as torchrun started this process (no torch yet).
-
-        Raises:
-            InvalidArgumentError: under torchrun without ``output``, or with inputs on standard input.
-        """
+        """The run as torchrun started this process (no torch yet); refuses what a sharded run cannot do."""
         rank, world = dist.rank_world()
         under = f"under torchrun ({world} processes)"
         if world > 1 and output is None:
@@ -120,14 +107,8 @@ class ShardedRun:
         return None if total is None else shard_count(total, self.rank, self.world, self.batch_size)
 
     def join(self, device: torch.device, *, first: Callable[[], object] | None = None) -> torch.device:
-        """Join torchrun's process group and return this rank's device (CUDA: GPU ``LOCAL_RANK``).
-
-        Args:
-            first: what rank 0 does before the other ranks go on.
-
-        Raises:
-            InvalidArgumentError: a device other than CPU or CUDA under torchrun.
-        """
+        """Join torchrun's process group (rank 0 runs ``first`` before the others go on) and return this
+        rank's device (CUDA: GPU ``LOCAL_RANK``)."""
         if self.world == 1:
             return device
         import torch.distributed

@@ -1,11 +1,8 @@
-"""Contact sheets of predictions (``convnets predict --show FILE.png``): each image as a thumbnail with its
-top classes and bars, 64 per sheet, in input order; a failed input's tile is red with the reason::
+"""Contact sheets of predictions (``convnets predict --show FILE.png``): thumbnails with their top classes
+and bars, 64 per sheet, failed inputs in red::
 
     results = iter_predict(model, ["photos/"], topk=5, decoding=Decoding(thumbnail=256))
     write_contact_sheets(results, "photos.png")   # photos.png, photos-2.png, ...
-
-One sheet's thumbnails are held at a time. Sheets are written atomically and, without ``overwrite``,
-never over a file someone else created meanwhile.
 """
 
 from __future__ import annotations
@@ -59,16 +56,8 @@ def existing_sheets(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path", overwrite: bool = False) -> Path:
-    """Check, before any work, that sheets can be written at ``path``; returns it as a :class:`~pathlib.Path`.
-
-    Args:
-        path: the first sheet's file: ``.png``, in an existing, writable directory.
-        option: ``path``'s name in messages (``show`` gives ``--show`` on the command line).
-        overwrite: allow existing sheets (``FILE.png``, ``FILE-N.png``) to be replaced.
-
-    Raises:
-        InvalidArgumentError: not ``.png``, a directory, an unwritable directory, or existing sheets.
-    """
+    """Check, before any work, that sheets can be written at ``path`` (``.png``, in a writable directory, no
+    sheets of it unless ``overwrite``; ``option``: its name in messages); returns it as a :class:`~pathlib.Path`."""
     path = Path(path)
     python, cli = f"{option}={str(path)!r}", f"--{option} {path}"
 
@@ -104,19 +93,13 @@ def _fit(text: str, font: Any, width: float, *, keep_end: bool = False) -> str:
 
 class ContactSheetWriter:
     """Collects predictions and writes a sheet each ``per_sheet`` of them: ``path``, then ``sheet_path(path, 2)``, ...
-
-    As a context manager, leaving without an error writes the last sheet (or call :meth:`close`). No file is
-    ever deleted.
+    (leaving its ``with`` block without an error, or :meth:`close`, writes the last one; no file is ever deleted).
 
     Args:
-        path: the first sheet's file (checked at once, see :func:`check_sheet_destination`).
-        columns: thumbnails per row, at most.
-        thumbnail_size: side of each thumbnail's square, in pixels.
-        max_classes: top classes under each thumbnail, at most.
-        gap: white space between and around the tiles, in pixels.
+        path, overwrite: as for :func:`check_sheet_destination` (checked at once).
+        thumbnail_size, font_size, gap: in pixels.
         timeout, allow_private: for reading again a URL predicted without a thumbnail.
         interface: the words of the errors on failed inputs' tiles: ``"python"`` or ``"cli"``.
-        overwrite: replace existing sheets of ``path``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, per_sheet: int = SHEET_SIZE, columns: int = 8,
@@ -143,11 +126,7 @@ class ContactSheetWriter:
         self._closed = False
 
     def add(self, result: Prediction) -> None:
-        """Add the next prediction; the one that fills a sheet writes it.
-
-        Raises:
-            InvalidArgumentError: the sheet's file appeared since the start (it is left as it is).
-        """
+        """Add the next prediction; the one that fills a sheet writes it (refused if its file appeared meanwhile)."""
         if self._closed:
             raise InvalidArgumentError("this ContactSheetWriter is closed")
         self._collected.append(result)
@@ -235,10 +214,9 @@ _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_clas
 
 
 def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
-    """Write contact sheets of ``results`` (predictions in order, consumed once); returns the sheets written.
+    """Write contact sheets of ``results`` (consumed once) at ``path``, ``FILE-2.png``, ...; returns them.
 
     Args:
-        path: the first sheet's file (``.png``); more are ``FILE-2.png``, ... (:func:`sheet_path`).
         **options: as for :class:`ContactSheetWriter`.
     """
     unknown = sorted(set(options) - _WRITER_OPTIONS)

@@ -1,10 +1,8 @@
-"""The spool: the one append-only, resumable file that a batch run writes while it runs.
+"""The spool: the one append-only, resumable file (``FILE.partial.jsonl``) that a batch run writes as it runs.
 
-A run appends one JSON line per input to ``FILE.partial.jsonl`` (:func:`spool_path`; each ``torchrun``
-rank to its own part), one write per batch; FILE is written from it at the end, and a killed run leaves
-it for ``--resume``. A line is a :data:`Record`: ``{"input", "top"}``, ``{"input", "embedding"}``
-(base64 of the little-endian float32 bytes: the very same numbers back) or ``{"input", "error"}``.
-:func:`scan` cuts a killed writer's torn last line away and refuses anything else unreadable.
+One JSON line per input, one write per batch: ``{"input", "top"}``, ``{"input", "embedding"}`` (base64 of
+the little-endian float32 bytes) or ``{"input", "error"}``. :func:`scan` cuts a killed writer's torn last
+line away and refuses anything else unreadable.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ T = TypeVar("T")
 #: The longest prediction line read back (top 1000 classes with 4 KB labels fit): a longer one is damage, and
 #: reading it whole could take any amount of memory. An embedding line may add the widest vector a model gives.
 MAX_RECORD_BYTES = 4 << 20
-_MAX_EMBEDDING_LINE = MAX_RECORD_BYTES + 4 * (4 * MAX_CHANNELS * MAX_EXPANSION + 2) // 3
 
 #: Per kind: the unit of a record's width, and the option that sets it (keyword, command line).
 _WIDTH_WORDS = {"predictions": ("classes per input", "topk", "--topk"),
@@ -80,11 +77,7 @@ def _loads(line: bytes) -> Record | None:
 
 
 def check_resumable(path: str | os.PathLike[str], *, option: str = "output") -> None:
-    """Refuse to resume from ``path`` unless it is a regular file or missing (a FIFO blocks, a device never ends).
-
-    Raises:
-        InvalidArgumentError: ``path`` is not a regular file.
-    """
+    """Refuse to resume from ``path`` unless it is a regular file or missing (a FIFO blocks, a device never ends)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -101,11 +94,7 @@ def check_resumable(path: str | os.PathLike[str], *, option: str = "output") -> 
 
 
 def bounded_lines(path: Path, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[bytes, int]]:
-    """The lines of the regular file ``path``, each with the offset after it; reads are bounded by ``limit``.
-
-    Raises:
-        InvalidArgumentError: ``path`` is not a regular file, or has a line longer than ``limit``.
-    """
+    """The lines of the regular file ``path``, each with the offset after it; a line over ``limit`` is refused."""
     check_resumable(path)
     offset = 0
     with open(path, "rb") as f:
@@ -121,18 +110,16 @@ def bounded_lines(path: Path, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[b
 
 
 def _limit(kind: str, width: int | None = None) -> int:
-    """The longest line of a ``kind`` record (of ``width`` values per vector, when known)."""
+    """The longest line of a ``kind`` record (of ``width`` values per vector; default: the widest)."""
     if kind == "predictions":
         return MAX_RECORD_BYTES
-    return _MAX_EMBEDDING_LINE if width is None else MAX_RECORD_BYTES + 4 * (4 * width + 2) // 3
+    values = MAX_CHANNELS * MAX_EXPANSION if width is None else width
+    return MAX_RECORD_BYTES + 4 * (4 * values + 2) // 3  # base64 of float32
 
 
 def _records(path: Path, kind: str, width: int | None = None) -> Iterator[tuple[Record, int, bool]]:
-    """``(record, end offset, ends in a newline)`` per complete record; stops before a torn last line.
-
-    Raises:
-        InvalidArgumentError: a whole line that is not a record: damage.
-    """
+    """``(record, end offset, ends in a newline)`` per complete record; stops before a torn last line, refuses
+    a whole line that is not a record (damage)."""
     for position, (line, end) in enumerate(bounded_lines(path, _limit(kind, width)), 1):
         record = _loads(line)
         if record is None:
@@ -172,9 +159,6 @@ def scan(path: str | os.PathLike[str], *, kind: str = "predictions", width: int 
     Args:
         width: the classes or values per record the resumed run writes; ``None``: only the same in every record.
         repair: truncate after the last complete record, adding the newline it may lack.
-
-    Raises:
-        InvalidArgumentError: a record of another width, damage, a too long line, or not a regular file.
     """
     path = Path(path)
     records = errors = end = 0
