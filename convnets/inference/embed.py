@@ -60,16 +60,9 @@ class PooledFeatures(nn.Module):
 def features_model(model: ResNet, layer: str = "layer4", *, precision: PrecisionName = "fp32",
                    device: torch.device | str | None = None, compile: bool = False, engine: str = "torch",
                    cache: bool = True, settings: EngineSettings = DEFAULT_SETTINGS) -> nn.Module:
-    """:class:`PooledFeatures` of ``model`` (in eval mode, not modified) through ``optimize_for_inference``.
-
-    Args:
-        layer: the stage whose output is pooled.
-        precision, device, compile, engine, cache, settings: as for :func:`convnets.optimize_for_inference`
-            (``engine="auto"`` checks its pick against the torch path).
-
-    Returns:
-        The engine's module, from a batch to float32 ``[N, D]``, with ``num_features``, ``input_size``, ``device``.
-    """
+    """:class:`PooledFeatures` of ``model`` (in eval mode, not modified) through ``optimize_for_inference``
+    (the other options are its own): a module from a batch to float32 ``[N, D]``, with ``num_features``,
+    ``input_size`` and ``device``."""
     from convnets.deploy.optimize import optimize_for_inference
 
     features = PooledFeatures(model, layer)
@@ -77,7 +70,7 @@ def features_model(model: ResNet, layer: str = "layer4", *, precision: Precision
         raise InvalidArgumentError("embeddings need a model in eval mode: call model.eval() first")
     optimized = optimize_for_inference(features.eval(), precision, device=device, engine=engine, compile=compile,
                                        cache=cache, settings=settings)
-    # Module.__setattr__ is typed for tensors and modules; these are plain ints that callers read.
+    # Module.__setattr__ is typed for tensors and modules; these are plain ints.
     optimized.num_features = features.num_features  # type: ignore[assignment]
     optimized.input_size = features.input_size  # type: ignore[assignment]
     return optimized
@@ -115,29 +108,13 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
         yield Embedding(name, vector, error)
 
 
-def embed(
-    model: ResNet,
-    inputs: Iterable[str],
-    *,
-    layer: str = "layer4",
-    normalize: bool = False,
-    batch_size: int = 32,
-    workers: int = 0,
-    precision: PrecisionName = "fp32",
-    device: torch.device | str | None = None,
-    compile: bool = False,
-    engine: str = "torch",
-    cache: bool = True,
-    settings: EngineSettings = DEFAULT_SETTINGS,
-    recursive: bool = False,
-    image_size: int | None = None,
-    resize_size: int | None = None,
-    preset: EvalPreset | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    on_error: Literal["skip", "raise"] = "skip",
-    allow_private: bool = True,
-    fast_decode: bool = False,
-) -> Iterator[tuple[str, npt.NDArray[Any]]]:
+def embed(model: ResNet, inputs: Iterable[str], *, layer: str = "layer4", normalize: bool = False,
+          batch_size: int = 32, workers: int = 0, precision: PrecisionName = "fp32",
+          device: torch.device | str | None = None, compile: bool = False, engine: str = "torch", cache: bool = True,
+          settings: EngineSettings = DEFAULT_SETTINGS, recursive: bool = False, image_size: int | None = None,
+          resize_size: int | None = None, preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT,
+          on_error: Literal["skip", "raise"] = "skip", allow_private: bool = True,
+          fast_decode: bool = False) -> Iterator[tuple[str, npt.NDArray[Any]]]:
     """Embed images: yields ``(input, float32 vector)`` per readable input, in input order.
 
     Args:

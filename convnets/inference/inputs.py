@@ -5,6 +5,7 @@ number of inputs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -58,11 +59,8 @@ def _walk(directory: str, recursive: bool, ancestors: frozenset[str] = frozenset
 
 
 def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bool = False) -> Iterator[InputItem]:
-    """Replace each directory by its images (hidden ones skipped), lazily.
-
-    Args:
-        inputs: file paths, directories and URLs (or one of them alone).
-        recursive: search directories' subfolders too (depth first, sorted by name).
+    """Replace each directory of ``inputs`` (paths and URLs, or one alone) by its images, hidden ones skipped and,
+    ``recursive``, its subfolders', lazily.
 
     Yields:
         ``(input, None)`` per file or URL in order; ``(input, error)`` for a directory without images
@@ -107,34 +105,23 @@ def expand_inputs(inputs: Iterable[str], *, recursive: bool = False) -> list[Inp
 
 
 def read_list(stream: TextIO, name: str = "-") -> Iterator[str]:
-    """Inputs listed one per line in ``stream`` (decoded with ``surrogateescape``), skipping blanks and ``#`` comments.
-
-    Raises:
-        InvalidArgumentError: the list cannot be read; the message names ``name`` and the line.
-    """
+    """Inputs listed one per line in ``stream`` (decoded with ``surrogateescape``), skipping blanks and ``#``
+    comments; a read error names ``name`` and the line."""
     number = 0
-    lines = iter(stream)
-    while True:
-        try:
-            line = next(lines, None)
-        except (OSError, UnicodeError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise InvalidArgumentError(f"--from-file {name}, line {number + 1}: cannot read it ({why})") from e
-        if line is None:
-            return
-        number += 1
-        line = line.strip()
-        if line and not line.startswith("#"):
-            yield line
+    try:
+        for number, line in enumerate(stream, 1):
+            text = line.strip()
+            if text and not text.startswith("#"):
+                yield text
+    except (OSError, UnicodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise InvalidArgumentError(f"--from-file {name}, line {number + 1}: cannot read it ({why})") from e
 
 
 def read_sources(inputs: Sequence[str], from_file: str | None, stack: ExitStack) -> Iterator[str]:
     """``inputs``, then the lines of the list file ``from_file`` (``"-"``: standard input; ``stack`` closes it), lazily.
 
     Lines are UTF-8 with ``surrogateescape``, so a name that is not UTF-8 stays the file's name.
-
-    Raises:
-        InvalidArgumentError: the list file or a line of it cannot be read.
     """
     import sys
 
@@ -142,10 +129,8 @@ def read_sources(inputs: Sequence[str], from_file: str | None, stack: ExitStack)
     if from_file == "-":
         reconfigure = getattr(sys.stdin, "reconfigure", None)
         if reconfigure is not None:  # names as os.fsdecode gives them (before anything is read)
-            try:
+            with contextlib.suppress(ValueError, OSError):
                 reconfigure(encoding="utf-8", errors="surrogateescape")
-            except (ValueError, OSError):
-                pass
         yield from read_list(sys.stdin, "-")
     elif from_file is not None:
         try:

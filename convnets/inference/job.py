@@ -98,11 +98,8 @@ class Destination:
 
 def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size: int, reads_stdin: bool,
                  stack: ExitStack) -> Destination | None:
-    """Before PyTorch: this process's shard, the output's locks (held until ``stack`` unwinds) and checks.
-
-    Returns:
-        Where to write, or ``None`` when there is nothing to do (exit status 0).
-    """
+    """Before PyTorch: this process's shard, the output's locks (held until ``stack`` unwinds) and checks;
+    returns where to write, or ``None`` when there is nothing to do (exit status 0)."""
     from convnets.inference.outputs import Output
 
     if resume and output is None:

@@ -153,12 +153,8 @@ def _identity(batch: Any) -> Any:
 def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding | None = None,
                  preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT, workers: int | None = 0,
                  device: torch.device | str = "cpu", start: int = 0) -> Iterator[DecodedBatch]:
-    """Decoded batches of ``items``, in input order, on ``device`` (on CUDA through pinned memory).
-
-    Args:
-        decoding: its preset is required; default: ``Decoding(preset, timeout, workers)``.
-        start: as for :func:`iter_chunks`.
-    """
+    """Decoded batches of ``items``, in input order, on ``device`` (on CUDA through pinned memory); ``decoding``
+    (default: ``Decoding(preset, timeout, workers)``) must have a preset; ``start``: as for :func:`iter_chunks`."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(start, int) or start < 0:

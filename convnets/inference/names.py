@@ -1,15 +1,7 @@
-"""Input names in output files, bytes-safe: every file name survives, byte for byte, and never breaks a file.
-
-Names are ``os.fsdecode`` strings: a byte that is not UTF-8 is a lone surrogate ``U+DC80..U+DCFF``, which
-UTF-8 cannot hold, and a name may hold a line break.
-
-* JSONL (outputs and spools): the JSON string, lone surrogates (and U+0085, U+2028, U+2029) as ``\\uXXXX``
-  escapes; ``json.loads`` gives the name back.
-* Text cells (CSV, Parquet, ``FILE.npy.inputs.txt``): :func:`encode_name`, the name itself unless it holds
-  an undecodable byte, a control character, U+0085, U+2028, U+2029 or starts with ``"``: then a JSON
-  string literal. :func:`decode_name` reverses it.
-
-Error messages are text for people: :func:`safe_text`, not meant to be reversed.
+"""Input names in output files, bytes-safe: every ``os.fsdecode`` name (undecodable bytes as lone surrogates,
+line breaks included) survives, byte for byte. JSONL escapes lone surrogates, U+0085, U+2028 and U+2029 as
+``\\uXXXX``; text cells (CSV, Parquet, ``FILE.npy.inputs.txt``) hold :func:`encode_name`'s. Error messages
+are :func:`safe_text`, for people, not reversed.
 """
 
 from __future__ import annotations
@@ -35,7 +27,8 @@ def escape_json(text: str) -> str:
 
 
 def encode_name(name: str) -> str:
-    """``name`` as a text cell: itself, or a JSON string literal."""
+    """``name`` as a text cell: itself, or a JSON string literal when it holds an undecodable byte, a control
+    character, U+0085, U+2028, U+2029, or starts with ``"``."""
     if name.startswith('"') or _QUOTE.search(name):
         return escape_json(json.dumps(name, ensure_ascii=False))
     return name

@@ -146,30 +146,18 @@ def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPr
     return decoding.with_preset(preset)
 
 
-def predict(
-    model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
-    inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-    *,
-    recursive: bool = False,
-    **options: Any,
-) -> Predictions:
-    """Classify images (a path, directory or http(s) URL, or several): a :class:`Predictions` list, in order.
-
-    Args:
-        model, recursive, **options: as for :func:`iter_predict`.
-    """
+def predict(model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
+            inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, recursive: bool = False,
+            **options: Any) -> Predictions:
+    """Classify images (a path, directory or http(s) URL, or several; other options as for :func:`iter_predict`):
+    a :class:`Predictions` list, in order."""
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     return Predictions(iter_predict(model, [os.fspath(i) for i in inputs], recursive=recursive, **options))
 
 
-def iter_predict(
-    model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
-    inputs: Iterable[str],
-    *,
-    recursive: bool = False,
-    **options: Any,
-) -> Iterator[Prediction]:
+def iter_predict(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, inputs: Iterable[str], *,
+                 recursive: bool = False, **options: Any) -> Iterator[Prediction]:
     """Classify images a batch at a time, yielding one :class:`Prediction` per input in order; inputs read lazily.
 
     Args:
@@ -181,24 +169,12 @@ def iter_predict(
     return predict_items(model, iter_inputs(inputs, recursive=recursive), **options)
 
 
-def predict_items(
-    model: Callable[[torch.Tensor], torch.Tensor] | ResNet,
-    items: Iterable[InputItem],
-    *,
-    labels: Sequence[str] | None = None,
-    topk: int = 5,
-    batch_size: int = 32,
-    device: torch.device | str = "cpu",
-    image_size: int | None = None,
-    resize_size: int | None = None,
-    preset: EvalPreset | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    on_batch: Callable[[int], None] | None = None,
-    start: int = 0,
-    workers: int | None = 0,
-    decoding: Decoding | None = None,
-    allow_private: bool = True,
-) -> Iterator[Prediction]:
+def predict_items(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, items: Iterable[InputItem], *,
+                  labels: Sequence[str] | None = None, topk: int = 5, batch_size: int = 32,
+                  device: torch.device | str = "cpu", image_size: int | None = None, resize_size: int | None = None,
+                  preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT,
+                  on_batch: Callable[[int], None] | None = None, start: int = 0, workers: int | None = 0,
+                  decoding: Decoding | None = None, allow_private: bool = True) -> Iterator[Prediction]:
     """:func:`iter_predict` for ``(input, error)`` items already expanded by :func:`iter_inputs`.
 
     Args:

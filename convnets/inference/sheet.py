@@ -214,11 +214,8 @@ _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_clas
 
 
 def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
-    """Write contact sheets of ``results`` (consumed once) at ``path``, ``FILE-2.png``, ...; returns them.
-
-    Args:
-        **options: as for :class:`ContactSheetWriter`.
-    """
+    """Write contact sheets of ``results`` (consumed once) at ``path``, ``FILE-2.png``, ... (``options``: as for
+    :class:`ContactSheetWriter`); returns them."""
     unknown = sorted(set(options) - _WRITER_OPTIONS)
     if unknown:
         raise UnknownArgumentError(f"write_contact_sheets() got unknown keyword {unknown[0]!r}; it takes "

@@ -1,12 +1,9 @@
 """The files that ``convnets predict`` and ``convnets embed`` write (``--output FILE``), and their formats.
 
-A run appends to a resumable spool (:mod:`~convnets.inference.outputs.spool`); at the end FILE is
-written from it, atomically, in the format its suffix names, and the spool is removed: a killed run
-leaves the spool, never a half-written FILE. Under ``torchrun`` rank 0 merges the ranks' part spools
-in the run's order first, so FILE is the one a single process writes, byte for byte.
-
-Formats are plug-ins: a module with an :class:`~convnets.inference.outputs.base.OutputFormat`
-``FORMAT``, named in :data:`_BUILTIN` or added with :func:`register_format`.
+A run appends to a resumable spool (:mod:`~convnets.inference.outputs.spool`); FILE is written from it
+at the end, atomically, so a killed run leaves the spool, never a half FILE. Formats are plug-ins: a
+module with an :class:`~convnets.inference.outputs.base.OutputFormat` ``FORMAT``, named in
+:data:`_BUILTIN` or added with :func:`register_format`.
 """
 
 from __future__ import annotations
@@ -37,11 +34,7 @@ _REGISTRY: dict[str, OutputFormat] = {}
 
 
 def register_format(fmt: OutputFormat) -> OutputFormat:
-    """Add ``fmt`` to the registry under ``fmt.name`` and return it.
-
-    Raises:
-        InvalidArgumentError: not an :class:`OutputFormat`, or another format has that name.
-    """
+    """Add ``fmt`` to the registry under ``fmt.name`` (refused if another format has it) and return it."""
     if not isinstance(fmt, OutputFormat):
         raise InvalidArgumentError(f"register_format takes an OutputFormat instance, got {fmt!r}")
     if fmt.name in _REGISTRY and type(_REGISTRY[fmt.name]) is not type(fmt):
@@ -65,14 +58,8 @@ def suffixes(kind: str) -> dict[str, str]:
 
 def suffix_format(path: str | os.PathLike[str], formats: Mapping[str, str], *, option: str = "output",
                   kind: str = "format") -> str:
-    """The format that ``path``'s suffix names in ``formats`` (suffix -> name).
-
-    Args:
-        option: ``path``'s name in messages; kind: what they call the format.
-
-    Raises:
-        InvalidArgumentError: an unknown suffix.
-    """
+    """The format that ``path``'s suffix names in ``formats`` (suffix -> name); an unknown one is refused,
+    naming ``path`` as ``option`` and its format as ``kind``."""
     suffix = Path(path).suffix.lower()
     if suffix not in formats:
         problem = f"unknown {kind} {suffix or '(no suffix)'!r}; end the file name in {', '.join(formats)}"
@@ -95,12 +82,7 @@ class Output:
 
     @classmethod
     def of(cls, path: str | os.PathLike[str], kind: str, *, option: str = "output") -> Output:
-        """The output ``path``, its format picked by its suffix.
-
-        Raises:
-            InvalidArgumentError: an unknown suffix.
-            MissingDependencyError: what the format needs is missing.
-        """
+        """The output ``path``, its format picked by its suffix (and checked: :meth:`OutputFormat.check`)."""
         name = suffix_format(path, suffixes(kind), option=option, kind=KINDS[kind])
         fmt = next(f for f in output_formats(kind) if f.name == name)
         fmt.check()
@@ -110,16 +92,11 @@ class Output:
         """The spool of the run, or of rank ``rank``'s part."""
         return spool_path(self.path, rank, world)
 
-    def _spools(self, world: int) -> list[Path]:
-        return [self.spool(), *(self.spool(rank, world) for rank in range(world) if world > 1)]
-
     def claim(self, *, resume: bool, world: int = 1) -> bool:
-        """Before the run: refuse to overwrite files; ``False``: a resumed FILE is complete (nothing to do).
-
-        Raises:
-            InvalidArgumentError: without ``resume``, FILE or a spool exists; with it, one is not a regular file.
-        """
-        left = [s for s in self._spools(world) if os.path.lexists(s)]
+        """Before the run: refuse to overwrite FILE or a spool, or to resume from what is not a regular file;
+        ``False``: a resumed FILE is complete (nothing to do)."""
+        spools = [self.spool(), *(self.spool(rank, world) for rank in range(world) if world > 1)]
+        left = [s for s in spools if os.path.lexists(s)]
         if not resume and left:
             raise InvalidArgumentError(f"{left[0]} exists: a stopped run left it; pass resume=True to continue it, or "
                                        "delete it", keyword="resume",
@@ -155,15 +132,8 @@ class Output:
         log.warning("%s: split its %d records into %d parts to resume them", self.path, sum(counts), world)
 
     def open(self, spool: Path, *, resume: bool, width: int, stack: ExitStack) -> tuple[SpoolWriter, ScanResult | None]:
-        """Open this rank's ``spool`` for appending: a new one, or with ``resume`` the one left (or FILE read back).
-
-        Args:
-            width: the classes or values per record that a resumed spool must hold.
-            stack: closes the spool when it unwinds.
-
-        Returns:
-            The writer and, when a spool is resumed, what :func:`~convnets.inference.outputs.spool.scan` found.
-        """
+        """Open this rank's ``spool`` for appending (closed when ``stack`` unwinds): a new one, or with ``resume``
+        the one left (or FILE read back), of ``width``; returns the writer and what :func:`scan` found, if resumed."""
         adopt = resume and spool == self.spool() and not spool.exists() and self.path.exists()
         if adopt:
             write_spool(spool, self.format.read(self.path, self.kind))
@@ -178,11 +148,7 @@ class Output:
         return stack.enter_context(open_spool(spool, append=found is not None)), found
 
     def finish(self, *, world: int, batch_size: int, width: int) -> int:
-        """Write FILE from the spool (merging the ranks' parts first), remove the spool; returns the records written.
-
-        Raises:
-            InvalidArgumentError: a part is missing or the parts are not the shards of one run.
-        """
+        """Write FILE from the spool (merging the ranks' parts first), remove the spool; returns the records written."""
         spool = self.spool()
         if world > 1:
             parts = [self.spool(rank, world) for rank in range(world)]

@@ -18,7 +18,7 @@ class OutputFormat:
         name: the registry's name (the module's).
         suffixes: the file name endings that pick it (lower case, with the dot).
         holds: the kinds it holds (``"predictions"``, ``"embeddings"``), each with a few words for ``--help``.
-        readable: the kinds whose finished files :meth:`read` gives back, for ``--resume``.
+        readable: the kinds whose finished files :meth:`read` gives back (for ``--resume``).
     """
 
     name: ClassVar[str]
@@ -30,12 +30,8 @@ class OutputFormat:
         """Before the run: raise if what writing the format needs is missing (default: nothing)."""
 
     def write(self, path: Path, spool: Path, *, kind: str, width: int, batch_size: int) -> int:
-        """Write ``path`` atomically from the complete ``spool`` (read as often as needed); returns the rows written.
-
-        Args:
-            width: values per vector or classes per input.
-            batch_size: the run's batch size.
-        """
+        """Write ``path`` atomically from the complete ``spool`` (read as often as needed), its records of
+        ``width`` values, in the run's batches of ``batch_size``; returns the rows written."""
         raise NotImplementedError
 
     def read(self, path: Path, kind: str) -> Iterator[Record]:

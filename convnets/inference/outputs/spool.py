@@ -154,12 +154,8 @@ class ScanResult:
 
 def scan(path: str | os.PathLike[str], *, kind: str = "predictions", width: int | None = None,
          repair: bool = True) -> ScanResult:
-    """Check a spool for resuming, and cut away a torn tail.
-
-    Args:
-        width: the classes or values per record the resumed run writes; ``None``: only the same in every record.
-        repair: truncate after the last complete record, adding the newline it may lack.
-    """
+    """Check a spool for resuming: every record of ``width`` values (``None``: of one width); with ``repair``,
+    truncate it after the last complete record, adding the newline that record may lack."""
     path = Path(path)
     records = errors = end = 0
     newline = True
