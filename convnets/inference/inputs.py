@@ -1,13 +1,11 @@
-"""The inputs of a batch job: files, directories (their images, lazily) and URLs, as ``(input, error)`` items.
-
-Used by :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed` (which re-export
-:func:`iter_inputs`) and by the batch-job driver (:mod:`convnets.inference.job`), which reads the
-command line's INPUTs and ``--from-file`` list with :func:`read_sources`. Everything is lazy: a
-list of millions of paths or a deep tree costs no more memory than a few inputs.
+"""The inputs of a batch job: files, directories (their images, lazily) and URLs, as ``(input, error)`` items,
+and the command line's INPUTs and ``--from-file`` list (:func:`read_sources`). Memory stays constant for any
+number of inputs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -26,12 +24,11 @@ __all__ = ["InputItem", "expand_inputs", "iter_inputs", "read_list", "read_sourc
 log = logging.getLogger(__name__)
 
 
-#: One input after expansion: a file or URL, or an input that is already known to fail with its error.
+#: One input after expansion, with its error when it is known to fail.
 InputItem = tuple[str, "ImageLoadError | None"]
 
 
-def _hidden(name: str) -> bool:
-    """Hidden files and folders (``.name``; also macOS's ``._name`` resource forks) are skipped."""
+def _hidden(name: str) -> bool:  # also macOS's ._name resource forks
     return name.startswith(".")
 
 
@@ -40,12 +37,7 @@ def _is_image(name: str) -> bool:
 
 
 def _walk(directory: str, recursive: bool, ancestors: frozenset[str] = frozenset()) -> Iterator[str]:
-    """Images in ``directory``, sorted by name; with ``recursive`` its subfolders' in the same order
-    (each folder's images and subfolders sorted together, so a path sorts by its components).
-
-    Hidden files and folders are skipped; a symbolic link to a folder that is being walked (a
-    cycle) is not entered.
-    """
+    """Images in ``directory`` and, ``recursive``, its subfolders', sorted by path; hidden ones and cycles skipped."""
     try:
         with os.scandir(directory) as listing:
             entries = sorted((e for e in listing if not _hidden(e.name)), key=lambda e: e.name)
@@ -67,21 +59,13 @@ def _walk(directory: str, recursive: bool, ancestors: frozenset[str] = frozenset
 
 
 def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bool = False) -> Iterator[InputItem]:
-    """Replace each directory by its images, lazily (constant memory for any number of inputs).
-
-    Args:
-        inputs: file paths, directories and URLs, as given on the command line or read from a list
-            (or one of them alone). Only directories are searched; a file named explicitly is used
-            even when hidden.
-        recursive: search directories' subfolders too (depth first, sorted by name); default: only
-            the images directly inside. Hidden files and folders (``.name``, ``._name``) are skipped.
+    """Replace each directory of ``inputs`` (paths and URLs, or one alone) by its images, hidden ones skipped and,
+    ``recursive``, its subfolders', lazily.
 
     Yields:
-        ``(input, None)`` for each file or URL in order; a directory without images gives
-        ``(directory, error)``, and so does a FIFO, socket or device (never opened: reading a FIFO
-        would wait forever), so that they are reported like any other unreadable input.
+        ``(input, None)`` per file or URL in order; ``(input, error)`` for a directory without images
+        and for a FIFO, socket or device (never opened: a FIFO would block).
     """
-    # One path alone, not an iterable of its characters.
     paths: Iterable[str | os.PathLike[str]] = [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs
     for path in paths:
         item = os.fspath(path)
@@ -102,11 +86,7 @@ def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bo
 
 
 def _not_a_file(item: str) -> ImageLoadError | None:
-    """Why the path ``item`` (not a directory) is refused before anyone opens it, or ``None``.
-
-    A FIFO, socket or device is never opened (reading a FIFO would wait for a writer forever); a
-    path that does not exist is left to the decoder, which says so.
-    """
+    """Why ``item`` (not a directory) is refused unopened, or ``None`` (a missing file is the decoder's to say)."""
     if "\0" in item:
         return ImageLoadError(f"Cannot load image {item!r}: a path cannot contain a NUL byte.")
     try:
@@ -125,44 +105,23 @@ def expand_inputs(inputs: Iterable[str], *, recursive: bool = False) -> list[Inp
 
 
 def read_list(stream: TextIO, name: str = "-") -> Iterator[str]:
-    """Inputs listed one per line; blank lines and ``#`` comments skipped.
-
-    ``stream`` should decode with ``surrogateescape`` (as :func:`read_sources` opens it), so that a
-    name that is not UTF-8 is the name ``os.fsdecode`` gives, not an error.
-
-    Raises:
-        InvalidArgumentError: the list cannot be read; the message names ``name`` and the line.
-    """
+    """Inputs listed one per line in ``stream`` (decoded with ``surrogateescape``), skipping blanks and ``#``
+    comments; a read error names ``name`` and the line."""
     number = 0
-    lines = iter(stream)
-    while True:
-        try:
-            line = next(lines, None)
-        except (OSError, UnicodeError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise InvalidArgumentError(f"--from-file {name}, line {number + 1}: cannot read it ({why})") from e
-        if line is None:
-            return
-        number += 1
-        line = line.strip()
-        if line and not line.startswith("#"):
-            yield line
+    try:
+        for number, line in enumerate(stream, 1):
+            text = line.strip()
+            if text and not text.startswith("#"):
+                yield text
+    except (OSError, UnicodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise InvalidArgumentError(f"--from-file {name}, line {number + 1}: cannot read it ({why})") from e
 
 
 def read_sources(inputs: Sequence[str], from_file: str | None, stack: ExitStack) -> Iterator[str]:
-    """``inputs``, then the lines of the list file ``from_file`` (``"-"``: standard input), lazily.
+    """``inputs``, then the lines of the list file ``from_file`` (``"-"``: standard input; ``stack`` closes it), lazily.
 
-    Args:
-        inputs: paths, directories and URLs.
-        from_file: a list of more of them, one per line; ``None``: none.
-        stack: closes the list file.
-
-    Lines are decoded as UTF-8 with ``surrogateescape``: a name that is not UTF-8 stays the file's
-    name (see :mod:`convnets.inference.names`).
-
-    Raises:
-        InvalidArgumentError: the list file cannot be read (on the first ``next`` past ``inputs``), or
-            a line of it (the message names the file and the line).
+    Lines are UTF-8 with ``surrogateescape``, so a name that is not UTF-8 stays the file's name.
     """
     import sys
 
@@ -170,10 +129,8 @@ def read_sources(inputs: Sequence[str], from_file: str | None, stack: ExitStack)
     if from_file == "-":
         reconfigure = getattr(sys.stdin, "reconfigure", None)
         if reconfigure is not None:  # names as os.fsdecode gives them (before anything is read)
-            try:
+            with contextlib.suppress(ValueError, OSError):
                 reconfigure(encoding="utf-8", errors="surrogateescape")
-            except (ValueError, OSError):
-                pass
         yield from read_list(sys.stdin, "-")
     elif from_file is not None:
         try:

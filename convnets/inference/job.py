@@ -1,21 +1,7 @@
-"""The batch-job driver: what ``convnets predict`` and ``convnets embed`` do around their model, written once.
+"""The batch-job driver that ``convnets predict`` and ``convnets embed`` run, a :class:`BatchJob` plug-in each.
 
-A batch job reads inputs (INPUTs, then a ``--from-file`` list; :mod:`convnets.inference.inputs`),
-keeps its shard of them under ``torchrun`` (:mod:`convnets.inference.shard`), locks and checks its
-destination before PyTorch loads (:func:`claim_output`: ``FILE.lock``, held to the end, so that a
-second run on the same output fails at once, naming the first), continues a resumed spool (skipping
-exactly the inputs it records), decodes in worker processes (:class:`~convnets.inference.loader.Decoding`), shows a
-progress bar, appends records to the output's spool as batches finish and writes the output from it
-at the end (:mod:`convnets.inference.outputs`), reports each unreadable input on stderr, and ends
-with one summary line and the exit status (1 if any input, now or in the resumed run, could not
-be read). :func:`run_job` does all of that; what differs between jobs is a :class:`BatchJob`
-plug-in: its model, what it computes on a batch, what its record looks like, and its words. The commands (:mod:`convnets.commands.predict`,
-:mod:`convnets.commands.embed`) claim the output while the command line is checked, then build
-a :class:`JobSettings` from their options (:mod:`convnets.commands.batch_options`) and call
-:func:`run_job` with the plug-in and what :func:`claim_output` returned.
-
-This module imports nothing heavy at module level (the commands subclass :class:`BatchJob` while
-the command line is parsed); PyTorch, tqdm and the job's model load inside :func:`run_job`.
+:func:`claim_output` locks and checks the output before PyTorch loads; :func:`run_job` reads, shards,
+resumes, decodes, writes and reports. Nothing heavy is imported at module level.
 """
 
 from __future__ import annotations
@@ -48,19 +34,7 @@ __all__ = ["BatchJob", "Destination", "JobSettings", "claim_output", "input_erro
 
 @dataclass(frozen=True)
 class JobSettings:
-    """The options every batch job shares (the command line's are in :mod:`convnets.commands.batch_options`).
-
-    Attributes:
-        inputs: paths, directories and URLs.
-        decoding: how inputs are decoded; its preset is filled in from the model (see ``image_size``).
-        recursive: search directories' subfolders too.
-        from_file: a list of more inputs, one per line (``"-"``: standard input).
-        output: the file records go to (``None``: the job's standard-output forms, if any).
-        resume: continue ``output`` as a stopped run left it.
-        batch_size: inputs per forward pass (and the unit of sharding).
-        image_size: the center crop (default: the model's).
-        progress: show a progress bar (``None``: when stderr is a terminal and there is more than a batch).
-    """
+    """The options every batch job shares (``from_file="-"``: standard input; ``progress=None``: on a terminal)."""
 
     inputs: Sequence[str]
     decoding: Decoding
@@ -74,16 +48,9 @@ class JobSettings:
 
 
 class BatchJob(ABC):
-    """The per-job part of a batch job, the rest being :func:`run_job`'s. Hooks run in this order:
-    :meth:`check`, :meth:`device`, :meth:`load`, :meth:`open`, :meth:`results` with :meth:`record`
-    and :meth:`show` per result, :meth:`close`.
-
-    Attributes:
-        command: the command's name, the prefix of its stderr lines (``convnets predict: error: ...``).
-        kind: what its records are, ``"predictions"`` or ``"embeddings"`` (:mod:`convnets.inference.outputs`).
-        unreadable: what an unreadable input means, after "N of M inputs could not be read".
-        width: set by :meth:`load`: classes per input or values per vector (a resumed spool must hold as many).
-    """
+    """The per-job part of a batch job. Hooks run in order: :meth:`check`, :meth:`device`, :meth:`load` (which
+    sets :attr:`width`, the values per record), :meth:`open`, :meth:`results` with :meth:`record` and
+    :meth:`show` per result, :meth:`close`."""
 
     command: str = "job"
     kind: str = "predictions"
@@ -99,17 +66,16 @@ class BatchJob(ABC):
 
     @abstractmethod
     def load(self, device: torch.device) -> ResNet:
-        """Load the model onto ``device``, build what runs it and set :attr:`width`; returns the model (for its preset)."""
+        """Load the model onto ``device`` and set :attr:`width`; returns the model (for its preset)."""
 
     def open(self, stack: ExitStack) -> SpoolWriter | None:
-        """Open what the job writes besides ``--output`` (closed when ``stack`` unwinds); returns where
-        records go without ``--output`` (default: nowhere)."""
+        """Open what the job writes besides ``--output``; returns where records go without it (default: nowhere)."""
         return None
 
     @abstractmethod
     def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
                 start: int, on_batch: Callable[[int], None]) -> Iterator[Result]:
-        """The library loop of this job (:func:`convnets.inference.predict.predict_items`, ...)."""
+        """The library loop of this job (e.g. :func:`convnets.inference.predict.predict_items`)."""
 
     @abstractmethod
     def record(self, result: Any, error: str) -> Record:
@@ -124,8 +90,7 @@ class BatchJob(ABC):
 
 @dataclass(frozen=True)
 class Destination:
-    """Where this process writes, claimed by :func:`claim_output`: its share of the run and the
-    output file (``None``: none)."""
+    """What :func:`claim_output` claimed: this process's share of the run and the output (``None``: none)."""
 
     run: ShardedRun
     output: Output | None
@@ -133,29 +98,12 @@ class Destination:
 
 def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size: int, reads_stdin: bool,
                  stack: ExitStack) -> Destination | None:
-    """Before PyTorch: this process's shard, the output's locks (held until ``stack`` unwinds) and
-    checks (:meth:`convnets.inference.outputs.Output.claim`, :meth:`BatchJob.check`), so that a wrong
-    or busy output fails at once. The command line calls this while it parses
-    (:mod:`convnets.commands.batch_options`).
-
-    Args:
-        job: what is written.
-        output, resume, batch_size: as in :class:`JobSettings`.
-        reads_stdin: the inputs come from standard input (``from_file="-"``).
-        stack: holds the locks.
-
-    Returns:
-        Where to write, or ``None`` when there is nothing to do (the exit status is then 0).
-
-    Raises:
-        InvalidArgumentError: ``resume`` without ``output``, another run holds the output, a
-            destination that cannot be written, options that a sharded run cannot take.
-    """
+    """Before PyTorch: this process's shard, the output's locks (held until ``stack`` unwinds) and checks;
+    returns where to write, or ``None`` when there is nothing to do (exit status 0)."""
     from convnets.inference.outputs import Output
 
     if resume and output is None:
         raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
-    # Under torchrun, this process's shard of the inputs and its part of --output.
     run = ShardedRun.from_env(output=output, batch_size=batch_size, reads_stdin=reads_stdin)
     target = None if output is None else Output.of(output, job.kind)
     if target is not None:
@@ -174,21 +122,8 @@ def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size:
 
 
 def run_job(job: BatchJob, settings: JobSettings, destination: Destination | None = None) -> int:
-    """Run a batch job (see the module docstring) as this process's share of the run.
-
-    Args:
-        job: what is computed and written.
-        settings: the inputs, output and batches.
-        destination: what :func:`claim_output` returned for this ``job`` and ``settings``, its
-            locks still held; default: claimed here, and released at the end.
-
-    Returns:
-        The exit status: 1 if any input could not be read (now or in the resumed run), else 0.
-
-    Raises:
-        InvalidArgumentError: options that do not go together, a destination that cannot be
-            written, a resumed file whose records are not a prefix of the inputs.
-    """
+    """Run a batch job as this process's share of the run (``destination``: :func:`claim_output`'s, else claimed
+    here); returns the exit status, 1 if any input could not be read (now or in the resumed run)."""
     if destination is not None:
         return _run_locked(job, settings, destination)
     with ExitStack() as locks:
@@ -199,16 +134,8 @@ def run_job(job: BatchJob, settings: JobSettings, destination: Destination | Non
 
 
 def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None:
-    """Hold the lock of the output ``path`` until ``stack`` unwinds: ``FILE.lock`` beside it.
-
-    The lock file (:func:`convnets.fileio.exclusive_lock`: never through a symbolic link, deleted on
-    release by its holder) holds its holder's PID and host, which the message to a second run names.
-    Creating it is also the first write in ``path``'s directory, so a missing or read-only one fails
-    here, before PyTorch and the model load.
-
-    Raises:
-        InvalidArgumentError: another run holds the lock, or the lock file cannot be created.
-    """
+    """Hold ``FILE.lock`` beside the output ``path`` until ``stack`` unwinds; a second run is refused, naming
+    the holder. Creating it is the first write in the directory, so a missing or read-only one fails here."""
     from convnets.fileio import LockHeldError, directory_problem, exclusive_lock
 
     lock = path.with_name(path.name + ".lock")
@@ -224,7 +151,7 @@ def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None
         raise InvalidArgumentError(f"{where}: {problem or f'cannot lock it ({e.strerror or e})'}") from e
 
 
-#: Errors of creating a lock file that its directory explains (missing, not a directory, not writable).
+#: Errors of creating a lock file that its directory explains.
 _DIRECTORY_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS})
 
 
@@ -276,7 +203,7 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
                     sys.stderr.write(f"convnets {job.command}: error: {error}\n")
     job.close()
     earlier = found.errors if found else 0
-    # Under torchrun: totals over the ranks (every rank's spool is closed), and rank 0 writes --output.
+    # Totals over the ranks (every rank's spool is closed); rank 0 writes --output.
     failed, earlier, done = run.sum([failed, earlier, done])
     if output is not None and run.is_main:
         output.finish(world=run.world, batch_size=settings.batch_size, width=job.width)
@@ -289,19 +216,9 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
 
 
 def progress(settings: JobSettings, stderr_is_terminal: bool, run: ShardedRun) -> tuple[int | None, bool]:
-    """``(total, show)`` for the progress bar.
+    """``(total, show)``: this rank's number of inputs (``None``: unknown) and whether to show a progress bar.
 
-    The total is known without listing anything only when every input is a file or URL named in
-    ``settings.inputs`` (listing a tree twice costs time). Under torchrun only rank 0 shows a bar,
-    counting its own shard of the inputs.
-
-    Args:
-        settings: the inputs, ``progress`` and ``batch_size`` (a namespace with those names will do).
-        stderr_is_terminal: whether a bar would be seen.
-        run: this process's share of the run.
-
-    Returns:
-        This rank's number of inputs (``None``: unknown) and whether to show the bar.
+    The total is known only when every input is a file or URL (listing a tree twice costs time).
     """
     from convnets.preprocessing.sources import is_url
 
@@ -313,22 +230,7 @@ def progress(settings: JobSettings, stderr_is_terminal: bool, run: ShardedRun) -
 
 
 def skip_recorded(items: Iterator[InputItem], recorded: Iterable[str], output: str) -> Iterator[InputItem]:
-    """``items`` after those that ``recorded`` (a resumed file's inputs) already holds, in order.
-
-    The file must hold a prefix of this run's inputs: anything else (the inputs changed, or the file
-    belongs to another run) would record some inputs twice or never, so it is refused.
-
-    Args:
-        items: this run's ``(input, error)`` items.
-        recorded: the resumed file's inputs, in order.
-        output: the file, for messages.
-
-    Returns:
-        The rest of ``items``.
-
-    Raises:
-        InvalidArgumentError: the recorded inputs are not a prefix of ``items``.
-    """
+    """``items`` after those that ``recorded`` (a resumed file's inputs) holds; refused unless they are a prefix."""
     for position, name in enumerate(recorded, 1):
         item = next(items, None)
         if item is None or item[0] != name:
@@ -339,8 +241,7 @@ def skip_recorded(items: Iterator[InputItem], recorded: Iterable[str], output: s
 
 
 def input_error_message(error: BaseException | None) -> str:
-    """An input's error in command-line words (see :mod:`convnets.errors`), with ``--timeout`` advice;
-    ``""`` for none."""
+    """An input's error in command-line words, with ``--timeout`` advice; ``""`` for none."""
     if isinstance(error, ConvnetsError) and error.keyword == "timeout":
         error.add_cli_advice("Retry, or pass a larger --timeout.")
     return message_for(error, "cli") if error is not None else ""

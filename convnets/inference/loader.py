@@ -1,30 +1,9 @@
-"""From a stream of ``(input, error)`` items to decoded batches, and from batches to per-input results.
+"""From ``(input, error)`` items to decoded batches (:class:`Decoding`: how), and to per-input results.
 
-Used by :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed`: both run
-:func:`map_batches` (decode a batch, compute on its tensor, hand back one value or error per input)
-and their results share :class:`Result`. How inputs are decoded is one setting, :class:`Decoding`
-(preprocessing preset, download timeout, worker processes, private addresses allowed, fast JPEG decoding), carried unchanged from the command
-line through :mod:`convnets.inference.job` and the library to :func:`decode`.
-
-The main process reads the items (a
-listing, a directory walk, a list file: any iterable, read lazily) and cuts them into batches of
-``batch_size`` with the boundaries of an uninterrupted run (:func:`iter_chunks`); decoding and
-preprocessing each batch (:func:`~convnets.preprocessing.pipeline.prepare_batch`, the model's
-:class:`~convnets.preprocessing.presets.EvalPreset`) happens
-
-* with ``workers=0`` in the calling process, on a thread pool per batch, while the model waits;
-* with ``workers=N`` in N worker processes of a PyTorch :class:`~torch.utils.data.DataLoader`, so
-  that the next batches are decoded while the model runs on this one. Each worker decodes a whole
-  batch, single-threaded (with threads for URLs, which wait on the network), so the tensors are
-  the ones ``workers=0`` gives, bit for bit. Batches come back in input order; at most
-  ``prefetch * N`` batches are in flight, so memory does not grow with the number of inputs.
-
-On CUDA the batch is put in pinned memory and copied with ``non_blocking=True``.
-
-With workers, the main process reads the inputs ``PREFETCH * workers + 1`` batches ahead of the
-batch it hands out (DataLoader asks for the next batch's inputs before returning one): an input
-source that blocks (``--from-file -`` fed slowly through a pipe) delays finished batches until
-more inputs arrive or the source ends. ``workers=0`` reads exactly one batch ahead.
+:func:`map_batches` is the loop predict and embed share. Batches keep an uninterrupted run's boundaries
+(:func:`iter_chunks`) and are decoded here, on threads (``workers=0``), or whole in the processes of a
+:class:`~torch.utils.data.DataLoader`: the same tensors, bit for bit, in input order, at most
+``PREFETCH * workers`` batches ahead (so a slow ``--from-file -`` pipe delays finished batches).
 """
 
 from __future__ import annotations
@@ -58,19 +37,12 @@ class Decoding:
     """How inputs become tensors: one object from the command line (or a caller) to :func:`decode`.
 
     Attributes:
-        preset: the preprocessing (crop, resize, normalisation); ``None``: the model's, filled in
-            by whoever knows the model (:meth:`with_preset`).
+        preset: the preprocessing; ``None``: the model's, filled in by :meth:`with_preset`.
         timeout: total seconds allowed for each URL download.
-        workers: decoding processes (0: decode in this process, on threads, between model calls);
-            ``None``: the default for the device (:func:`convnets.runtime.default_workers`).
-        allow_private: download URLs whose host is a loopback, private or link-local address (the
-            default, as upstream); ``False`` refuses them (``--deny-private-urls``), for URL lists
-            that come from someone else.
-        fast_decode: decode large JPEGs at a reduced DCT scale first (``--fast-decode``; see
-            :func:`~convnets.preprocessing.pipeline.prepare_batch`); default: the exact preprocessing.
-        thumbnail: also keep each decoded input as a thumbnail fitting this square, in pixels
-            (:func:`~convnets.preprocessing.pipeline.thumbnail_of`), for contact sheets
-            (``predict --show``); ``None`` (default): keep none.
+        workers: decoding processes (0: here, on threads); ``None``: :func:`convnets.runtime.default_workers`.
+        allow_private: download URLs from loopback, private or link-local addresses.
+        fast_decode: decode large JPEGs at a reduced DCT scale first.
+        thumbnail: also keep each decoded input as a thumbnail fitting this square (``predict --show``).
     """
 
     preset: EvalPreset | None = None
@@ -92,8 +64,7 @@ class Decoding:
 
 
 class Result:
-    """What :mod:`convnets.inference.predict` and :mod:`convnets.inference.embed` yield per input (their
-    dataclasses add the computed value): the input, and why it could not be read, if it could not."""
+    """The base of predict's and embed's per-input results: the input, and why it could not be read."""
 
     input: str
     error: ImageLoadError | None
@@ -108,16 +79,8 @@ PREFETCH = 2
 
 
 def iter_chunks(items: Iterable[Item], batch_size: int, start: int = 0) -> Iterator[list[Item]]:
-    """``items`` cut into batches of ``batch_size``, read lazily.
-
-    Args:
-        items: the inputs in order.
-        batch_size: inputs per batch.
-        start: how many inputs of the whole run come before ``items`` (a resumed run's skipped
-            ones): the first batch is shortened so that batches keep the boundaries of the
-            uninterrupted run (multiples of ``batch_size``), and each image is computed in the
-            same batch, giving the same numbers.
-    """
+    """``items`` in batches of ``batch_size``, lazily; the first is shortened by ``start`` (inputs of the run
+    before ``items``), so that each image is in the uninterrupted run's batch and gives the same numbers."""
     stream = iter(items)
     first = batch_size - start % batch_size
     while chunk := list(itertools.islice(stream, first or batch_size)):
@@ -127,15 +90,8 @@ def iter_chunks(items: Iterable[Item], batch_size: int, start: int = 0) -> Itera
 
 @dataclass(frozen=True)
 class DecodedBatch:
-    """One batch of inputs, decoded.
-
-    Attributes:
-        items: the batch's ``(input, error)`` items in order.
-        tensor: ``[len(rows), 3, H, W]`` float32, the inputs that decoded.
-        rows: for each row of ``tensor``, its position in ``items``.
-        errors: position in ``items`` -> why that input could not be read.
-        thumbnails: position in ``items`` -> its thumbnail (with :attr:`Decoding.thumbnail`).
-    """
+    """One batch decoded: its items, the tensor of those that decoded, each row's position in ``items``,
+    and by position the errors and thumbnails."""
 
     items: list[Item]
     tensor: torch.Tensor
@@ -144,7 +100,7 @@ class DecodedBatch:
     thumbnails: dict[int, Image.Image] = field(default_factory=dict)
 
     def pin_memory(self) -> DecodedBatch:
-        """The batch with its tensor in page-locked memory (DataLoader calls this with ``pin_memory``)."""
+        """The batch with its tensor in page-locked memory."""
         return replace(self, tensor=self.tensor.pin_memory())
 
     def to(self, device: torch.device) -> DecodedBatch:
@@ -156,11 +112,8 @@ class DecodedBatch:
 
 @dataclass(frozen=True)
 class _Decoder:
-    """Decodes one batch: a map-style dataset whose "indices" are the batches themselves.
-
-    The batch sampler is the stream of chunks, so the main process reads the inputs and the
-    workers only decode; ``__getitems__`` takes a whole chunk and returns its :class:`DecodedBatch`.
-    """
+    """A map-style dataset whose "indices" are the chunks themselves: the main process reads the inputs, the
+    workers only decode."""
 
     decoding: Decoding
 
@@ -172,14 +125,9 @@ class _Decoder:
 
 
 def decode(chunk: list[Item], decoding: Decoding, *, in_worker: bool = False) -> DecodedBatch:
-    """Decode and preprocess one batch on the CPU; unreadable inputs become ``errors``.
+    """Decode and preprocess one batch on the CPU (``decoding`` with a preset); unreadable inputs become ``errors``.
 
-    Args:
-        chunk: the batch's items; those with an error are not read.
-        decoding: the preset (required here), the download timeout and whether private addresses
-            may be downloaded from.
-        in_worker: running in a decoding process: one thread for local files (the processes are
-            the parallelism), threads for URLs (they wait on the network).
+    In a worker process (``in_worker``) local files get one thread, URLs several (they wait on the network).
     """
     readable = [i for i, (_, error) in enumerate(chunk) if error is None]
     names = [chunk[i][0] for i in readable]
@@ -205,21 +153,8 @@ def _identity(batch: Any) -> Any:
 def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding | None = None,
                  preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT, workers: int | None = 0,
                  device: torch.device | str = "cpu", start: int = 0) -> Iterator[DecodedBatch]:
-    """Decoded batches of ``items``, in input order, on ``device``.
-
-    Args:
-        items: ``(input, error)`` pairs in order, read lazily.
-        batch_size: inputs per batch.
-        decoding: how to decode (its preset is required; the tensors are bit-identical whatever
-            its ``workers`` is); default: ``Decoding(preset, timeout, workers)``.
-        preset, timeout, workers: the fields of ``decoding`` when it is not given.
-        device: where the batches' tensors go; on CUDA through pinned memory, without blocking.
-        start: as for :func:`iter_chunks`.
-
-    Raises:
-        InvalidArgumentError: ``batch_size`` is not a positive integer, ``start`` or ``workers`` not
-            a non-negative one (on the first ``next``).
-    """
+    """Decoded batches of ``items``, in input order, on ``device`` (on CUDA through pinned memory); ``decoding``
+    (default: ``Decoding(preset, timeout, workers)``) must have a preset; ``start``: as for :func:`iter_chunks`."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(start, int) or start < 0:
@@ -237,8 +172,7 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding |
             batch = decoder.__getitems__(chunk)
             yield (batch.pin_memory() if pin else batch).to(device)
         return
-    # batch_sampler: the chunks themselves (any iterable; DataLoader pulls prefetch * workers of
-    # them ahead, no more). collate_fn: the decoder already returns the batch.
+    # The chunks are the batch sampler (DataLoader pulls PREFETCH * workers ahead); the decoder returns the batch.
     loader: Any = torch.utils.data.DataLoader(decoder, batch_sampler=chunks,  # type: ignore[arg-type]
                                               num_workers=workers, collate_fn=_identity, pin_memory=pin,
                                               prefetch_factor=PREFETCH, worker_init_fn=init_worker)
@@ -251,19 +185,8 @@ def map_batches(compute: Callable[[torch.Tensor], Iterable[T]], items: Iterable[
                 decoding: Decoding, device: torch.device | str = "cpu", start: int = 0,
                 on_batch: Callable[[int], None] | None = None,
                 ) -> Iterator[tuple[str, T | None, ImageLoadError | None, Image.Image | None]]:
-    """The library loop of predictions and embeddings: decode each batch, ``compute`` on its tensor.
-
-    Args:
-        compute: from a decoded batch tensor ``[R, 3, H, W]`` to one value per row (run under
-            ``torch.inference_mode``; not called for a batch of which no input could be read).
-        items: ``(input, error)`` pairs in order; those with an error are reported, not read.
-        batch_size, decoding, device, start: as for :func:`iter_batches`.
-        on_batch: called with the number of inputs handled after each batch (progress bars, flushing).
-
-    Yields:
-        ``(input, value, error, thumbnail)`` per input in order: ``value`` ``None`` where ``error`` is
-        set, ``thumbnail`` ``None`` unless ``decoding`` keeps thumbnails and the input was decoded.
-    """
+    """The loop of predictions and embeddings: decode each batch, ``compute`` one value per row of its tensor
+    (under ``torch.inference_mode``); yields ``(input, value, error, thumbnail)`` per input, ``None`` where absent."""
     for batch in iter_batches(items, batch_size=batch_size, decoding=decoding, device=device, start=start):
         values: dict[int, T] = {}
         if batch.rows:

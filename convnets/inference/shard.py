@@ -1,20 +1,6 @@
-"""Sharded runs over processes and machines: ``torchrun ... -m convnets predict ... --output FILE``.
-
-Every process lists all the inputs (cheap) and keeps its shard of them: the run's inputs in order,
-cut into batches of ``batch_size`` (the boundaries that a single process uses), batch ``k`` going to
-rank ``k % world``. Rank ``r`` appends its records to its own part spool; at the end every rank waits
-for the others and rank 0 merges the parts in the run's order (:func:`interleave`) and writes FILE
-(:meth:`convnets.inference.outputs.Output.finish`): the file a single process writes, byte for byte.
-``--resume`` continues each rank's part; without parts, rank 0 first splits what one process left
-(:meth:`~convnets.inference.outputs.Output.split`), so that its work is kept.
-
-Rank and world size come from torchrun's environment (``RANK``, ``WORLD_SIZE``); without it a run
-is rank 0 of 1 and never touches ``torch.distributed``. The process group is the training one
-(:func:`convnets.dist.setup`: gloo on CPUs, NCCL on GPUs with GPU ``LOCAL_RANK`` per process);
-waiting for the slowest rank and summing counts use a gloo group without a practical time limit,
-since a shard may finish hours before the last one. Multi-machine runs need the inputs under the
-same paths on every machine and FILE's folder on a file system that they share (rank 0 reads every
-part). This module imports PyTorch only when a process group is joined.
+"""Sharded runs under ``torchrun ... -m convnets predict ... --output FILE``: batch ``k`` goes to rank
+``k % world``, which appends it to its own part spool; rank 0 merges the parts in the run's order
+(:func:`interleave`), so FILE is the one a single process writes. Without torchrun a run is rank 0 of 1.
 """
 
 from __future__ import annotations
@@ -47,17 +33,7 @@ def _check(rank: int, world: int, batch_size: int = 1) -> None:
 
 
 def shard_items(items: Iterable[T], rank: int, world: int, batch_size: int) -> Iterator[T]:
-    """The items of batches ``rank``, ``rank + world``, ``rank + 2 * world``, ... of ``items``, lazily.
-
-    Args:
-        items: the whole run's inputs, in order (every rank passes the same ones).
-        rank: this process, ``0 <= rank < world``.
-        world: the number of processes.
-        batch_size: items per batch; batch ``k`` holds items ``k * batch_size`` to ``(k + 1) * batch_size - 1``.
-
-    Yields:
-        This rank's items in their order; over all ranks, every item exactly once.
-    """
+    """The items of batches ``rank``, ``rank + world``, ... of ``items``, lazily: over all ranks, each once."""
     _check(rank, world, batch_size)
     if world == 1:
         yield from items
@@ -70,23 +46,13 @@ def shard_items(items: Iterable[T], rank: int, world: int, batch_size: int) -> I
 def shard_count(total: int, rank: int, world: int, batch_size: int) -> int:
     """How many of ``total`` items :func:`shard_items` gives ``rank``."""
     _check(rank, world, batch_size)
-    full, rest = divmod(total, batch_size * world)  # whole rounds of one batch per rank, then the rest
+    full, rest = divmod(total, batch_size * world)  # whole rounds of a batch per rank, then the rest
     return full * batch_size + min(max(rest - rank * batch_size, 0), batch_size)
 
 
 def interleave(streams: Sequence[Iterable[T]], batch_size: int) -> Iterator[list[T]]:
-    """The batches of the whole run from the shards of :func:`shard_items` (rank ``r``'s in ``streams[r]``).
-
-    Batch ``k`` is the next ``batch_size`` items of stream ``k % len(streams)``; only the run's last
-    batch may be short, after which every stream must be exhausted.
-
-    Yields:
-        Batches in the order of the whole run.
-
-    Raises:
-        InvalidArgumentError: the streams are not the shards of one run (one ends early, or holds
-            items after the run's short last batch).
-    """
+    """The whole run's batches, in order, from the shards of :func:`shard_items` (rank ``r``'s in ``streams[r]``);
+    refuses streams that are not the shards of one run."""
     _check(0, len(streams), batch_size)
     iterators = [iter(s) for s in streams]
     for k in itertools.count():
@@ -103,21 +69,8 @@ def interleave(streams: Sequence[Iterable[T]], batch_size: int) -> Iterator[list
 
 
 class ShardedRun:
-    """A command's run as rank ``rank`` of ``world``: its shard of the inputs, joining and leaving the job.
-
-    A single process (``world == 1``) is the degenerate case: its shard is everything, and nothing
-    waits. Typical use::
-
-        run = ShardedRun.from_env(output=args.output, batch_size=args.batch_size)
-        device = run.join(device)                        # before the model loads
-        items = run.items(all_items)                     # predict these
-        failed, done = run.sum([failed, done])           # totals over ranks
-        ...rank 0 writes the output and reports...; run.close()
-
-    Args:
-        rank, world: this process and the number of processes (:func:`convnets.dist.rank_world`).
-        batch_size: the run's batch size (the unit of sharding).
-    """
+    """A command's run as rank ``rank`` of ``world`` (one process: everything, nothing waits): its shard of the
+    inputs (:meth:`items`), joining (:meth:`join`), totals (:meth:`sum`) and leaving (:meth:`close`)."""
 
     def __init__(self, rank: int, world: int, *, batch_size: int) -> None:
         _check(rank, world, batch_size)
@@ -127,18 +80,7 @@ class ShardedRun:
     @classmethod
     def from_env(cls, *, output: str | os.PathLike[str] | None, batch_size: int, reads_stdin: bool = False,
                  option: str = "output") -> ShardedRun:
-        """The run as torchrun started this process; checks what a sharded run cannot do (no torch yet).
-
-        Args:
-            output: the run's output file.
-            batch_size: the run's batch size.
-            reads_stdin: the inputs come from standard input (``--from-file -``).
-            option: the interface's name of ``output`` in messages.
-
-        Raises:
-            InvalidArgumentError: under torchrun without ``output`` (the ranks' stdout would
-                interleave), or with inputs on standard input (every rank must list them all).
-        """
+        """The run as torchrun started this process (no torch yet); refuses what a sharded run cannot do."""
         rank, world = dist.rank_world()
         under = f"under torchrun ({world} processes)"
         if world > 1 and output is None:
@@ -165,16 +107,8 @@ class ShardedRun:
         return None if total is None else shard_count(total, self.rank, self.world, self.batch_size)
 
     def join(self, device: torch.device, *, first: Callable[[], object] | None = None) -> torch.device:
-        """Join torchrun's process group and return this rank's device (``device`` itself for one process).
-
-        Args:
-            device: the ``torch.device`` asked for: under torchrun a CUDA device becomes GPU
-                ``LOCAL_RANK`` (NCCL), a CPU stays the CPU (gloo).
-            first: what rank 0 does before the other ranks go on (splitting a resumed output into parts).
-
-        Raises:
-            InvalidArgumentError: a device other than CPU or CUDA under torchrun.
-        """
+        """Join torchrun's process group (rank 0 runs ``first`` before the others go on) and return this
+        rank's device (CUDA: GPU ``LOCAL_RANK``)."""
         if self.world == 1:
             return device
         import torch.distributed
@@ -184,8 +118,7 @@ class ShardedRun:
                                        keyword="device", cli=f"--device {device}: under torchrun, each process runs "
                                                              "on cpu or cuda")
         ctx = dist.setup(device.type)
-        # Waiting for the slowest rank and summing counts: CPU tensors over gloo, with a time limit
-        # that a long shard cannot reach (the default group's, 10 to 30 minutes, could be).
+        # Gloo, with a time limit a long shard cannot reach (the default group's 10-30 minutes could be).
         self._group = torch.distributed.new_group(backend="gloo", timeout=WAIT_TIMEOUT)
         if first is not None and self.is_main:
             first()
@@ -211,10 +144,7 @@ class ShardedRun:
         return [int(v) for v in tensor.tolist()]
 
     def close(self) -> None:
-        """After rank 0 has written the output and reported: wait for it, then leave the process group.
-
-        No rank may exit before that: torchrun stops the others when one exits with a failure status.
-        """
+        """Wait for rank 0 to write and report, then leave the group (torchrun stops all when one fails)."""
         if self._group is not None:
             self.barrier()
             self._group = None

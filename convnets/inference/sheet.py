@@ -1,14 +1,8 @@
-"""Contact sheets of predictions (``convnets predict --show FILE.png``): each image as a thumbnail with its
-top classes and bars, as upstream's notebook shows them, 64 per sheet, in input order; a failed input's
-tile is red with the reason. Thumbnails are the ones decoded with the predictions (``Decoding(thumbnail=256)``,
-:class:`~convnets.inference.loader.Decoding`); one predicted without is read again. From Python::
+"""Contact sheets of predictions (``convnets predict --show FILE.png``): thumbnails with their top classes
+and bars, 64 per sheet, failed inputs in red::
 
     results = iter_predict(model, ["photos/"], topk=5, decoding=Decoding(thumbnail=256))
     write_contact_sheets(results, "photos.png")   # photos.png, photos-2.png, ...
-
-A sheet is drawn as soon as its results are in (the last one at :meth:`ContactSheetWriter.close`): one
-sheet's thumbnails are held at a time. It is written atomically and, without ``overwrite``, only under a
-name still free then: a file someone else created meanwhile is never replaced (:mod:`convnets.fileio`).
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from PIL import Image, ImageDraw, ImageFont
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import Interface, InvalidArgumentError, UnknownArgumentError, message_for
 from convnets.fileio import atomic_write, directory_problem
-from convnets.inference.names import display_name
+from convnets.inference.names import safe_text
 
 if TYPE_CHECKING:
     from convnets.inference.predict import Prediction
@@ -37,8 +31,7 @@ __all__ = ["SHEET_SIZE", "ContactSheetWriter", "check_sheet_destination", "exist
 #: Images per sheet: 8 x 8 thumbnails of 256 pixels keep a sheet readable on a screen.
 SHEET_SIZE = 64
 
-# Colours (RGB): paper, the frame behind a thumbnail that does not fill its square, ink, probability bars
-# (the best class darker), failed inputs.
+# Colours (RGB): paper, the frame behind a thumbnail, ink, probability bars (the best class darker), failures.
 _PAPER, _FRAME, _INK, _GREY_INK = (255, 255, 255), (236, 236, 236), (25, 25, 25), (90, 90, 90)
 _BAR, _TOP_BAR, _FAILED, _FAILED_INK = (203, 222, 240), (158, 196, 230), (250, 222, 222), (150, 0, 0)
 _ELLIPSIS = "\u2026"
@@ -63,22 +56,8 @@ def existing_sheets(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path", overwrite: bool = False) -> Path:
-    """Check, before any work, that sheets can be written at ``path``.
-
-    Args:
-        path: the first sheet's file; must end in ``.png``, in an existing, writable directory.
-        option: the name of ``path`` in messages: a keyword (``path``), or on the command line the
-            option without dashes (``show`` gives ``--show``).
-        overwrite: allow sheets that exist (``FILE.png``, ``FILE-N.png``) to be replaced by this
-            run's; default: refuse them, as ``--output`` refuses an existing file.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-
-    Raises:
-        InvalidArgumentError: the suffix is not ``.png``, ``path`` is a directory, its directory
-            does not exist or cannot be written, or (without ``overwrite``) sheets of ``path`` exist.
-    """
+    """Check, before any work, that sheets can be written at ``path`` (``.png``, in a writable directory, no
+    sheets of it unless ``overwrite``; ``option``: its name in messages); returns it as a :class:`~pathlib.Path`."""
     path = Path(path)
     python, cli = f"{option}={str(path)!r}", f"--{option} {path}"
 
@@ -95,7 +74,7 @@ def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path
         raise refuse(problem, "")
     existing = [] if overwrite else existing_sheets(path)
     if existing:
-        names = ", ".join(display_name(str(p)) for p in existing[:5]) + (", ..." if len(existing) > 5 else "")
+        names = ", ".join(safe_text(str(p)) for p in existing[:5]) + (", ..." if len(existing) > 5 else "")
         them = "it" if len(existing) == 1 else "them"
         raise refuse(f"{names} {'exists' if len(existing) == 1 else 'exist'}",
                      "; remove them, choose another name or pass overwrite=True",
@@ -104,8 +83,7 @@ def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path
 
 
 def _fit(text: str, font: Any, width: float, *, keep_end: bool = False) -> str:
-    """``text`` cut with an ellipsis to fit ``width`` pixels: its end cut, or with ``keep_end`` its start
-    (a path's end names the file)."""
+    """``text`` cut with an ellipsis to fit ``width`` pixels, at its end or with ``keep_end`` at its start."""
     if font.getlength(text) <= width:
         return text
     while text and font.getlength(_ELLIPSIS + text if keep_end else text + _ELLIPSIS) > width:
@@ -114,28 +92,14 @@ def _fit(text: str, font: Any, width: float, *, keep_end: bool = False) -> str:
 
 
 class ContactSheetWriter:
-    """Collects predictions and writes a sheet each ``per_sheet`` of them (see the module docstring).
-
-    Use it as a context manager (leaving the block without an error writes the last sheet) or call
-    :meth:`close`. Sheets are ``path``, then ``sheet_path(path, 2)``, ...; existing sheets of ``path``
-    are refused unless ``overwrite``, and no file is ever deleted (with ``overwrite``, an earlier
-    run's ``FILE-3.png`` stays when this run writes two).
+    """Collects predictions and writes a sheet each ``per_sheet`` of them: ``path``, then ``sheet_path(path, 2)``, ...
+    (leaving its ``with`` block without an error, or :meth:`close`, writes the last one; no file is ever deleted).
 
     Args:
-        path: the first sheet's file (``.png``, in a writable directory; checked at once).
-        per_sheet: images per sheet.
-        columns: thumbnails per row (a sheet with fewer images has as many columns as images).
-        thumbnail_size: side of each thumbnail's square, in pixels (upstream's notebook: 256).
-        max_classes: top classes written under each thumbnail, at most.
-        font_size: text height in pixels.
-        gap: white space between and around the tiles, in pixels.
-        timeout: total seconds allowed for reading again a URL predicted without a thumbnail.
-        allow_private: download such URLs from loopback, private or link-local addresses (default).
-        interface: the words of the errors written on failed inputs' tiles: ``"python"`` or ``"cli"``.
-        overwrite: replace existing sheets of ``path`` (default: refuse them).
-
-    Raises:
-        InvalidArgumentError: a bad ``path`` (see :func:`check_sheet_destination`) or size.
+        path, overwrite: as for :func:`check_sheet_destination` (checked at once).
+        thumbnail_size, font_size, gap: in pixels.
+        timeout, allow_private: for reading again a URL predicted without a thumbnail.
+        interface: the words of the errors on failed inputs' tiles: ``"python"`` or ``"cli"``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, per_sheet: int = SHEET_SIZE, columns: int = 8,
@@ -157,19 +121,12 @@ class ContactSheetWriter:
             self.font = ImageFont.load_default()
         left, top, right, bottom = self.font.getbbox("Ag|%")
         self.line = bottom - min(top, 0) + 5
-        #: The sheets written so far, in order.
         self.paths: list[Path] = []
         self._collected: list[Prediction] = []
         self._closed = False
 
     def add(self, result: Prediction) -> None:
-        """Add the next prediction; the one that fills a sheet draws and writes it.
-
-        Raises:
-            InvalidArgumentError: the sheet's file appeared since the start (it is left as it is, and
-                this writer writes no more).
-            OSError: writing the sheet failed.
-        """
+        """Add the next prediction; the one that fills a sheet writes it (refused if its file appeared meanwhile)."""
         if self._closed:
             raise InvalidArgumentError("this ContactSheetWriter is closed")
         self._collected.append(result)
@@ -237,10 +194,10 @@ class ContactSheetWriter:
             tile.paste(picture, ((side - picture.width) // 2, (side - picture.height) // 2))
         elif why is not None:  # the reason, wrapped at an average letter's width, each line fitted
             chars = max(1, int((side - 12) * 26 / font.getlength("abcdefghijklmnopqrstuvwxyz")))
-            for i, text in enumerate(textwrap.wrap(display_name(why), chars, max_lines=(side - 12) // line,
+            for i, text in enumerate(textwrap.wrap(safe_text(why), chars, max_lines=(side - 12) // line,
                                                    placeholder=" " + _ELLIPSIS)):
                 draw.text((6, 6 + i * line), _fit(text, font, side - 12), font=font, fill=ink)
-        draw.text((2, side + 1), _fit(display_name(result.input), font, side - 4, keep_end=True), font=font, fill=_INK)
+        draw.text((2, side + 1), _fit(safe_text(result.input), font, side - 4, keep_end=True), font=font, fill=_INK)
         column = font.getlength("100.0%")
         for rank, top in enumerate(result.top[:classes]):
             y, percent = side + line * (rank + 1), f"{100 * top.probability:.1f}%"
@@ -257,18 +214,8 @@ _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_clas
 
 
 def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
-    """Write contact sheets of ``results`` (e.g. :func:`convnets.inference.predict.iter_predict`'s), streaming.
-
-    Args:
-        results: predictions in order; any iterable, consumed once.
-        path: the first sheet's file (``.png``); more sheets are ``FILE-2.png``, ... (:func:`sheet_path`).
-        **options: as for :class:`ContactSheetWriter` (``per_sheet``, ``columns``, ``thumbnail_size``,
-            ``max_classes``, ``font_size``, ``gap``, ``timeout``, ``allow_private``, ``interface``,
-            ``overwrite``).
-
-    Returns:
-        The sheets written, in order.
-    """
+    """Write contact sheets of ``results`` (consumed once) at ``path``, ``FILE-2.png``, ... (``options``: as for
+    :class:`ContactSheetWriter`); returns them."""
     unknown = sorted(set(options) - _WRITER_OPTIONS)
     if unknown:
         raise UnknownArgumentError(f"write_contact_sheets() got unknown keyword {unknown[0]!r}; it takes "

@@ -1,18 +1,9 @@
 """The files that ``convnets predict`` and ``convnets embed`` write (``--output FILE``), and their formats.
 
-While a run goes, its records go to one append-only spool (:mod:`convnets.inference.outputs.spool`:
-``FILE.partial.jsonl``, resumable, a torn tail cut away); at the end, FILE is written from it in the
-format that its suffix names, atomically, and the spool is removed. A killed run leaves the spool,
-never a half-written FILE; ``--resume`` continues it. Under ``torchrun`` each rank appends to its
-own part spool, and rank 0 merges the parts into the run's spool (batch k from rank k % world:
-:func:`convnets.inference.shard.interleave`) before writing FILE, so FILE is the one a single
-process writes, byte for byte.
-
-Formats are plug-ins, one module each with an :class:`~convnets.inference.outputs.base.OutputFormat`
-instance ``FORMAT``, registered as the inference engines are (:mod:`convnets.deploy.engines`):
-adding a built-in format is that module plus its name in :data:`_BUILTIN`; other code can add one
-with :func:`register_format`. ``--output``'s suffixes and help come from :func:`output_formats`.
-Nothing heavy is imported until a file is written or read.
+A run appends to a resumable spool (:mod:`~convnets.inference.outputs.spool`); FILE is written from it
+at the end, atomically, so a killed run leaves the spool, never a half FILE. Formats are plug-ins: a
+module with an :class:`~convnets.inference.outputs.base.OutputFormat` ``FORMAT``, named in
+:data:`_BUILTIN` or added with :func:`register_format`.
 """
 
 from __future__ import annotations
@@ -43,11 +34,7 @@ _REGISTRY: dict[str, OutputFormat] = {}
 
 
 def register_format(fmt: OutputFormat) -> OutputFormat:
-    """Add ``fmt`` to the registry under ``fmt.name`` and return it.
-
-    Raises:
-        InvalidArgumentError: not an :class:`OutputFormat`, or another format has that name.
-    """
+    """Add ``fmt`` to the registry under ``fmt.name`` (refused if another format has it) and return it."""
     if not isinstance(fmt, OutputFormat):
         raise InvalidArgumentError(f"register_format takes an OutputFormat instance, got {fmt!r}")
     if fmt.name in _REGISTRY and type(_REGISTRY[fmt.name]) is not type(fmt):
@@ -71,15 +58,8 @@ def suffixes(kind: str) -> dict[str, str]:
 
 def suffix_format(path: str | os.PathLike[str], formats: Mapping[str, str], *, option: str = "output",
                   kind: str = "format") -> str:
-    """The format that ``path``'s suffix names in ``formats`` (suffix -> name).
-
-    Args:
-        option: the interface's name of ``path`` in messages (``--option`` on the command line).
-        kind: what the message calls the format (``"embedding format"``).
-
-    Raises:
-        InvalidArgumentError: an unknown suffix.
-    """
+    """The format that ``path``'s suffix names in ``formats`` (suffix -> name); an unknown one is refused,
+    naming ``path`` as ``option`` and its format as ``kind``."""
     suffix = Path(path).suffix.lower()
     if suffix not in formats:
         problem = f"unknown {kind} {suffix or '(no suffix)'!r}; end the file name in {', '.join(formats)}"
@@ -89,11 +69,10 @@ def suffix_format(path: str | os.PathLike[str], formats: Mapping[str, str], *, o
 
 @dataclass(frozen=True)
 class Output:
-    """A run's output file of ``kind`` (``"predictions"``, ``"embeddings"``) in ``format``, and its spools.
+    """A run's output file of ``kind`` in ``format``, and its spools (build it with :meth:`of`).
 
-    Build it with :meth:`of`. The driver (:mod:`convnets.inference.job`) calls :meth:`claim` before
-    the model loads, :meth:`split` (``torchrun --resume``, rank 0), :meth:`open` for this rank's spool,
-    and :meth:`finish` (rank 0) once every rank has closed its spool.
+    The driver calls :meth:`claim` before the model loads, :meth:`split` (rank 0, ``torchrun --resume``),
+    :meth:`open` for this rank's spool, and :meth:`finish` (rank 0) once every rank has closed its spool.
     """
 
     path: Path
@@ -103,33 +82,21 @@ class Output:
 
     @classmethod
     def of(cls, path: str | os.PathLike[str], kind: str, *, option: str = "output") -> Output:
-        """The output ``path``, its format picked by its suffix.
-
-        Raises:
-            InvalidArgumentError: an unknown suffix.
-            MissingDependencyError: what the format needs is missing (pyarrow).
-        """
+        """The output ``path``, its format picked by its suffix (and checked: :meth:`OutputFormat.check`)."""
         name = suffix_format(path, suffixes(kind), option=option, kind=KINDS[kind])
         fmt = next(f for f in output_formats(kind) if f.name == name)
         fmt.check()
         return cls(Path(path), kind, fmt, option)
 
     def spool(self, rank: int = 0, world: int = 1) -> Path:
-        """The spool of the run, or of rank ``rank``'s part (:func:`~convnets.inference.outputs.spool.spool_path`)."""
+        """The spool of the run, or of rank ``rank``'s part."""
         return spool_path(self.path, rank, world)
 
-    def _spools(self, world: int) -> list[Path]:
-        return [self.spool(), *(self.spool(rank, world) for rank in range(world) if world > 1)]
-
     def claim(self, *, resume: bool, world: int = 1) -> bool:
-        """Before the run: refuse to overwrite or mix up files; ``False``: a resumed FILE is complete
-        and cannot be read back (an ``.npy``), so there is nothing to do.
-
-        Raises:
-            InvalidArgumentError: without ``resume``, FILE or a spool exists; with it, one that is
-                not a regular file.
-        """
-        left = [s for s in self._spools(world) if os.path.lexists(s)]
+        """Before the run: refuse to overwrite FILE or a spool, or to resume from what is not a regular file;
+        ``False``: a resumed FILE is complete (nothing to do)."""
+        spools = [self.spool(), *(self.spool(rank, world) for rank in range(world) if world > 1)]
+        left = [s for s in spools if os.path.lexists(s)]
         if not resume and left:
             raise InvalidArgumentError(f"{left[0]} exists: a stopped run left it; pass resume=True to continue it, or "
                                        "delete it", keyword="resume",
@@ -148,8 +115,7 @@ class Output:
         return bool(left) or readable or not self.path.exists()
 
     def split(self, world: int, batch_size: int) -> None:
-        """``torchrun --resume`` without parts, on rank 0 before the others start: the records that one
-        process's spool (or the finished, readable FILE) holds become the parts, so that nothing is redone."""
+        """``torchrun --resume`` without parts (rank 0, first): one process's spool or FILE becomes the parts."""
         spool = self.spool()
         if any(os.path.lexists(self.spool(rank, world)) for rank in range(world)):
             return  # the parts are continued
@@ -166,16 +132,8 @@ class Output:
         log.warning("%s: split its %d records into %d parts to resume them", self.path, sum(counts), world)
 
     def open(self, spool: Path, *, resume: bool, width: int, stack: ExitStack) -> tuple[SpoolWriter, ScanResult | None]:
-        """Open ``spool`` (this rank's) for appending: a new one, or with ``resume`` the one a stopped run
-        left (a finished, readable FILE is read back into it first).
-
-        Args:
-            width: classes per input or values per vector, which a resumed spool must hold.
-            stack: flushes and closes the spool when it unwinds.
-
-        Returns:
-            The writer and, when a spool is resumed, what :func:`~convnets.inference.outputs.spool.scan` found.
-        """
+        """Open this rank's ``spool`` for appending (closed when ``stack`` unwinds): a new one, or with ``resume``
+        the one left (or FILE read back), of ``width``; returns the writer and what :func:`scan` found, if resumed."""
         adopt = resume and spool == self.spool() and not spool.exists() and self.path.exists()
         if adopt:
             write_spool(spool, self.format.read(self.path, self.kind))
@@ -190,13 +148,7 @@ class Output:
         return stack.enter_context(open_spool(spool, append=found is not None)), found
 
     def finish(self, *, world: int, batch_size: int, width: int) -> int:
-        """Write FILE from the spool (rank 0 of a ``torchrun`` job merges the parts into it first), then
-        remove the spool; returns the number of records written.
-
-        Raises:
-            InvalidArgumentError: a part is missing (several machines: FILE's folder must be shared by
-                all of them) or the parts are not the shards of one run.
-        """
+        """Write FILE from the spool (merging the ranks' parts first), remove the spool; returns the records written."""
         spool = self.spool()
         if world > 1:
             parts = [self.spool(rank, world) for rank in range(world)]
@@ -217,8 +169,7 @@ class Output:
 
 
 def _drop_if_unchanged(spool: Path) -> Callable[..., bool]:
-    """An exit callback: after an error, remove ``spool`` (just read back from FILE) if the run appended
-    nothing to it (e.g. its inputs were not FILE's), so that only FILE stays, as it was found."""
+    """An exit callback: after an error, remove ``spool`` (read back from FILE) if nothing was appended to it."""
     size = spool.stat().st_size
 
     def drop(kind: type[BaseException] | None, *_: object) -> bool:

@@ -17,11 +17,8 @@ class OutputFormat:
     Attributes:
         name: the registry's name (the module's).
         suffixes: the file name endings that pick it (lower case, with the dot).
-        holds: what it holds, ``"predictions"`` and/or ``"embeddings"``, each with a few words on how
-            (``--output``'s help).
-        readable: the kinds whose finished files :meth:`read` gives back (``--resume`` continues
-            such a file, and a ``torchrun`` resume splits it); a finished file of another kind is
-            complete: resuming it has nothing to do.
+        holds: the kinds it holds (``"predictions"``, ``"embeddings"``), each with a few words for ``--help``.
+        readable: the kinds whose finished files :meth:`read` gives back (for ``--resume``).
     """
 
     name: ClassVar[str]
@@ -33,18 +30,8 @@ class OutputFormat:
         """Before the run: raise if what writing the format needs is missing (default: nothing)."""
 
     def write(self, path: Path, spool: Path, *, kind: str, width: int, batch_size: int) -> int:
-        """Write ``path`` atomically (:func:`convnets.fileio.atomic_output`) from the complete ``spool``.
-
-        Args:
-            path: the output file.
-            spool: its records (:func:`~convnets.inference.outputs.spool.read_spool`; read as often as needed).
-            kind: ``"predictions"`` or ``"embeddings"``.
-            width: values per vector (embeddings; the shape of an empty file), classes per input.
-            batch_size: the run's batches (a Parquet row group each).
-
-        Returns:
-            The number of records (or rows) written.
-        """
+        """Write ``path`` atomically from the complete ``spool`` (read as often as needed), its records of
+        ``width`` values, in the run's batches of ``batch_size``; returns the rows written."""
         raise NotImplementedError
 
     def read(self, path: Path, kind: str) -> Iterator[Record]:

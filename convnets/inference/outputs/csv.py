@@ -1,6 +1,4 @@
-"""``.csv``: columns ``input, rank, index, label, probability, error``; one row per top-k entry
-(ranks 1..k), or one row with ``error`` filled for an input that could not be read. Names are text
-cells (:func:`~convnets.inference.names.encode_name`)."""
+"""``.csv``: ``input, rank, index, label, probability, error``; a row per top-k class, or one with ``error``."""
 
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ from convnets.inference.outputs.spool import Record, batched, bounded_lines, rea
 
 __all__ = ["COLUMNS", "FORMAT", "Csv"]
 
-#: The header.
 COLUMNS = ("input", "rank", "index", "label", "probability", "error")
 
 

@@ -1,6 +1,5 @@
-"""``.npy``: the embeddings, float32 ``[N, D]``, and their inputs in ``FILE.npy.inputs.txt``, one per
-line in the rows' order (text cells: :func:`~convnets.inference.names.encode_name`; read them back
-with :func:`read_inputs_list`). Inputs that could not be read have no row."""
+"""``.npy``: the embeddings, float32 ``[N, D]``, and their inputs in ``FILE.npy.inputs.txt``, one text cell
+per line (:func:`read_inputs_list`). Inputs that could not be read have no row."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""``.parquet`` (needs pyarrow: the ``parquet`` extra), one row group per batch.
-
-Predictions: columns ``input`` (string), ``top`` (list of ``{index, label, probability}``, null for
-a failed input) and ``error`` (string, null for a classified one). Embeddings: ``input`` and
-``embedding`` (a fixed-size list of float32); inputs that could not be read have no row. Names are
-text cells (:func:`~convnets.inference.names.encode_name`).
+"""``.parquet`` (needs pyarrow), one row group per batch: ``input``, ``top`` (list of ``{index, label,
+probability}``) and ``error``, or ``input`` and ``embedding`` (fixed-size float32 list; failed inputs have no row).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The spool: the one append-only, resumable file that a batch run writes while it runs.
+"""The spool: the one append-only, resumable file (``FILE.partial.jsonl``) that a batch run writes as it runs.
 
-A run (``convnets predict``/``embed --output FILE``) appends one JSON line per input to
-``FILE.partial.jsonl`` (:func:`spool_path`; a rank of a ``torchrun`` job to its own part,
-``FILE.part-0000R-of-0000W.partial.jsonl``), one write per batch, flushed to the operating system.
-FILE itself is written from the spool at the end (:mod:`convnets.inference.outputs`), after which
-the spool is removed; a killed run leaves the spool, which ``--resume`` continues.
-
-A line is a record (:data:`Record`): ``{"input": NAME, "top": [...]}`` (predictions) or ``{"input":
-NAME, "embedding": BASE64}`` (embeddings: the vector's little-endian float32 bytes, read back as
-the very same numbers), or ``{"input": NAME, "error": MESSAGE}``; names as in JSONL files
-(:mod:`convnets.inference.names`). A killed writer leaves whole lines and at most a partial last one
-without its newline: :func:`scan` cuts that torn tail away (a complete record is never cut, and a
-last record that only lacks its newline is kept), and refuses, leaving the file as it is, anything
-else that cannot be read (damage), a line longer than any record (:data:`MAX_RECORD_BYTES`), or a
-path that is not a regular file (a FIFO, a link to ``/dev/zero``).
+One JSON line per input, one write per batch: ``{"input", "top"}``, ``{"input", "embedding"}`` (base64 of
+the little-endian float32 bytes) or ``{"input", "error"}``. :func:`scan` cuts a killed writer's torn last
+line away and refuses anything else unreadable.
 """
 
 from __future__ import annotations
@@ -43,13 +32,11 @@ log = logging.getLogger(__name__)
 Record = dict[str, Any]
 T = TypeVar("T")
 
-#: The longest prediction line that reading a spool back accepts: top 1000 classes with 4 KB labels,
-#: or a name of a megabyte, still fit; a longer line is damage or another kind of file, and reading
-#: it whole could take any amount of memory. An embedding line may add the widest vector a model gives.
+#: The longest prediction line read back (top 1000 classes with 4 KB labels fit): a longer one is damage, and
+#: reading it whole could take any amount of memory. An embedding line may add the widest vector a model gives.
 MAX_RECORD_BYTES = 4 << 20
-_MAX_EMBEDDING_LINE = MAX_RECORD_BYTES + 4 * (4 * MAX_CHANNELS * MAX_EXPANSION + 2) // 3
 
-#: What resuming with another width is called, per kind: (the unit, the option that sets it).
+#: Per kind: the unit of a record's width, and the option that sets it (keyword, command line).
 _WIDTH_WORDS = {"predictions": ("classes per input", "topk", "--topk"),
                 "embeddings": ("values per vector", "layer", "--layer and model")}
 
@@ -62,7 +49,7 @@ def spool_path(output: str | os.PathLike[str], rank: int = 0, world: int = 1) ->
 
 
 def dumps(record: Record) -> str:
-    """One record as its line, without the newline (a vector as base64 of its little-endian float32)."""
+    """One record as its line, without the newline."""
     if "embedding" in record:
         import numpy as np
 
@@ -90,14 +77,7 @@ def _loads(line: bytes) -> Record | None:
 
 
 def check_resumable(path: str | os.PathLike[str], *, option: str = "output") -> None:
-    """Refuse to resume from ``path`` unless it is a regular file (or does not exist yet).
-
-    A FIFO would block the read, and a device (a link to ``/dev/zero``) never ends: neither is a
-    file that a stopped run left.
-
-    Raises:
-        InvalidArgumentError: ``path`` is not a regular file (the message names it and ``resume``).
-    """
+    """Refuse to resume from ``path`` unless it is a regular file or missing (a FIFO blocks, a device never ends)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -114,11 +94,7 @@ def check_resumable(path: str | os.PathLike[str], *, option: str = "output") -> 
 
 
 def bounded_lines(path: Path, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[bytes, int]]:
-    """The lines of the regular file ``path`` with the offset just after each; each read is bounded.
-
-    Raises:
-        InvalidArgumentError: ``path`` is not a regular file, or has a line longer than ``limit``.
-    """
+    """The lines of the regular file ``path``, each with the offset after it; a line over ``limit`` is refused."""
     check_resumable(path)
     offset = 0
     with open(path, "rb") as f:
@@ -134,18 +110,16 @@ def bounded_lines(path: Path, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[b
 
 
 def _limit(kind: str, width: int | None = None) -> int:
-    """The longest line of a ``kind`` record (of ``width`` values per vector, when known)."""
+    """The longest line of a ``kind`` record (of ``width`` values per vector; default: the widest)."""
     if kind == "predictions":
         return MAX_RECORD_BYTES
-    return _MAX_EMBEDDING_LINE if width is None else MAX_RECORD_BYTES + 4 * (4 * width + 2) // 3
+    values = MAX_CHANNELS * MAX_EXPANSION if width is None else width
+    return MAX_RECORD_BYTES + 4 * (4 * values + 2) // 3  # base64 of float32
 
 
 def _records(path: Path, kind: str, width: int | None = None) -> Iterator[tuple[Record, int, bool]]:
-    """``(record, end offset, ends in a newline)`` per complete record; stops before a torn last line.
-
-    Raises:
-        InvalidArgumentError: a whole line (one that ends in a newline) that is not a record: damage.
-    """
+    """``(record, end offset, ends in a newline)`` per complete record; stops before a torn last line, refuses
+    a whole line that is not a record (damage)."""
     for position, (line, end) in enumerate(bounded_lines(path, _limit(kind, width)), 1):
         record = _loads(line)
         if record is None:
@@ -169,30 +143,19 @@ def _width(record: Record) -> int | None:
 
 @dataclass(frozen=True)
 class ScanResult:
-    """What :func:`scan` found in a spool."""
+    """What :func:`scan` found: complete records, of which errors, their end offset, torn bytes cut, width."""
 
-    records: int  #: complete records kept
-    errors: int  #: of which records of inputs that could not be read
-    end: int  #: byte offset where the complete records end (the file is cut there)
-    torn: int  #: bytes of torn tail cut away
-    width: int | None = None  #: classes per input or values per vector (``None``: no such record)
+    records: int
+    errors: int
+    end: int
+    torn: int
+    width: int | None = None
 
 
 def scan(path: str | os.PathLike[str], *, kind: str = "predictions", width: int | None = None,
          repair: bool = True) -> ScanResult:
-    """Check a spool for resuming, and cut away a torn tail.
-
-    Args:
-        path: the spool (or a JSONL file of predictions).
-        kind: ``"predictions"`` or ``"embeddings"`` (the longest line accepted, the words of messages).
-        width: the classes per input (``topk``) or values per vector that the resumed run writes;
-            ``None``: only checked to be the same in every record.
-        repair: truncate the file after its last complete record, adding the newline it may lack.
-
-    Raises:
-        InvalidArgumentError: a record of another width, damage, a line longer than any record, or
-            ``path`` is not a regular file.
-    """
+    """Check a spool for resuming: every record of ``width`` values (``None``: of one width); with ``repair``,
+    truncate it after the last complete record, adding the newline that record may lack."""
     path = Path(path)
     records = errors = end = 0
     newline = True
@@ -224,12 +187,8 @@ def scan(path: str | os.PathLike[str], *, kind: str = "predictions", width: int 
 
 
 class SpoolWriter:
-    """Appends records to a text stream as JSON lines, :meth:`flush` after each batch: one write per
-    batch, so a killed process leaves whole batches plus at most one torn line.
-
-    Args:
-        stream: the spool open for appending (:func:`open_spool`), or standard output (``predict --jsonl``).
-    """
+    """Appends records to ``stream`` as JSON lines, one write per :meth:`flush` (a killed process leaves whole
+    batches and at most one torn line)."""
 
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
@@ -240,7 +199,7 @@ class SpoolWriter:
         self._pending.append(dumps(record) + "\n")
 
     def flush(self) -> None:
-        """Write the queued records and flush them to the operating system; a full disk's error names the file."""
+        """Write the queued records and flush them to the operating system; an error names the file."""
         text, self._pending = "".join(self._pending), []
         try:
             self.stream.write(text)
@@ -252,8 +211,7 @@ class SpoolWriter:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        """Flush what is queued and close the file, also after an error (the records written stay, for
-        ``--resume``); then a failure of its own (a full disk, again) is not raised in that error's place."""
+        """Flush and close, also after an error (whose place a failure of its own does not take)."""
         try:
             self.flush()
             self.stream.close()
@@ -265,13 +223,12 @@ class SpoolWriter:
 
 
 def open_spool(path: Path, *, append: bool) -> SpoolWriter:
-    """A writer appending to the spool ``path``, or to a new one (refused if it exists); use it as a
-    context manager."""
+    """A writer appending to the spool ``path``, or creating it (refused if it exists)."""
     return SpoolWriter(open(path, "a" if append else "x", encoding="utf-8", newline=""))
 
 
 def write_spool(path: str | os.PathLike[str], records: Iterable[Record]) -> int:
-    """Write a whole spool from ``records`` atomically (``path`` appears complete, or not at all); returns the count."""
+    """Write a whole spool from ``records`` atomically; returns the count."""
     count = 0
     with atomic_output(path) as f:
         for chunk in batched(records, 1024):
