@@ -64,10 +64,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
             continue
+        if "built_site" in info.names_closure:  # the documentation site, built once (built_site)
+            item.add_marker(pytest.mark.xdist_group("docs_site"))
+            continue
         shared = any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values()
                      for d in defs)
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built once per session as CI builds it: ``mkdocs build --strict``
+    with the real benchmark results (a test's CONVNETS_RESULTS_DIR removed). The tests using it
+    run on one pytest-xdist worker (pytest_collection_modifyitems), which builds it once."""
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "matplotlib"):
+        require_module(module, extra="docs")
+    site = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env.pop("CONVNETS_RESULTS_DIR", None)  # docs/hooks.py's RESULTS_DIR_ENV
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-5000:]
+    return site
 
 
 @pytest.fixture(scope="session")
