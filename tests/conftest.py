@@ -54,27 +54,6 @@ def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml's addopts), the tests that share a
-    module- or class-scoped fixture (a trained model, a running server, a converted engine) run on
-    one worker, one after the other, so that the fixture is built once rather than once per worker.
-    Other tests go to whichever worker is free, the ``slow`` ones first: one of them left for last
-    would keep a worker busy after the other has finished."""
-    alone = []
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        shared = info is not None and any(d.scope in ("module", "class", "package")
-                                          for defs in info.name2fixturedefs.values() for d in defs)
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-        else:
-            alone.append(item)
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # (every worker sorts its collection alike)
-        slow = {id(item) for item in alone if item.get_closest_marker("slow")}
-        items.sort(key=lambda item: id(item) not in slow)  # stable: the order is kept otherwise
-
-
 @pytest.fixture(scope="session")
 def shared_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One engine cache for the session: what --engine auto (every command's default) converts for a
