@@ -75,7 +75,7 @@ setup(
                  "matplotlib>=3.7"],
         "test": [
             "pytest>=8",
-            "pytest-xdist>=3.6",  # pyproject.toml's addopts runs the tests on parallel workers (-n, --dist loadgroup)
+            "pytest-xdist>=3.6",  # pyproject.toml's addopts runs the tests on parallel workers (-n, --dist loadscope)
             "mypy>=1.11",  # tests/test_typing.py type-checks the package as pyproject.toml configures
             "timm>=1.0",
             "scikit-image>=0.22",

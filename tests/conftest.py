@@ -54,20 +54,30 @@ def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml's addopts), the tests that share a
-    module- or class-scoped fixture (a trained model, a running server, a converted engine) run on
-    one worker, one after the other, so that the fixture is built once rather than once per worker.
-    Other tests go to whichever worker is free."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        shared = any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values()
-                     for d in defs)
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built once per run as CI builds it: ``mkdocs build --strict`` with the
+    real benchmark results (a test's CONVNETS_RESULTS_DIR removed). Under pytest-xdist the first
+    worker to need it builds it, under a lock, into the run's common temporary directory; the others
+    read that copy."""
+    from convnets.fileio import exclusive_lock
+
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "matplotlib"):
+        require_module(module, extra="docs")
+    common = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        common = common.parent  # the workers' base temporary directories are its children
+    site = common / "docs_site"
+    with exclusive_lock(common / "docs_site.lock", timeout=900):
+        if not site.is_dir():
+            building = common / "docs_site.building"
+            env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+            env.pop("CONVNETS_RESULTS_DIR", None)  # docs/hooks.py's RESULTS_DIR_ENV
+            done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(building)],
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-5000:]
+            building.rename(site)  # only a complete, strict build is shared
+    return site
 
 
 @pytest.fixture(scope="session")

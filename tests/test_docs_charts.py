@@ -18,11 +18,9 @@ import hashlib
 import html
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
@@ -123,17 +121,9 @@ def test_a_missing_results_file_has_no_chart(tmp_path: Path, monkeypatch: pytest
 # --- the built site ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "matplotlib"):
-        require_module(module, extra="docs")
-    site = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    env.pop(hooks.RESULTS_DIR_ENV, None)  # the real results, as CI and a reader see them
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-5000:]
-    return site
+@pytest.fixture
+def site(built_site: Path) -> Path:
+    return built_site
 
 
 @pytest.mark.slow

@@ -8,16 +8,12 @@ from __future__ import annotations
 import hashlib
 import html
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import REPO
 from PIL import Image
-from strict_skips import require_module
 from test_architecture import import_graph
 from test_docs_build import hooks
 
@@ -29,15 +25,9 @@ pictures = hooks._import("docs.pictures")  # as the site build imports it
 RECORD = json.loads((REPO / "docs" / "pictures" / "provenance.json").read_text(encoding="utf-8"))
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
-        require_module(module, extra="docs")
-    site = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=REPO,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-5000:]
-    return site
+@pytest.fixture
+def site(built_site: Path) -> Path:
+    return built_site
 
 
 def _sha256(path: Path) -> str:

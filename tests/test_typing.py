@@ -22,13 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 
-#: The two mypy runs share mypy's cache (.mypy_cache): on one pytest-xdist worker, one after the other,
-#: the second reuses what the first wrote (PyTorch's stubs are most of the work) instead of racing it.
-one_mypy_at_a_time = pytest.mark.xdist_group("mypy")
-
-
 @pytest.mark.slow
-@one_mypy_at_a_time
 def test_mypy_is_clean() -> None:
     require_module("mypy")  # under CI (CI=true) a missing mypy is a failure, not a skip
     result = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True,
@@ -53,7 +47,6 @@ def test_every_registered_model_has_one_explicit_builder() -> None:
 
 
 @pytest.mark.slow
-@one_mypy_at_a_time
 def test_type_checkers_see_what_the_builders_return(tmp_path: Path) -> None:
     """A classifier by default, the backbone with ``features_only=True``: through the builders, the
     hub entry points and get_model (registry.Builder's overloads)."""
