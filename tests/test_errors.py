@@ -258,6 +258,14 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         2, "a download's deadline passed: both callers (preprocessing.io, weights.download) catch it and "
            "raise ImageDownloadError / WeightsUnavailableError naming the URL and the limit"),
     ("hubconf.py", "RuntimeError"): (1, "two registered models claim one hub name: a developer's mistake"),
+    ("convnets/inference/outputs/base.py", "NotImplementedError"): (
+        2, "OutputFormat's methods that a plug-in must define (write) or may (read, for the kinds it lists as "
+           "readable; Output only reads those): a developer's mistake"),
+    ("convnets/inference/outputs/csv.py", "ValueError"): (
+        1, "a row that does not continue its record: caught a few lines below and re-raised as "
+           "InvalidArgumentError naming the file and line"),
+    ("convnets/deploy/engines/base.py", "ValueError"): (
+        1, "an engine setting's argparse type: argparse turns it into the option's usage error (exit 2)"),
     ("convnets/deploy/triton_python.py", "ValueError"): (
         1, "the model.py that export copies into Python-backend repositories imports nothing from convnets; "
            "a config naming no known runtime fails the model's load, which Triton reports"),

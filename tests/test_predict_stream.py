@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import random
 import subprocess
 import sys
@@ -340,12 +341,13 @@ def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> Non
 def test_library_errors_are_convnets_errors_with_builtin_bases(monkeypatch: pytest.MonkeyPatch,
                                                               tmp_path: Path) -> None:
     from convnets.errors import InvalidArgumentError, MissingDependencyError
+    from convnets.extras import install_hint
 
     with pytest.raises(InvalidArgumentError, match="output='a.txt': unknown format") as caught:
         Output.of("a.txt", "predictions")
     assert isinstance(caught.value, ValueError) and "--output a.txt" in caught.value.message_for("cli")
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow` fail
-    with pytest.raises(MissingDependencyError, match=r"pip install 'convnets-hub\[parquet\]'") as missing:
+    with pytest.raises(MissingDependencyError, match=re.escape(install_hint("parquet"))) as missing:
         Output.of(tmp_path / "x.parquet", "predictions")
     assert isinstance(missing.value, ImportError)
 
