@@ -2,8 +2,8 @@
 
 A run appends to a resumable spool (:mod:`~convnets.inference.outputs.spool`); FILE is written from it
 at the end, atomically, so a killed run leaves the spool, never a half FILE. Formats are plug-ins: a
-module with an :class:`~convnets.inference.outputs.base.OutputFormat` ``FORMAT``, named in
-:data:`_BUILTIN` or added with :func:`register_format`.
+module of this package with an :class:`~convnets.inference.outputs.base.OutputFormat` ``FORMAT``
+(found by :func:`output_formats`: a new format is one file), or one added with :func:`register_format`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -28,8 +29,8 @@ log = logging.getLogger(__name__)
 
 #: What a file holds, and what a message calls its format.
 KINDS = {"predictions": "format", "embeddings": "embedding format"}
-#: Built-in formats: module names in this package, in the order help texts list them.
-_BUILTIN: tuple[str, ...] = ("jsonl", "csv", "npy", "parquet")
+#: The modules of this package that are not formats; every other one defines ``FORMAT``.
+_NOT_FORMATS = frozenset({"base", "spool"})
 _REGISTRY: dict[str, OutputFormat] = {}
 
 
@@ -44,8 +45,8 @@ def register_format(fmt: OutputFormat) -> OutputFormat:
 
 
 def output_formats(kind: str | None = None) -> tuple[OutputFormat, ...]:
-    """The registered formats (that hold ``kind``), built-in ones first."""
-    for name in _BUILTIN:
+    """The registered formats (that hold ``kind``): this package's, by module name, then any others."""
+    for name in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_FORMATS):
         if name not in _REGISTRY:
             register_format(importlib.import_module(f"{__name__}.{name}").FORMAT)
     return tuple(f for f in _REGISTRY.values() if kind is None or kind in f.holds)
