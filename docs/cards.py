@@ -21,9 +21,10 @@ MARKER = "<!-- model-cards -->"
 
 
 @functools.cache
-def complexity(name: str, size: int = 224) -> tuple[int, float]:
-    """``(parameters, GFLOPs)`` of model ``name`` at ``size`` x ``size``, one multiply-add counted
-    once, as torchvision's model pages count them (``torch.utils.flop_counter`` counts two)."""
+def complexity(name: str, size: int = 224) -> tuple[int, float, int]:
+    """``(parameters, GFLOPs, state-dict bytes)`` of model ``name`` at ``size`` x ``size``, one
+    multiply-add counted once, as torchvision's model pages count them (``torch.utils.flop_counter``
+    counts two); the bytes are its parameters' and buffers' as float32."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -34,7 +35,8 @@ def complexity(name: str, size: int = 224) -> tuple[int, float]:
     model = model.to("meta")  # buffers made outside the device context too
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(torch.empty(1, 3, size, size, device="meta"))
-    return sum(p.numel() for p in model.parameters()), counter.get_total_flops() / 2 / 1e9
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return sum(p.numel() for p in model.parameters()), counter.get_total_flops() / 2 / 1e9, weights
 
 
 def _slug(title: str) -> str:
@@ -91,7 +93,7 @@ def card(name: str, root: Path, results: Path, names: list[str], table: Callable
     from convnets.weights.manifest import load_manifest
 
     entry = load_manifest()[name]
-    params, gflops = complexity(name)
+    params, gflops, weights = complexity(name)
     if params != entry.num_params:
         raise ValueError(f"weights_manifest.json says {name} has {entry.num_params} parameters; the model has "
                          f"{params}")
@@ -99,7 +101,8 @@ def card(name: str, root: Path, results: Path, names: list[str], table: Callable
     accuracy = (f"top-1 {entry.top1:.2f} % ({entry.top1_note}); top-5 not published"
                 if entry.top1 is not None else f"not published ({entry.top1_note})")
     size = (f"{entry.size_bytes / 2**20:.1f} MiB" if entry.size_bytes is not None
-            else f"not recorded (NGC publishes none; `{entry.file_name}`)")
+            else f"not recorded (NGC publishes none; `{entry.file_name}`); its weights as float32 are "
+                 f"{weights / 2**20:.1f} MiB (parameters and buffers, computed)")
     transform = (f"`Resize({preset.resize_size}, {preset.interpolation}, antialias=True)`, "
                  f"`CenterCrop({preset.crop_size})`, `ToTensor()`, "
                  f"`Normalize(mean={list(preset.mean)}, std={list(preset.std)})`")
