@@ -27,7 +27,9 @@ from convnets.weights.safetensors_io import save_safetensors
 
 pytestmark = pytest.mark.usefixtures("offline_hub")
 
-#: Loads the folder with timm in a fresh interpreter that cannot reach any network, runs the batch.
+#: Loads the folder with timm in a fresh interpreter that cannot reach any network, runs the batch;
+#: also through our model, loaded in that same interpreter, so that both run with the same threads and
+#: kernels (the test's worker process may differ: oneDNN's results depend on them, not on the model).
 TIMM_LOAD = r"""
 import json, os, socket, sys
 import torch
@@ -38,15 +40,18 @@ def refuse(*args, **kwargs):
 socket.socket.connect = refuse
 import timm
 
-folder, arch, batch_file, out_file = sys.argv[1:]
+folder, arch, batch_file, out_file, ours_file = sys.argv[1:]
 x = torch.load(batch_file)
+import convnets
+ours = convnets.load_model(ours_file).eval()
 with open(os.path.join(folder, "config.json")) as f:
     num_classes = json.load(f)["num_classes"]  # the overlay names the weights file only
 overlay = timm.create_model(arch, pretrained=True, num_classes=num_classes,
                             pretrained_cfg_overlay=dict(file=os.path.join(folder, "model.safetensors"))).eval()
 local = timm.create_model("local-dir:" + folder, pretrained=True).eval()
 with torch.no_grad():
-    torch.save({"overlay": overlay(x), "local_dir": local(x), "cfg": dict(local.pretrained_cfg)}, out_file)
+    torch.save({"overlay": overlay(x), "local_dir": local(x), "cfg": dict(local.pretrained_cfg), "ours": ours(x)},
+               out_file)
 """
 
 
@@ -57,14 +62,21 @@ def offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-def _timm_logits(folder: Path, arch: str, x: torch.Tensor, tmp_path: Path) -> dict:
+def _timm_logits(folder: Path, arch: str, x: torch.Tensor, tmp_path: Path, model: torch.nn.Module) -> dict:
+    """timm's logits for ``x`` from the exported ``folder``, and ``model``'s in the same interpreter
+    (``"ours"``, checked here against ``model`` run in this process)."""
     batch, out = tmp_path / "batch.pt", tmp_path / "timm_out.pt"
     torch.save(x, batch)
-    done = subprocess.run([sys.executable, "-c", TIMM_LOAD, str(folder), arch, str(batch), str(out)],
+    ours = save_safetensors(model, tmp_path / "ours.safetensors", image_size=x.shape[-1])
+    done = subprocess.run([sys.executable, "-c", TIMM_LOAD, str(folder), arch, str(batch), str(out), str(ours)],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(out, weights_only=False)
+    logits = torch.load(out, weights_only=False)
+    with torch.no_grad():  # the same model: float32 rounding apart (another process's kernels)
+        here = model.eval()(x)
+    torch.testing.assert_close(logits["ours"], here, rtol=1e-4, atol=1e-5 * here.abs().max().item())
+    return logits
 
 
 @pytest.mark.slow
@@ -78,11 +90,9 @@ def test_timm_builds_the_same_classifier_from_the_export(name: str, tmp_path: Pa
     assert result.verification.passed and result.files == (folder / "model.safetensors", folder / "config.json")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     x = torch.randn(2, 3, 64, 64)
-    with torch.no_grad():
-        ours = model(x)
-    theirs = _timm_logits(folder, name, x, tmp_path)
-    torch.testing.assert_close(theirs["overlay"], ours)
-    torch.testing.assert_close(theirs["local_dir"], ours)
+    theirs = _timm_logits(folder, name, x, tmp_path, model)
+    torch.testing.assert_close(theirs["overlay"], theirs["ours"])  # identical, in one interpreter
+    torch.testing.assert_close(theirs["local_dir"], theirs["ours"])
     cfg = theirs["cfg"]
     assert (cfg["architecture"], cfg["num_classes"], cfg["label_names"][0]) == (name, 1000, "n01440764")
 
@@ -119,9 +129,8 @@ def test_a_fine_tuned_head_keeps_its_class_names(tmp_path: Path, capsys: pytest.
         3, ["cat", "dog", "rocket"], [3, 64, 64])
     assert "label_descriptions" not in config
     x = torch.randn(1, 3, 64, 64)
-    theirs = _timm_logits(out, "resnet50", x, tmp_path)
-    with torch.no_grad():
-        torch.testing.assert_close(theirs["local_dir"], model.eval()(x))
+    theirs = _timm_logits(out, "resnet50", x, tmp_path, model)
+    torch.testing.assert_close(theirs["local_dir"], theirs["ours"])
     assert theirs["cfg"]["label_names"] == ["cat", "dog", "rocket"]
 
 
