@@ -242,12 +242,17 @@ def command_lines(stderr: str) -> list[str]:
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 300) -> "subprocess.CompletedProcess[str]":
-    """Run ``python -m convnets ARGS`` in a real subprocess and return the completed process."""
-    import subprocess
+    """Run ``python -m convnets ARGS`` in a real process and return the completed process.
+
+    The process is forked from an interpreter that has imported torch and torchvision and nothing
+    else (tests/forked_cli.py): the run, its exit and its exit status are its own, without the
+    4.5 CPU-seconds of those imports per call. Tests of what start-up imports use
+    :func:`run_cli_imports` (a fresh interpreter).
+    """
+    import forked_cli
 
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "convnets", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd or REPO, timeout=timeout)
+    return forked_cli.run(list(args), env=full_env, cwd=cwd or REPO, timeout=timeout)
 
 
 def cli_in_process(*args: str, env: dict[str, str] | None = None,
@@ -350,9 +355,10 @@ def kill_midway(command: list[str], watched: Path, lines: list[str], *, after_by
     The open stdin means the process cannot finish before the kill, however fast it runs, so every
     kill lands mid-run (pass ``--workers 1``: the read-ahead of more decoding processes waits on stdin).
     """
-    proc = subprocess.Popen([sys.executable, "-m", "convnets", *command, "--from-file", "-"],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    import forked_cli
+
+    proc = forked_cli.CliProcess([*command, "--from-file", "-"], stdin=subprocess.PIPE, cwd=REPO,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         assert proc.stdin is not None
         proc.stdin.write("".join(f"{line}\n" for line in lines).encode())

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 
@@ -24,8 +24,7 @@ ONE_BLOCK = json.dumps(dict(layers=[1], widths=[16], cardinality=4, stem_width=1
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "convnets", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return forked_cli.run(list(args), cwd=cwd, env=env, timeout=300)  # a real process (tests/forked_cli.py)
 
 
 @pytest.mark.slow

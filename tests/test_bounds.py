@@ -14,13 +14,13 @@ import errno
 import io
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from conftest import REPO
@@ -143,15 +143,10 @@ def test_get_model_refuses_a_recorded_image_size_too(hostile_files: dict[str, Pa
     assert str(path) in str(info.value)
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-
 def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("CONVNETS_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "convnets", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=120, preexec_fn=_limit_memory)
+    return forked_cli.run(list(args), env=env, cwd=cwd, timeout=120, limit_as=MEMORY_LIMIT)
 
 
 def _one_error_line(result: subprocess.CompletedProcess[str], status: int = 1) -> str:

@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import forked_cli
 import pytest
 import torch
 from conftest import REPO, TINY
@@ -349,8 +350,7 @@ def test_embed_two_ranks_write_the_single_process_file(setup: dict, tmp_path: Pa
     single, sharded = tmp_path / "single", tmp_path / "sharded"
     single.mkdir()
     sharded.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "convnets", *args, "--output", str(single / "vecs.npy")],
-                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run([*args, "--output", str(single / "vecs.npy")], cwd=REPO, env=_env(), timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]  # the 4 unreadable inputs
     proc = torchrun(*args, "--output", str(sharded / "vecs.npy"))
     assert proc.returncode == 1, proc.stderr[-3000:]

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import forked_cli
 import pytest
 import torch
 from conftest import REPO, kill_midway, run_cli
@@ -163,9 +164,8 @@ def test_from_file_list_with_comments_and_stdin(reference: dict, images: Path) -
     names = [r["input"] for r in reference["jsonl"]]
     deep = images / "part0" / "deep"
     listing = f"# a comment\n\n{names[3]}\n  {names[4]}  \n{deep}\n"
-    proc = subprocess.run([sys.executable, "-m", "convnets", "predict", *MODEL, "--jsonl", *names[:3],
-                           "--from-file", "-"], input=listing, capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = forked_cli.run(["predict", *MODEL, "--jsonl", *names[:3], "--from-file", "-"], input=listing.encode(),
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     by_name = {r["input"]: r for r in reference["jsonl"]}
     expected = [by_name[n] for n in names[:5]] + [r for r in reference["jsonl"] if Path(r["input"]).parent == deep]

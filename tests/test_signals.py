@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, command_lines, run_cli
+from forked_cli import CliProcess
 from PIL import Image
 
 import convnets
@@ -74,6 +75,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _signal_set(pid: int, field: str) -> set[int]:
+    """The signals of ``pid``'s main thread in ``field`` of /proc/PID/status (SigIgn: ignored, SigBlk: blocked)."""
+    with open(f"/proc/{pid}/task/{pid}/status") as status:
+        mask = int(next(line for line in status if line.startswith(field + ":")).split()[1], 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (a zombie is dead, waiting to be reaped)."""
     try:
@@ -93,9 +101,8 @@ def _stop_mid_run(command: list[str], progress: Path, signum: int, *, group: boo
     Returns:
         The exit status, stderr, and the pids of the children the run had when it was signalled.
     """
-    proc = subprocess.Popen([sys.executable, "-m", "convnets", *command], cwd=REPO, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stdin=subprocess.PIPE if stdin is not None else None)
+    proc = CliProcess(command, cwd=REPO, start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                      stderr=subprocess.PIPE, stdin=subprocess.PIPE if stdin is not None else None)
     try:
         if stdin is not None:
             assert proc.stdin is not None
@@ -108,6 +115,11 @@ def _stop_mid_run(command: list[str], progress: Path, signum: int, *, group: boo
             time.sleep(0.02)
         children = _children(proc.pid)
         assert proc.poll() is None, "the run ended before it was signalled"
+        # A run started with the signal ignored or blocked (inherited from the process that started it)
+        # could not stop on it: that would be this test's environment, not the run.
+        assert signum not in _signal_set(proc.pid, "SigIgn") | _signal_set(proc.pid, "SigBlk"), (
+            signum, _signal_set(proc.pid, "SigIgn"), _signal_set(proc.pid, "SigBlk"),
+            _signal_set(os.getpid(), "SigIgn"), _signal_set(os.getpid(), "SigBlk"))
         os.killpg(proc.pid, signum) if group else os.kill(proc.pid, signum)
         _, stderr = proc.communicate(timeout=60)
     finally:

@@ -75,8 +75,9 @@ def train_cmd(*args: str) -> list[str]:
 
 def run_train(*args: str, timeout: float = 300, threads: int = 1) -> subprocess.CompletedProcess[str]:
     """Run ``python -m convnets.train ARGS`` to completion and capture its output."""
-    return subprocess.run(train_cmd(*args), cwd=REPO, env=cli_env(threads), capture_output=True, text=True,
-                          timeout=timeout)
+    import forked_cli  # a real process, forked from an interpreter that has imported torch (tests/forked_cli.py)
+
+    return forked_cli.run(list(args), env=cli_env(threads), cwd=REPO, timeout=timeout, module="convnets.train")
 
 
 def read_metrics(output: Path) -> list[dict[str, Any]]:
