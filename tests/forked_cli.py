@@ -9,7 +9,7 @@ shutdown (atexit handlers, stream flushes). Its exit status comes back through t
 
 What differs from a fresh interpreter is only what the zygote did before the fork: imported
 torch and torchvision (nothing run), under the environment variables that are read at start-up or
-import (``PYTHON*``, thread counts, ``TORCH*``...): runs whose values differ get their own zygote.
+import (``PYTHON*``, thread counts, ``PYTORCH_*``...): runs whose values differ get their own zygote.
 Tests of what start-up imports, of the console script, of an installed wheel and of torchrun keep
 fresh interpreters (``conftest.run_cli_imports``, ``subprocess``).
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import locale
+import os
 import re
 import select
 import signal
