@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/reference.py
 
 # Importing the hooks registers them: under CI, skips for missing test dependencies fail.
 from strict_skips import pytest_make_collect_report, pytest_runtest_makereport, require_module  # noqa: E402, F401
+import forked_cli  # noqa: E402
 
 from convnets.models.specs import MODEL_SPECS, ArchSpec  # noqa: E402
 
@@ -54,6 +56,13 @@ def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def run_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's temporary directory, common to its pytest-xdist workers (their base temporary
+    directories are its children); without workers, the session's base temporary directory."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The documentation site, built once per run as CI builds it: ``mkdocs build --strict`` with the
@@ -64,9 +73,7 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "matplotlib"):
         require_module(module, extra="docs")
-    common = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        common = common.parent  # the workers' base temporary directories are its children
+    common = run_temp_dir(tmp_path_factory)
     site = common / "docs_site"
     with exclusive_lock(common / "docs_site.lock", timeout=900):
         if not site.is_dir():
@@ -88,12 +95,9 @@ def shared_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     Under pytest-xdist the workers share it too (it is made for concurrent runs: they lock its
     entries), so a model that one worker converted is not converted again by the other."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # The workers' base temporary directories are siblings under one directory of this run.
-        shared = tmp_path_factory.getbasetemp().parent / "engine_cache"
-        shared.mkdir(exist_ok=True)
-        return shared
-    return tmp_path_factory.mktemp("engine_cache")
+    shared = run_temp_dir(tmp_path_factory) / "engine_cache"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 @pytest.fixture(autouse=True)
@@ -249,10 +253,18 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     4.5 CPU-seconds of those imports per call. Tests of what start-up imports use
     :func:`run_cli_imports` (a fresh interpreter).
     """
-    import forked_cli
+    return forked_cli.run(list(args), env=_cli_env(env), cwd=cwd or REPO, timeout=timeout)
 
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return forked_cli.run(list(args), env=full_env, cwd=cwd or REPO, timeout=timeout)
+
+def start_cli(*args: str, env: dict[str, str] | None = None, **popen: Any) -> forked_cli.CliProcess:
+    """Start ``python -m convnets ARGS`` as :func:`run_cli` runs it, and return it at once: a
+    :class:`forked_cli.CliProcess` (``popen``: its ``stdin``, ``stderr``, ``start_new_session``...)."""
+    return forked_cli.CliProcess(list(args), env=_cli_env(env), cwd=REPO, **popen)
+
+
+def _cli_env(env: dict[str, str] | None) -> dict[str, str]:
+    """A command-line run's environment: this one, this checkout importable, ``env`` over it."""
+    return {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
 
 
 def cli_in_process(*args: str, env: dict[str, str] | None = None,
@@ -355,10 +367,7 @@ def kill_midway(command: list[str], watched: Path, lines: list[str], *, after_by
     The open stdin means the process cannot finish before the kill, however fast it runs, so every
     kill lands mid-run (pass ``--workers 1``: the read-ahead of more decoding processes waits on stdin).
     """
-    import forked_cli
-
-    proc = forked_cli.CliProcess([*command, "--from-file", "-"], stdin=subprocess.PIPE, cwd=REPO,
-                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = start_cli(*command, "--from-file", "-", stdin=subprocess.PIPE)
     try:
         assert proc.stdin is not None
         proc.stdin.write("".join(f"{line}\n" for line in lines).encode())

@@ -22,6 +22,7 @@ import locale
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -128,9 +129,7 @@ class _Zygote:
         self.process.kill()
         self.process.wait()
         os.close(self._alive)
-        for name in os.listdir(self.dir):
-            os.unlink(os.path.join(self.dir, name))
-        os.rmdir(self.dir)
+        shutil.rmtree(self.dir)
 
 
 _zygotes: dict[tuple[tuple[str, str], ...], _Zygote] = {}
@@ -265,7 +264,7 @@ class CliProcess:
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return read.get("out") if self.stdout is not None else None, read.get("err") if self.stderr is not None else None
+        return read.get("out"), read.get("err")  # None for a stream that is not a pipe
 
 
 def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike[str], timeout: float,

@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, command_lines, heavy_imports, run_cli, run_cli_imports
-from forked_cli import CliProcess
+from conftest import REPO, command_lines, heavy_imports, run_cli, run_cli_imports, start_cli
 from PIL import Image
 
 import convnets
@@ -88,8 +87,7 @@ def _csv_inputs(path: Path) -> list[str]:
 def _kill_after_first_batch(command: list[str], watched: Path, lines: list[str], least: int) -> None:
     """Run ``python -m convnets COMMAND --from-file -`` with ``lines`` on a stdin left open, SIGKILL it
     once ``watched`` holds ``least`` bytes (or it died)."""
-    proc = CliProcess([*command, "--from-file", "-"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-                      env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = start_cli(*command, "--from-file", "-", stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin is not None
     proc.stdin.write(b"".join(os.fsencode(n) + b"\n" for n in lines))
     proc.stdin.flush()
@@ -206,8 +204,8 @@ def test_two_predict_runs_on_one_output_the_second_fails_at_once(weights: list[s
     _write_list(listing, names)
     out = tmp_path / "r.jsonl"
     lock = tmp_path / "r.jsonl.lock"
-    first = CliProcess(["predict", *weights, *COMMON, "--output", str(out), "--resume", "--from-file", "-"],
-                       stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    first = start_cli("predict", *weights, *COMMON, "--output", str(out), "--resume", "--from-file", "-",
+                      stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert first.stdin is not None
         first.stdin.write(b"".join(os.fsencode(n) + b"\n" for n in names[:100]))

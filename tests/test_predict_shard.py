@@ -17,8 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import forked_cli
+import numpy as np
 import pytest
 import torch
 from conftest import REPO, TINY

@@ -9,8 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,8 +18,8 @@ from contextlib import ExitStack
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import forked_cli
+import numpy as np
 import pytest
 import torch
 from conftest import REPO, kill_midway, run_cli

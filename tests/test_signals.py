@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, command_lines, run_cli
-from forked_cli import CliProcess
+from conftest import REPO, command_lines, run_cli, start_cli
 from PIL import Image
 
 import convnets
@@ -101,8 +100,8 @@ def _stop_mid_run(command: list[str], progress: Path, signum: int, *, group: boo
     Returns:
         The exit status, stderr, and the pids of the children the run had when it was signalled.
     """
-    proc = CliProcess(command, cwd=REPO, start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-                      stderr=subprocess.PIPE, stdin=subprocess.PIPE if stdin is not None else None)
+    proc = start_cli(*command, start_new_session=True, stderr=subprocess.PIPE,
+                     stdin=subprocess.PIPE if stdin is not None else None)
     try:
         if stdin is not None:
             assert proc.stdin is not None
@@ -117,9 +116,9 @@ def _stop_mid_run(command: list[str], progress: Path, signum: int, *, group: boo
         assert proc.poll() is None, "the run ended before it was signalled"
         # A run started with the signal ignored or blocked (inherited from the process that started it)
         # could not stop on it: that would be this test's environment, not the run.
-        assert signum not in _signal_set(proc.pid, "SigIgn") | _signal_set(proc.pid, "SigBlk"), (
-            signum, _signal_set(proc.pid, "SigIgn"), _signal_set(proc.pid, "SigBlk"),
-            _signal_set(os.getpid(), "SigIgn"), _signal_set(os.getpid(), "SigBlk"))
+        ignored, blocked = _signal_set(proc.pid, "SigIgn"), _signal_set(proc.pid, "SigBlk")
+        assert signum not in ignored | blocked, (signum, ignored, blocked, "this process's:",
+                                                 _signal_set(os.getpid(), "SigIgn"), _signal_set(os.getpid(), "SigBlk"))
         os.killpg(proc.pid, signum) if group else os.kill(proc.pid, signum)
         _, stderr = proc.communicate(timeout=60)
     finally:
