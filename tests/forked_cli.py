@@ -10,8 +10,14 @@ shutdown (atexit handlers, stream flushes). Its exit status comes back through t
 What differs from a fresh interpreter is only what the zygote did before the fork: imported
 torch and torchvision (nothing run), under the environment variables that are read at start-up or
 import (``PYTHON*``, thread counts, ``PYTORCH_*``...): runs whose values differ get their own zygote.
-Tests of what start-up imports, of the console script, of an installed wheel and of torchrun keep
-fresh interpreters (``conftest.run_cli_imports``, ``subprocess``).
+Tests of what start-up imports, of the console script and of an installed wheel keep fresh
+interpreters (``conftest.run_cli_imports``, ``subprocess``).
+
+:func:`torchrun` runs the real launcher (``python -m torch.distributed.run``) the same way, and it
+starts each rank through ``PYTHON_EXEC`` (torchrun's own setting for the interpreter of its
+ranks): a small stdlib-only program (:func:`python_exec_main`) that has the rank forked from the
+same zygote with the environment, streams and arguments torchrun gave it, passes on the signals
+torchrun sends, and exits as the rank did.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ import time
 from typing import IO, Any
 
 #: Environment variables read when an interpreter starts or when torch / torchvision / OpenMP load
-#: (not TORCH_HOME and the like, which torch reads when it needs them).
-STARTUP_ENV = re.compile(r"^(PYTHON|OMP_|GOMP_|KMP_|MKL_|OPENBLAS_|PYTORCH_|CUDA_VISIBLE_DEVICES|LD_|MALLOC_|LC_|LANG)")
+#: (not TORCH_HOME and the like, which torch reads when it needs them; nor PYTHON_EXEC, which only
+#: torchrun reads).
+STARTUP_ENV = re.compile(r"^(PYTHON(?!_EXEC$)|OMP_|GOMP_|KMP_|MKL_|OPENBLAS_|PYTORCH_|CUDA_VISIBLE_DEVICES|LD_|MALLOC_|LC_|LANG)")
 #: Zygotes kept per test worker.
 MAX_ZYGOTES = 3
 
@@ -88,7 +95,8 @@ def serve():
 
 
 request, fds = serve()
-# The child: the run's process from here on, set up as `python -m convnets ARGS` would be.
+# The child: the run's process from here on, set up as `python -m MODULE ARGS` (or `python -c CODE
+# ARGS`) would be.
 if request["new_session"]:
     os.setsid()
 for target, fd in enumerate(fds):
@@ -97,24 +105,49 @@ for target, fd in enumerate(fds):
 os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
-sys.path[0] = os.getcwd()  # -m puts the working directory first
+sys.path[0] = os.getcwd() if request["code"] is None else ""  # -m puts the working directory first, -c ""
 sys.argv = request["argv"]
 if request["limit_as"] is not None:  # as a preexec_fn's setrlimit would, before the run
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (request["limit_as"], request["limit_as"]))
-import runpy
-module = request["module"]
+import runpy, types
+module, code = request["module"], request["code"]
 del json, select, socket, listener, waiting, serve, request, fds, worker, exited_r, exited_w
-runpy.run_module(module, run_name="__main__", alter_sys=True)
+if code is None:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+else:
+    sys.modules["__main__"] = main = types.ModuleType("__main__")
+    exec(compile(code, "<string>", "exec"), main.__dict__)
+"""
+
+
+def _key(env: dict[str, str]) -> list[tuple[str, str]]:
+    """What of ``env`` a zygote was started with: runs whose keys differ need different zygotes."""
+    return sorted((k, v) for k, v in env.items() if STARTUP_ENV.match(k))
+
+
+#: torchrun's PYTHON_EXEC in a zygote's folder: this interpreter without site (nothing to import but
+#: the standard library), running :func:`python_exec_main`.
+PYTHON_EXEC = """#!{executable} -S
+import sys
+sys.path.insert(0, {tests!r})
+import forked_cli
+sys.exit(forked_cli.python_exec_main(sys.argv[1:]))
 """
 
 
 class _Zygote:
-    """A started zygote: its process and the socket path runs are requested on."""
+    """A started zygote: its process, the socket path runs are requested on, and its key."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.dir = tempfile.mkdtemp(prefix="convnets-zygote-")
         self.path = os.path.join(self.dir, "socket")
+        with open(os.path.join(self.dir, "key.json"), "w", encoding="utf-8") as f:
+            json.dump(_key(env), f)
+        self.python_exec = os.path.join(self.dir, "python")
+        with open(self.python_exec, "w", encoding="utf-8") as f:
+            f.write(PYTHON_EXEC.format(executable=sys.executable, tests=os.path.dirname(os.path.abspath(__file__))))
+        os.chmod(self.python_exec, 0o755)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
         listener.listen(64)
@@ -137,7 +170,7 @@ _lock = threading.Lock()
 
 
 def _zygote_for(env: dict[str, str]) -> _Zygote:
-    key = tuple(sorted((k, v) for k, v in env.items() if STARTUP_ENV.match(k)))
+    key = tuple(_key(env))
     with _lock:
         if key in _zygotes and _zygotes[key].process.poll() is not None:
             _zygotes.pop(key).stop()
@@ -174,20 +207,24 @@ class CliProcess:
     ``stdin`` / ``stdout`` / ``stderr``: ``subprocess.PIPE``, ``subprocess.DEVNULL`` or ``None`` (both
     mean /dev/null: a test worker's own streams are not a terminal), or an open file. ``env`` (default:
     this process's) and ``cwd`` are the run's; ``start_new_session`` as for Popen; ``limit_as``: an
-    address-space limit (RLIMIT_AS, bytes) set before the run, as a ``preexec_fn`` would.
+    address-space limit (RLIMIT_AS, bytes) set before the run, as a ``preexec_fn`` would; ``code``:
+    run ``python -c CODE ARGS`` instead of ``-m MODULE``; ``zygote``: the socket of the zygote to
+    fork from (default: this process's for ``env``).
     """
 
     def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike[str],
                  stdin: Any = None, stdout: Any = None, stderr: Any = None, start_new_session: bool = False,
-                 module: str = "convnets", limit_as: int | None = None) -> None:
-        self.args = [sys.executable, "-m", module, *args]
+                 module: str = "convnets", code: str | None = None, limit_as: int | None = None,
+                 zygote: str | None = None) -> None:
+        self.args = [sys.executable, *(["-m", module] if code is None else ["-c", code]), *args]
         env = dict(os.environ if env is None else env)
         ends = [_pipe_end(stdin, True), _pipe_end(stdout, False), _pipe_end(stderr, False)]
         self.stdin, self.stdout, self.stderr = (ours for _, ours in ends)
-        request = {"argv": [module, *args], "env": env, "cwd": os.fspath(cwd), "new_session": start_new_session,
-                   "module": module, "limit_as": limit_as}  # runpy sets argv[0] to the module's file
+        request = {"argv": [module if code is None else "-c", *args], "env": env, "cwd": os.fspath(cwd),
+                   "new_session": start_new_session, "module": module, "code": code,
+                   "limit_as": limit_as}  # runpy sets argv[0] to the module's file
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._conn.connect(_zygote_for(env).path)
+        self._conn.connect(zygote or _zygote_for(env).path)
         try:
             socket.send_fds(self._conn, [json.dumps(request).encode()], [theirs for theirs, _ in ends])
         finally:
@@ -268,21 +305,63 @@ class CliProcess:
 
 
 def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike[str], timeout: float,
-        input: bytes | None = None, module: str = "convnets",
+        input: bytes | None = None, module: str = "convnets", code: str | None = None,
         limit_as: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run to the end, as ``subprocess.run(..., capture_output=True, text=True, timeout=...)``; on a
     timeout the run is killed and :class:`subprocess.TimeoutExpired` raised."""
     proc = CliProcess(args, env=env, cwd=cwd, stdin=subprocess.PIPE if input is not None else None,
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, module=module, limit_as=limit_as)
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, module=module, code=code,
+                      limit_as=limit_as)
     try:
         out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, _text(out), _text(err))  # type: ignore[arg-type]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, text(out), text(err))  # type: ignore[arg-type]
 
 
-def _text(data: bytes | None) -> str:
+def text(data: bytes | None) -> str:
     """Bytes read from a run as ``text=True`` gives them: the locale's encoding, universal newlines."""
     return (data or b"").decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def torchrun_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for ``python -m torch.distributed.run`` forked from a zygote (``module=`` of
+    :class:`CliProcess` and :func:`run`) whose ranks are forked from the same zygote."""
+    env = {**env, "PYTHONUNBUFFERED": "1"}  # what torchrun's `python -u` asks of each rank, set from the start
+    zygote = _zygote_for(env)
+    return {**env, "PYTHON_EXEC": zygote.python_exec, "FORKED_CLI_ZYGOTE": zygote.path}
+
+
+def torchrun(args: list[str], *, env: dict[str, str], cwd: str | os.PathLike[str],
+             timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.run ARGS`` (see :func:`torchrun_env`), as :func:`run` returns it."""
+    return run(args, env=torchrun_env(env), cwd=cwd, timeout=timeout, module="torch.distributed.run")
+
+
+def python_exec_main(argv: list[str]) -> int:
+    """torchrun's ``PYTHON_EXEC -u -m MODULE ARGS``: the rank forked from the zygote that
+    :func:`torchrun` named, with this process's environment (less the two variables
+    :func:`torchrun` added), working directory and streams. A signal that reaches this process
+    (torchrun stops its ranks with SIGTERM to their process group) goes on to the rank, and this
+    process ends as the rank did. Anything else, or an environment the zygote was not started
+    with, runs the interpreter itself."""
+    env = dict(os.environ)
+    zygote = env.pop("FORKED_CLI_ZYGOTE", None)
+    env.pop("PYTHON_EXEC", None)
+    started_with = None
+    if zygote is not None:
+        with open(os.path.join(os.path.dirname(zygote), "key.json"), encoding="utf-8") as f:
+            started_with = [tuple(item) for item in json.load(f)]
+    if argv[:2] != ["-u", "-m"] or len(argv) < 3 or started_with != _key(env):
+        os.execv(sys.executable, [sys.executable, *argv])
+    rank = CliProcess(argv[3:], env=env, cwd=os.getcwd(), stdin=0, stdout=1, stderr=2, module=argv[2],
+                      zygote=zygote)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda signum, _: rank.send_signal(signum))
+    status = rank.wait()
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    return status

@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from conftest import REPO, ngc_checkpoint
@@ -101,7 +100,6 @@ def test_the_python_blocks_of_every_page_run(full_se_checkpoint: tuple[Path, dic
            "TORCH_HOME": str(isolated_cache.parents[1]), "CONVNETS_DOCS_EXAMPLES": str(REPO / "examples"),
            "MPLBACKEND": "Agg"}
     blocks = [{"where": b.where, "code": b.code} for page in PAGES for b in RUNNABLE[page]]
-    done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(blocks), capture_output=True,
-                          text=True, cwd=tmp_path, env=env, timeout=900)
+    done = forked_cli.run([], code=RUNNER, input=json.dumps(blocks).encode(), cwd=tmp_path, env=env, timeout=900)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     assert [line[4:] for line in done.stdout.splitlines() if line.startswith("--- ")] == [b["where"] for b in blocks]

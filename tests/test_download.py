@@ -8,10 +8,10 @@ import hashlib
 import io
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn
@@ -157,9 +157,8 @@ fetch_weights(entry) if sys.argv[2] == "default" else fetch_weights(entry, progr
 def test_progress_bar_only_on_a_terminal_unless_forced(setting: str, tiny, isolated_cache: Path) -> None:
     """stderr is a pipe here (a log file, a CI job): the default draws no bar, "always" does."""
     entry, data, _ = tiny
-    result = subprocess.run([sys.executable, "-c", _FETCH_WITH_PROGRESS, entry.url, setting],
-                            capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = forked_cli.run([entry.url, setting], code=_FETCH_WITH_PROGRESS, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (isolated_cache / "tiny.pth.tar").read_bytes() == data
     bar = "tiny.pth.tar:" in result.stderr and "%|" in result.stderr
@@ -236,9 +235,9 @@ entry = dataclasses.replace(load_manifest()["{SE}"], url="{entry.url}", file_nam
 spec = convnets.get_model("{SE}", **TINY["{SE}"]).spec
 print(fetch_weights(entry, progress=False, validate=functools.partial(_validate, name="{SE}", spec=spec, key_map_fn=None)))
 """
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(3)]
-    outputs = [p.communicate(timeout=120) for p in procs]
+    procs = [forked_cli.CliProcess([], code=script, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(3)]
+    outputs = [tuple(map(forked_cli.text, p.communicate(timeout=120))) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outputs]
     assert {out.strip() for out, _ in outputs} == {str(isolated_cache / "tiny.pth.tar")}
     assert http_server.hits["/w/tiny.pth.tar"] == 1

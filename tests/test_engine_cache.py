@@ -11,9 +11,9 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,15 +94,15 @@ def test_a_second_process_loads_and_two_processes_filling_one_entry_both_succeed
     require_module("onnxruntime")
     script = _SCRIPT.format(tests=str(REPO / "tests"))
     env = _script_env(tmp_path)
-    both = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True) for _ in range(2)]
-    results = [p.communicate(timeout=600) + (p.returncode,) for p in both]
+    both = [forked_cli.CliProcess([], code=script, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(2)]
+    results = [tuple(map(forked_cli.text, p.communicate(timeout=600))) + (p.returncode,) for p in both]
     assert all(rc == 0 for _, _, rc in results), [err for _, err, _ in results]
     sums = {out.split()[1] for out, _, _ in results}
     assert len(sums) == 1
     made = [p for p in (tmp_path / "cache").iterdir()]
     assert len(made) == 1 and not made[0].name.startswith("."), made  # one entry, no temporary left
-    again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    again = forked_cli.run([], code=script, env=env, cwd=REPO, timeout=600)
     assert again.returncode == 0, again.stderr
     assert again.stdout.split() == ["0", sums.pop()]  # loaded, not converted
 

@@ -1,6 +1,7 @@
 """No third-party telemetry from what this package runs, unless the user opted in to it (convnets.deploy.telemetry).
 
-Each run is a real subprocess with a fresh ``HOME`` and without ``CI`` (openvino_telemetry turns
+Each run is a real subprocess (forked from an interpreter that has imported PyTorch under the
+probe: tests/forked_cli.py) with a fresh ``HOME`` and without ``CI`` (openvino_telemetry turns
 itself off under ``CI=true``, which ``.ci/run`` sets) or the other switches the tools honour. The
 child loads a ``sitecustomize`` (so every Python process it starts loads it too, whatever the
 multiprocessing start method) that records, and refuses, every attempt to resolve or connect to
@@ -19,9 +20,9 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import REPO
 from strict_skips import require_module
@@ -30,11 +31,10 @@ from strict_skips import require_module
 PROBE = '''
 import os, socket
 
-_LOG = os.environ["TELEMETRY_PROBE_LOG"]
 _LOCAL = {None, "", "localhost", "127.0.0.1", "::1"}
 
-def _record(kind, target):
-    with open(_LOG, "a", encoding="utf-8") as log:
+def _record(kind, target):  # into the log of the run at hand (a run forked from a process that loaded this)
+    with open(os.environ["TELEMETRY_PROBE_LOG"], "a", encoding="utf-8") as log:
         log.write(f"{os.getpid()} {kind} {target!r}\\n")
 
 
@@ -96,21 +96,24 @@ def needs(module: str, extra: str) -> None:
         require_module(module, extra=extra)
 
 
-def run_isolated(tmp_path: Path, *args: str, script: str | None = None) -> tuple[subprocess.CompletedProcess[str],
-                                                                                  list[str]]:
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the probe's ``sitecustomize``: one for the module, so that its runs share a zygote."""
+    folder = tmp_path_factory.mktemp("probe")
+    (folder / "sitecustomize.py").write_text(PROBE, encoding="utf-8")
+    return folder
+
+
+def run_isolated(tmp_path: Path, probe: Path, *args: str,
+                 script: str | None = None) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """``python -m convnets ARGS`` (or ``python -c SCRIPT``) with ``HOME`` = ``tmp_path/"home"``
-    (made if missing) and the network probe; returns the process and the attempts it recorded."""
+    (made if missing) and the network ``probe``; returns the process and the attempts it recorded."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    probe = tmp_path / "probe"
-    probe.mkdir(exist_ok=True)
-    (probe / "sitecustomize.py").write_text(PROBE, encoding="utf-8")
     log = tmp_path / "network.log"
     env = {k: v for k, v in os.environ.items() if k not in TELEMETRY_SWITCHES}
     env.update(HOME=str(home), TELEMETRY_PROBE_LOG=str(log), PYTHONPATH=os.pathsep.join([str(probe), str(REPO)]))
-    command = ["-c", script] if script is not None else ["-m", "convnets", *args]
-    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=300)
+    proc = forked_cli.run(list(args), code=script, env=env, cwd=REPO, timeout=300)
     attempts = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
     return proc, attempts
 
@@ -130,40 +133,40 @@ def assert_no_telemetry(tmp_path: Path, proc: subprocess.CompletedProcess[str], 
 # --- runs of a user who never opted in --------------------------------------------------------------
 
 @pytest.mark.parametrize("engine", ["openvino", "auto"])
-def test_predict_with_openvino_sends_and_writes_nothing(tmp_path: Path, engine: str) -> None:
+def test_predict_with_openvino_sends_and_writes_nothing(tmp_path: Path, probe: Path, engine: str) -> None:
     needs("openvino", "openvino")
-    proc, attempts = run_isolated(tmp_path, "predict", *TINY_RANDOM, "--engine", engine, "--device", "cpu",
+    proc, attempts = run_isolated(tmp_path, probe, "predict", *TINY_RANDOM, "--engine", engine, "--device", "cpu",
                                   "--topk", "1", "--json", "examples/chelsea.png")
     assert_no_telemetry(tmp_path, proc, attempts)
     assert len(json.loads(proc.stdout)) == 1
 
 
-def test_predict_with_onnxruntime_writes_no_device_id(tmp_path: Path) -> None:
+def test_predict_with_onnxruntime_writes_no_device_id(tmp_path: Path, probe: Path) -> None:
     needs("onnxruntime", "export")
-    proc, attempts = run_isolated(tmp_path, "predict", *TINY_RANDOM, "--engine", "onnxruntime", "--device", "cpu",
+    proc, attempts = run_isolated(tmp_path, probe, "predict", *TINY_RANDOM, "--engine", "onnxruntime", "--device", "cpu",
                                   "--topk", "1", "examples/chelsea.png")
     assert_no_telemetry(tmp_path, proc, attempts)
 
 
-def test_openvino_export_sends_and_writes_nothing(tmp_path: Path) -> None:
+def test_openvino_export_sends_and_writes_nothing(tmp_path: Path, probe: Path) -> None:
     needs("openvino", "openvino")
     out = tmp_path / "ir"
-    proc, attempts = run_isolated(tmp_path, "export", *TINY_RANDOM, "--format", "openvino", "--output", str(out))
+    proc, attempts = run_isolated(tmp_path, probe, "export", *TINY_RANDOM, "--format", "openvino", "--output", str(out))
     assert_no_telemetry(tmp_path, proc, attempts)
     assert (out / "model.xml").is_file() and (out / "model.bin").is_file()
 
 
-def test_int8_quantization_sends_and_writes_nothing(tmp_path: Path) -> None:
+def test_int8_quantization_sends_and_writes_nothing(tmp_path: Path, probe: Path) -> None:
     needs("openvino", "openvino")
     needs("nncf", "openvino")
-    proc, attempts = run_isolated(tmp_path, script=INT8_SCRIPT)
+    proc, attempts = run_isolated(tmp_path, probe, script=INT8_SCRIPT)
     assert_no_telemetry(tmp_path, proc, attempts)
     assert "int8 logits (8, 10)" in proc.stdout
 
 
 # --- a user who opted in, and damaged state files ---------------------------------------------------
 
-def test_a_user_who_opted_in_keeps_openvino_telemetry(tmp_path: Path) -> None:
+def test_a_user_who_opted_in_keeps_openvino_telemetry(tmp_path: Path, probe: Path) -> None:
     """Consent ``1`` (``opt_in_out --opt_in``): the package leaves OpenVINO's telemetry as it is (it
     tries to send, which the probe refuses) and the consent file as it was."""
     needs("openvino", "openvino")
@@ -171,7 +174,7 @@ def test_a_user_who_opted_in_keeps_openvino_telemetry(tmp_path: Path) -> None:
     consent.parent.mkdir(parents=True)
     consent.write_text("1")
     before = consent.stat().st_mtime_ns
-    proc, attempts = run_isolated(tmp_path, "predict", *TINY_RANDOM, "--engine", "openvino", "--device", "cpu",
+    proc, attempts = run_isolated(tmp_path, probe, "predict", *TINY_RANDOM, "--engine", "openvino", "--device", "cpu",
                                   "examples/chelsea.png")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert any("google-analytics" in a for a in attempts), attempts
@@ -200,7 +203,8 @@ print("imported")
 
 
 @pytest.mark.parametrize("state", list(DAMAGED), ids=list(DAMAGED))
-def test_damaged_openvino_telemetry_state_neither_breaks_a_run_nor_is_touched(tmp_path: Path, state: str) -> None:
+def test_damaged_openvino_telemetry_state_neither_breaks_a_run_nor_is_touched(tmp_path: Path, probe: Path,
+                                                                              state: str) -> None:
     needs("openvino", "openvino")
     home = tmp_path / "home"
     for relative, content in DAMAGED[state].items():
@@ -212,11 +216,11 @@ def test_damaged_openvino_telemetry_state_neither_breaks_a_run_nor_is_touched(tm
             path.write_bytes(content)
     before = snapshot(home)
     if state == next(iter(DAMAGED)):
-        proc, attempts = run_isolated(tmp_path, "predict", *TINY_RANDOM, "--engine", "openvino", "--device", "cpu",
+        proc, attempts = run_isolated(tmp_path, probe, "predict", *TINY_RANDOM, "--engine", "openvino", "--device", "cpu",
                                       "examples/chelsea.png")
     else:
         needs("nncf", "openvino")
-        proc, attempts = run_isolated(tmp_path, script=IMPORT_SCRIPT)
+        proc, attempts = run_isolated(tmp_path, probe, script=IMPORT_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "imported" in proc.stdout or "chelsea.png" in proc.stdout
     assert "Traceback" not in proc.stderr

@@ -1,7 +1,8 @@
 """``convnets predict`` sharded over processes: ``torchrun --nproc-per-node 2`` (gloo, CPU) against one process.
 
-The torchrun runs are real (``python -m torch.distributed.run``), each costs a few seconds of
-startup, so there are few: one per output format, and two resumes. Their merged files are compared
+The torchrun runs are real (``python -m torch.distributed.run``, forked with its ranks from an
+interpreter that has imported PyTorch: ``forked_cli.torchrun``), and few: one per output format,
+and two resumes. Their merged files are compared
 byte for byte with a single process's and read back with the standard readers (json, csv, pyarrow).
 The partition itself (:mod:`convnets.inference.shard`) is tested without processes.
 """
@@ -13,8 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import forked_cli
@@ -68,27 +67,21 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "--no-progress"]
     single = root / "single"
     single.mkdir()
-    # The single-process runs, in one interpreter (one startup instead of three).
-    runs = [[*args, str(images), "--output", str(single / "all.jsonl")],
-            [*args, str(images), "--output", str(single / "all.csv")],
-            [*args, "--from-file", str(listing), "--output", str(single / "good.parquet")]]
-    code = textwrap.dedent("""
-        import json, sys
-        from convnets.cli import main
-        print(json.dumps([main(argv) for argv in json.loads(sys.argv[1])]))
-    """)
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True,
-                          env=_env(), cwd=REPO, timeout=300)
-    assert proc.returncode == 0 and json.loads(proc.stdout) == [1, 1, 0], proc.stderr[-3000:]
+    # The single-process runs.
+    runs = [forked_cli.run(run, env=_env(), cwd=REPO, timeout=300) for run in (
+        [*args, str(images), "--output", str(single / "all.jsonl")],
+        [*args, str(images), "--output", str(single / "all.csv")],
+        [*args, "--from-file", str(listing), "--output", str(single / "good.parquet")])]
+    assert [run.returncode for run in runs] == [1, 1, 0], [run.stderr[-3000:] for run in runs]
+    assert sorted(_error_lines(runs[0].stderr)) == sorted(_error_lines(runs[1].stderr))  # the same 4, from both
     return {"root": root, "args": args, "images": images, "listing": listing, "single": single,
-            "errors": sorted(set(_error_lines(proc.stderr)))}  # the same 4 from both runs over the folder
+            "errors": sorted(_error_lines(runs[0].stderr))}
 
 
 def torchrun(*args: str) -> subprocess.CompletedProcess[str]:
     """``torchrun --standalone --nproc-per-node 2 -m convnets ARGS`` (torchrun need not be on PATH)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "convnets", *args]
-    return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    return forked_cli.torchrun(["--standalone", "--nproc-per-node", "2", "-m", "convnets", *args], env=_env(),
+                               cwd=REPO, timeout=300)
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -158,12 +151,12 @@ def test_two_machines_one_failing_input_fails_both(setup: dict, tmp_path: Path) 
     listing = tmp_path / "six.txt"
     listing.write_text("".join(f"{name}\n" for name in inputs))
     port = _free_port()
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "convnets", *setup["args"],
-         "--from-file", str(listing), "--output", str(out)],
-        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
-    (_, err0), (_, err1) = (agent.communicate(timeout=300) for agent in agents)
+    agents = [forked_cli.CliProcess(
+        ["--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+         "--master-port", str(port), "-m", "convnets", *setup["args"], "--from-file", str(listing), "--output",
+         str(out)], module="torch.distributed.run", cwd=REPO, env=forked_cli.torchrun_env(_env()),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for node in (0, 1)]
+    err0, err1 = (forked_cli.text(agent.communicate(timeout=300)[1]) for agent in agents)
     assert [agent.returncode for agent in agents] == [1, 1], err0[-3000:] + err1[-3000:]
     assert not _error_lines(err0) and len(_error_lines(err1)) == 1 and "img004_bad.png" in err1
     assert _summary_lines(err0) == ["convnets predict: 1 of 6 inputs could not be read"] and not _summary_lines(err1)

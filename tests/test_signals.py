@@ -13,10 +13,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import forked_cli
 import numpy as np
 import pytest
 import torch
@@ -225,8 +225,7 @@ def test_a_decoding_worker_stops_quietly() -> None:
 
     Deterministic where the runs above are not: whether the main process stops in the middle of
     fetching a tensor from a worker is a race (without this, 2 of 6 SIGTERMed runs printed the reset)."""
-    done = subprocess.run([sys.executable, "-c", _WORKER], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = forked_cli.run([], code=_WORKER, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "ConnectionResetError" not in done.stderr and "ValueError: a real bug" in done.stderr
 
@@ -251,9 +250,8 @@ def test_sigterm_while_the_workers_start_is_quiet_too(weights: list[str], names:
     the half-built iterator's finalizer fails (PyTorch's, on attributes it never set), which must not
     print a traceback; the workers still go, and the lock."""
     out = tmp_path / "r.jsonl"
-    done = subprocess.run([sys.executable, "-c", _HALF_BUILT, "predict", *weights, *COMMON, "--workers", "2",
-                           "--output", str(out), *names[:20]], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    done = forked_cli.run(["predict", *weights, *COMMON, "--workers", "2", "--output", str(out), *names[:20]],
+                          code=_HALF_BUILT, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=300)
     lines = command_lines(done.stderr)
     assert done.returncode == 143 and "Traceback" not in done.stderr, done.stderr
     assert lines[0].startswith("workers ") and lines[1:] == ["convnets: terminated"], lines

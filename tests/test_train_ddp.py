@@ -1,13 +1,14 @@
 """Two processes under ``torchrun`` on CPU (gloo): one set of files from rank 0, metrics of the
-whole data set, and errors reported by every rank."""
+whole data set, and errors reported by every rank. The launcher and its ranks are forked from an
+interpreter that has imported PyTorch (``forked_cli.torchrun``)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -22,10 +23,9 @@ pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
 
 def torchrun(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "convnets.train", *args]
     # One thread per process: two processes share the two cores.
-    return subprocess.run(cmd, cwd=REPO, env=cli_env(threads=1), capture_output=True, text=True, timeout=300)
+    return forked_cli.torchrun(["--standalone", "--nproc_per_node", "2", "-m", "convnets.train", *args],
+                               env=cli_env(threads=1), cwd=REPO, timeout=300)
 
 
 def test_two_process_run_writes_once_and_averages_over_ranks(tmp_path: Path) -> None:
