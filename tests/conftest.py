@@ -29,6 +29,16 @@ import forked_cli  # noqa: E402
 from convnets.models.specs import MODEL_SPECS, ArchSpec  # noqa: E402
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """With parallel workers (one per core), every process of the run computes on one thread unless
+    OMP_NUM_THREADS says otherwise: the workers, and what they start, inherit it. Idle OpenMP threads
+    spin before they sleep, so two processes of two threads on two cores mostly wait for each other:
+    the docs' blocks took 55 CPU-s with two threads and 36 with one, beside a busy core. Tests of
+    thread counts set their own."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def tiny_arch(spec: ArchSpec) -> dict:
     """Architecture overrides for a small variant of ``spec``: the same kind of blocks (grouping,
     SE gate, expansion, stem) at an eighth of the width, with one block per stage and two in the

@@ -89,8 +89,14 @@ def test_each_engine_runs_with_the_threads_it_was_built_with(engine: str, model:
     assert THREADS_READ_BACK[engine](built) == 1
     assert torch.get_num_threads() == before  # the torch engine's count is the call's, not the process's
     if usable_cores() >= 2:
-        default = convnets.optimize_for_inference(model, engine=engine, compile=False)
-        assert THREADS_READ_BACK[engine](default) != 1
+        # Unset, each runtime picks its own count; torch's is the process's (one thread per test worker
+        # in a parallel run: conftest), so the process is given every core for this part.
+        torch.set_num_threads(usable_cores())
+        try:
+            default = convnets.optimize_for_inference(model, engine=engine, compile=False)
+            assert THREADS_READ_BACK[engine](default) != 1
+        finally:
+            torch.set_num_threads(before)
 
 
 def test_the_torch_engine_sets_its_threads_for_each_call_only(model: torch.nn.Module) -> None:

@@ -1,6 +1,7 @@
 """``--format timm``: a folder that timm itself loads into the same classifier, offline.
 
-timm is the judge: a separate interpreter, with ``HF_HUB_OFFLINE=1`` and every socket connection
+timm is the judge: a separate process (forked from an interpreter that has imported PyTorch and
+nothing else: tests/forked_cli.py), with ``HF_HUB_OFFLINE=1`` and every socket connection
 refused, builds the model from the exported folder (``local-dir:`` and the ``file`` overlay) and
 its logits are compared with ours. The expected config values are literals from the sources
 (NVIDIA's evaluation: resize 256, crop 224, bilinear, ImageNet mean and std; WordNet synsets).
@@ -10,10 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from conftest import REPO, TINY, randomize_bn
@@ -27,7 +27,7 @@ from convnets.weights.safetensors_io import save_safetensors
 
 pytestmark = pytest.mark.usefixtures("offline_hub")
 
-#: Loads the folder with timm in a fresh interpreter that cannot reach any network, runs the batch;
+#: Loads the folder with timm in a separate process that cannot reach any network, runs the batch;
 #: also through our model, loaded in that same interpreter, so that both run with the same threads and
 #: kernels (the test's worker process may differ: oneDNN's results depend on them, not on the model).
 TIMM_LOAD = r"""
@@ -68,8 +68,7 @@ def _timm_logits(folder: Path, arch: str, x: torch.Tensor, tmp_path: Path, model
     batch, out = tmp_path / "batch.pt", tmp_path / "timm_out.pt"
     torch.save(x, batch)
     ours = save_safetensors(model, tmp_path / "ours.safetensors", image_size=x.shape[-1])
-    done = subprocess.run([sys.executable, "-c", TIMM_LOAD, str(folder), arch, str(batch), str(out), str(ours)],
-                          capture_output=True, text=True, timeout=300,
+    done = forked_cli.run([str(folder), arch, str(batch), str(out), str(ours)], code=TIMM_LOAD, cwd=REPO, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-3000:]
     logits = torch.load(out, weights_only=False)
