@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
-import forked_cli
 import pytest
 import torch
+from conftest import run_cli
 
 from convnets.cli import main
 from convnets.deploy.benchmark import benchmark_inference, format_table
 
-REPO = Path(__file__).resolve().parents[1]
 ONE_BLOCK = json.dumps(dict(layers=[1], widths=[16], cardinality=4, stem_width=16))
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return forked_cli.run(list(args), cwd=cwd, env=env, timeout=300)  # a real process (tests/forked_cli.py)
 
 
 @pytest.mark.slow
