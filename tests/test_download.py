@@ -235,8 +235,8 @@ entry = dataclasses.replace(load_manifest()["{SE}"], url="{entry.url}", file_nam
 spec = convnets.get_model("{SE}", **TINY["{SE}"]).spec
 print(fetch_weights(entry, progress=False, validate=functools.partial(_validate, name="{SE}", spec=spec, key_map_fn=None)))
 """
-    procs = [forked_cli.CliProcess([], code=script, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for _ in range(3)]
+    procs = [forked_cli.CliProcess([], code=script, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
     outputs = [tuple(map(forked_cli.text, p.communicate(timeout=120))) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outputs]
     assert {out.strip() for out, _ in outputs} == {str(isolated_cache / "tiny.pth.tar")}
