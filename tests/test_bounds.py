@@ -552,17 +552,20 @@ def test_resume_refuses_a_spool_line_longer_than_any_record(tmp_path: Path) -> N
     assert spool.stat().st_size == size  # not cut as a torn line
 
 
-@pytest.mark.parametrize("kind", ["a link to /dev/zero", "a FIFO", "50 MB without a newline"])
+@pytest.mark.parametrize("kind", ["a link to /dev/zero", "a link to nothing", "a FIFO", "50 MB without a newline"])
 @pytest.mark.parametrize("command", ["predict", "embed"])
 def test_resume_of_an_output_that_no_run_left_is_one_clear_error(command: str, kind: str, tiny_weights: Path,
                                                                    tmp_path: Path) -> None:
     """Before, a link to /dev/zero grew the process until the kernel killed it (under this 4 GB limit: "out of
-    memory ... --batch-size"), a FIFO blocked, and a line without end was cut away as a torn record."""
+    memory ... --batch-size"), a FIFO blocked, a line without end was cut away as a torn record, and a dangling
+    link to a spool ended in a raw FileExistsError."""
     out = tmp_path / ("out.jsonl" if command == "predict" else "out.npy")
     # What --resume reads: a finished .jsonl (predict), a spool (embed: an .npy cannot be read back).
     odd = out if command == "predict" else out.with_name(out.name + ".partial.jsonl")
     if kind == "a link to /dev/zero":
         odd.symlink_to("/dev/zero")
+    elif kind == "a link to nothing":
+        odd.symlink_to(tmp_path / "gone")
     elif kind == "a FIFO":
         os.mkfifo(odd)
     else:

@@ -81,13 +81,16 @@ def check_resumable(path: str | os.PathLike[str], *, option: str = "output") -> 
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return
+        if not os.path.islink(path):
+            return
+        kind = f"a link to {os.path.realpath(path)}, which does not exist"  # nothing to resume, nor to create
     except OSError as e:
         raise InvalidArgumentError(f"{str(path)!r}: cannot read it to resume it ({e.strerror or e})",
                                    cli=f"{path}: cannot read it for --resume ({e.strerror or e})") from e
-    if stat.S_ISREG(mode):
-        return
-    kind = file_kind(mode) + (f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else "")
+    else:
+        if stat.S_ISREG(mode):
+            return
+        kind = file_kind(mode) + (f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else "")
     problem = f"is {kind}, not a regular file: there is nothing a stopped run left to continue"
     raise InvalidArgumentError(f"{str(path)!r} {problem}; drop resume=True or choose another {option}",
                                keyword="resume", cli=f"{path} {problem}; drop --resume or choose another --{option}")
