@@ -295,8 +295,8 @@ MEMORY_PROBE = textwrap.dedent("""
 
 def test_listed_inputs_stream_in_constant_memory(tmp_path: Path) -> None:
     """200,000 listed inputs cost no more Python memory than 2,000 (the listing is never held)."""
-    proc = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(tmp_path / "list.txt")], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = forked_cli.run([str(tmp_path / "list.txt")], code=MEMORY_PROBE, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     small, large, _ = map(int, proc.stdout.split())
     assert large - small < 1_000_000, (small, large)  # a list of 200,000 paths would be ~25 MB
@@ -311,8 +311,9 @@ def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> Non
     """
     empty = tmp_path / "empty"
     empty.mkdir()
-    # Both runs in one process, the small one first: the peak after it includes PyTorch and the model,
-    # so the growth of the peak in the second run is what 198,000 more inputs cost.
+    # Both runs in one process, the small one first: the peak after it includes PyTorch (the zygote's
+    # pages: tests/forked_cli.py) and the model, so the growth of the peak in the second run is what
+    # 198,000 more inputs cost.
     code = textwrap.dedent("""
         import json, resource, sys
         from convnets.cli import main
@@ -327,8 +328,8 @@ def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> Non
         files[n] = [str(listing), str(tmp_path / f"out{n}.jsonl")]
     runs = [["predict", *RANDOM, "--batch-size", "256", "--from-file", listing, "--output", out]
             for listing, out in files.values()]
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=300)
+    proc = forked_cli.run([json.dumps(runs)], code=code, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rss = dict(zip((2_000, 200_000), (int(line) for line in proc.stderr.splitlines() if line.isdigit()), strict=True))
     for n, (_, out) in files.items():
