@@ -254,16 +254,22 @@ def command_lines(stderr: str) -> list[str]:
     return [line for line in stderr.strip().splitlines() if not _LOG_RECORD.match(line)]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 300) -> "subprocess.CompletedProcess[str]":
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300,
+            **run: Any) -> "subprocess.CompletedProcess[str]":
     """Run ``python -m convnets ARGS`` in a real process and return the completed process.
 
     The process is forked from an interpreter that has imported torch and torchvision and nothing
     else (tests/forked_cli.py): the run, its exit and its exit status are its own, without the
-    4.5 CPU-seconds of those imports per call. Tests of what start-up imports use
-    :func:`run_cli_imports` (a fresh interpreter).
+    4.5 CPU-seconds of those imports per call. ``run``: :func:`forked_cli.run`'s ``input``,
+    ``limit_as``, ``code``. Tests of what start-up imports use :func:`run_cli_imports` (a fresh
+    interpreter).
     """
-    return forked_cli.run(list(args), env=_cli_env(env), cwd=cwd or REPO, timeout=timeout)
+    return forked_cli.run(list(args), env=_cli_env(env), cwd=cwd or REPO, timeout=timeout, **run)
+
+
+def run_script(code: str, *args: str, **run: Any) -> "subprocess.CompletedProcess[str]":
+    """``python -c CODE ARGS`` as :func:`run_cli` runs the command line (``run``: its keywords)."""
+    return run_cli(*args, code=code, **run)
 
 
 def start_cli(*args: str, env: dict[str, str] | None = None, **popen: Any) -> forked_cli.CliProcess:

@@ -1,4 +1,4 @@
-"""``python -m convnets ARGS`` (or ``convnets.train``) as a real process, without a PyTorch import per run.
+"""``python -m convnets ARGS`` (or another module, or ``python -c``) as a real process, without a PyTorch import per run.
 
 Importing torch and torchvision takes about 4.5 CPU-seconds here, most of what a small CLI run
 costs, and the suite starts about a hundred such runs. A *zygote* (one per test worker and per

@@ -11,15 +11,13 @@ nothing is downloaded.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import forked_cli
 import pytest
 import torch
-from conftest import REPO, ngc_checkpoint
+from conftest import REPO, ngc_checkpoint, run_script
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 NOT_RUN = re.compile(r"<!-- not run: (?P<reason>[^>]*?\S)\s*-->")
@@ -96,10 +94,10 @@ def test_the_python_blocks_of_every_page_run(full_se_checkpoint: tuple[Path, dic
     mirror.mkdir()
     (mirror / checkpoint.name).symlink_to(checkpoint)
     ngc_checkpoint("resnext101_32x4d", mirror)  # docs/backbones.md: the backbone detectors use
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CONVNETS_WEIGHTS_MIRROR": str(mirror),
+    env = {"CONVNETS_WEIGHTS_MIRROR": str(mirror),
            "TORCH_HOME": str(isolated_cache.parents[1]), "CONVNETS_DOCS_EXAMPLES": str(REPO / "examples"),
            "MPLBACKEND": "Agg"}
     blocks = [{"where": b.where, "code": b.code} for page in PAGES for b in RUNNABLE[page]]
-    done = forked_cli.run([], code=RUNNER, input=json.dumps(blocks).encode(), cwd=tmp_path, env=env, timeout=900)
+    done = run_script(RUNNER, input=json.dumps(blocks).encode(), cwd=tmp_path, env=env, timeout=900)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     assert [line[4:] for line in done.stdout.splitlines() if line.startswith("--- ")] == [b["where"] for b in blocks]

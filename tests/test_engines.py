@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
-import forked_cli
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, TINY, randomize_bn, run_cli
+from conftest import TINY, randomize_bn, run_cli, run_script
 from strict_skips import require_module
 
 import convnets
@@ -270,6 +268,6 @@ def test_signals_are_still_handled_after_openvino_models_are_released(precision:
     if precision == "int8":
         require_module("nncf", extra="openvino")
     script = OPENVINO_THEN_A_SIGNAL.format(arch=TINY["resnext101_32x4d"], precision=precision)
-    done = forked_cli.run([], code=script, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=300)
+    done = run_script(script)
     assert done.returncode == 0 and "handled 1" in done.stdout, \
         f"exit status {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"

@@ -17,11 +17,10 @@ import shutil
 import tarfile
 from pathlib import Path
 
-import forked_cli
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, cli_in_process, randomize_bn
+from conftest import cli_in_process, randomize_bn, run_cli, run_script
 from PIL import Image
 from strict_skips import require_module
 from train_support import TINY_ARCH
@@ -414,18 +413,17 @@ def test_class_folders_with_links_to_themselves_are_scanned_once(command: str, t
         (tmp_path / "data" / split / "cat" / "more" / "up").symlink_to("..")
         (tmp_path / "data" / split / "dog" / "cats").symlink_to("../cat")  # a link to another class: its files
     arch = json.dumps({**TINY_ARCH, "num_classes": 2})
+    # Under a 4 GB address space: a runaway scan ends in MemoryError there, not in the machine's OOM killer.
+    limits = {"limit_as": 4 << 30, "timeout": 120, "cwd": tmp_path}
     if command == "evaluate":
-        args = ["evaluate", "--random-init", "--model", "resnet50", "--arch-kwargs",
-                arch, "--engine", "torch", "--workers", "0", "--no-progress", "--data", str(tmp_path / "data" / "val"),
-                "--output", str(tmp_path / "report")]
+        done = run_cli("evaluate", "--random-init", "--model", "resnet50", "--arch-kwargs", arch, "--engine", "torch",
+                       "--workers", "0", "--no-progress", "--data", str(tmp_path / "data" / "val"), "--output",
+                       str(tmp_path / "report"), **limits)
     else:
         code = ("import sys\nfrom pathlib import Path\nfrom convnets.data.folders import scan_split\n"
                 "for split in ('train', 'val'):\n    classes, samples = scan_split(Path(sys.argv[1]), split)\n"
                 "    print(split, len(samples), sorted(classes[i] for _, i in samples))\n")
-        args = [str(tmp_path / "data")]
-    # Under a 4 GB address space: a runaway scan ends in MemoryError there, not in the machine's OOM killer.
-    done = forked_cli.run(args, code=None if command == "evaluate" else code, limit_as=4 << 30, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+        done = run_script(code, str(tmp_path / "data"), **limits)
     assert done.returncode == 0, done.stderr[-2000:]
     # "cat" once (3 images), "dog" 2 + the 3 of "cat" through its link (as torchvision counts a linked folder).
     expected = ["cat"] * 3 + ["dog"] * 5

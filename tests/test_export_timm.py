@@ -10,13 +10,11 @@ its logits are compared with ours. The expected config values are literals from 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import forked_cli
 import pytest
 import torch
-from conftest import REPO, TINY, randomize_bn
+from conftest import TINY, randomize_bn, run_script
 from strict_skips import require_module
 
 import convnets
@@ -68,8 +66,7 @@ def _timm_logits(folder: Path, arch: str, x: torch.Tensor, tmp_path: Path, model
     batch, out = tmp_path / "batch.pt", tmp_path / "timm_out.pt"
     torch.save(x, batch)
     ours = save_safetensors(model, tmp_path / "ours.safetensors", image_size=x.shape[-1])
-    done = forked_cli.run([str(folder), arch, str(batch), str(out), str(ours)], code=TIMM_LOAD, cwd=REPO, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
+    done = run_script(TIMM_LOAD, str(folder), arch, str(batch), str(out), str(ours), env={"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     logits = torch.load(out, weights_only=False)
     with torch.no_grad():  # the same model: float32 rounding apart (another process's kernels)

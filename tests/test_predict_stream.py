@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import random
 import re
 import subprocess
@@ -18,11 +17,10 @@ from contextlib import ExitStack
 from collections.abc import Iterator
 from pathlib import Path
 
-import forked_cli
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, kill_midway, run_cli
+from conftest import kill_midway, run_cli, run_script
 from PIL import Image
 from strict_skips import require_module
 
@@ -164,8 +162,7 @@ def test_from_file_list_with_comments_and_stdin(reference: dict, images: Path) -
     names = [r["input"] for r in reference["jsonl"]]
     deep = images / "part0" / "deep"
     listing = f"# a comment\n\n{names[3]}\n  {names[4]}  \n{deep}\n"
-    proc = forked_cli.run(["predict", *MODEL, "--jsonl", *names[:3], "--from-file", "-"], input=listing.encode(),
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = run_cli("predict", *MODEL, "--jsonl", *names[:3], "--from-file", "-", input=listing.encode(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     by_name = {r["input"]: r for r in reference["jsonl"]}
     expected = [by_name[n] for n in names[:5]] + [r for r in reference["jsonl"] if Path(r["input"]).parent == deep]
@@ -295,8 +292,7 @@ MEMORY_PROBE = textwrap.dedent("""
 
 def test_listed_inputs_stream_in_constant_memory(tmp_path: Path) -> None:
     """200,000 listed inputs cost no more Python memory than 2,000 (the listing is never held)."""
-    proc = forked_cli.run([str(tmp_path / "list.txt")], code=MEMORY_PROBE, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          cwd=REPO, timeout=120)
+    proc = run_script(MEMORY_PROBE, str(tmp_path / "list.txt"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     small, large, _ = map(int, proc.stdout.split())
     assert large - small < 1_000_000, (small, large)  # a list of 200,000 paths would be ~25 MB
@@ -328,8 +324,7 @@ def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> Non
         files[n] = [str(listing), str(tmp_path / f"out{n}.jsonl")]
     runs = [["predict", *RANDOM, "--batch-size", "256", "--from-file", listing, "--output", out]
             for listing, out in files.values()]
-    proc = forked_cli.run([json.dumps(runs)], code=code, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
-                          timeout=300)
+    proc = run_script(code, json.dumps(runs))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rss = dict(zip((2_000, 200_000), (int(line) for line in proc.stderr.splitlines() if line.isdigit()), strict=True))
     for n, (_, out) in files.items():
