@@ -274,7 +274,8 @@ def run_script(code: str, *args: str, **run: Any) -> "subprocess.CompletedProces
 
 def start_cli(*args: str, env: dict[str, str] | None = None, **popen: Any) -> forked_cli.CliProcess:
     """Start ``python -m convnets ARGS`` as :func:`run_cli` runs it, and return it at once: a
-    :class:`forked_cli.CliProcess` (``popen``: its ``stdin``, ``stderr``, ``start_new_session``...)."""
+    :class:`forked_cli.CliProcess` (``popen``: its ``stdin``, ``stderr``, ``start_new_session``,
+    ``code`` for ``python -c CODE``...)."""
     return forked_cli.CliProcess(list(args), env=_cli_env(env), cwd=REPO, **popen)
 
 

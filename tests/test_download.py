@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import hashlib
 import io
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import forked_cli
 import pytest
 import torch
-from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn, run_script
+from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn, run_script, start_cli
 from reference import reference_forward
 from test_checkpoints import LAYOUTS
 
@@ -234,8 +233,7 @@ entry = dataclasses.replace(load_manifest()["{SE}"], url="{entry.url}", file_nam
 spec = convnets.get_model("{SE}", **TINY["{SE}"]).spec
 print(fetch_weights(entry, progress=False, validate=functools.partial(_validate, name="{SE}", spec=spec, key_map_fn=None)))
 """
-    procs = [forked_cli.CliProcess([], code=script, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    procs = [start_cli(code=script, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
     outputs = [tuple(map(forked_cli.text, p.communicate(timeout=120))) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outputs]
     assert {out.strip() for out, _ in outputs} == {str(isolated_cache / "tiny.pth.tar")}

@@ -17,7 +17,7 @@ import forked_cli
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, TINY, randomize_bn
+from conftest import REPO, TINY, randomize_bn, run_script, start_cli
 from strict_skips import require_module
 
 import convnets
@@ -86,23 +86,18 @@ print(len(calls), float(out.sum()))
 """
 
 
-def _script_env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "CONVNETS_CACHE_DIR": str(tmp_path / "cache")}
-
-
 def test_a_second_process_loads_and_two_processes_filling_one_entry_both_succeed(tmp_path: Path) -> None:
     require_module("onnxruntime")
     script = _SCRIPT.format(tests=str(REPO / "tests"))
-    env = _script_env(tmp_path)
-    both = [forked_cli.CliProcess([], code=script, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for _ in range(2)]
+    env = {"CONVNETS_CACHE_DIR": str(tmp_path / "cache")}
+    both = [start_cli(code=script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     results = [tuple(map(forked_cli.text, p.communicate(timeout=600))) + (p.returncode,) for p in both]
     assert all(rc == 0 for _, _, rc in results), [err for _, err, _ in results]
     sums = {out.split()[1] for out, _, _ in results}
     assert len(sums) == 1
     made = [p for p in (tmp_path / "cache").iterdir()]
     assert len(made) == 1 and not made[0].name.startswith("."), made  # one entry, no temporary left
-    again = forked_cli.run([], code=script, env=env, cwd=REPO, timeout=600)
+    again = run_script(script, env=env, timeout=600)
     assert again.returncode == 0, again.stderr
     assert again.stdout.split() == ["0", sums.pop()]  # loaded, not converted
 
