@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from convnets.deploy.cache import use_cache
-from convnets.deploy.calibrate import CalibrationData, calibration_batches
+from convnets.deploy.calibrate import CalibrationData, calibration_batches, split_calibration
 from convnets.deploy.engines import AUTO, build_auto, check_int8, engine_names, get_engine
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.deploy.torch_path import OptimizedModel, compile_unavailable_reason, optimize_with_torch
@@ -65,15 +65,16 @@ def optimize_for_inference(
             fastest installed engine for the device and precision by
             the measured rule :data:`~convnets.deploy.engines.AUTO_ORDER`, checked against
             ``model`` on a small batch and skipped if it disagrees; ``torch`` when none qualifies
-            (int8: checked on the calibration images, top-1 agreement >= 99%, and an error when
-            it fails, since no other engine runs int8).
+            (int8: checked on calibration images held out of the calibration, top-1 agreement
+            >= 99%, and an error when it fails, since no other engine runs int8).
         calibration_data: int8 only (required there): preprocessed images like those the model
             will see, a ``[N, 3, H, W]`` tensor or an iterable of such batches (or of
-            ``(images, targets)`` pairs); a few hundred are enough (at most 300 are used). The int8
-            model runs images of their height and width only. The result's ``calibration_check``
-            is the :class:`~convnets.deploy.export.Verification` of the int8 model against
-            ``model`` on (up to 300 of) these images; a warning is logged when its top-1 agreement
-            is below 99%.
+            ``(images, targets)`` pairs), at least 2; a few hundred are best. A seeded random
+            half of them (at most 300) is held out; the rest (at most 300) calibrate the
+            quantizer. The int8 model runs images of their height and width only. The result's
+            ``calibration_check`` is the :class:`~convnets.deploy.export.Verification` of the int8
+            model against ``model`` on the held-out images, which the quantizer never saw; a
+            warning is logged when its top-1 agreement is below 99%.
         compile: use ``torch.compile`` (torch engine; falls back to eager, with a warning, when
             unavailable). The other engines always compile their own graph.
         cache: keep what engines other than ``torch`` convert (and ``auto``'s check of it) in the
@@ -131,17 +132,18 @@ def _optimize_int8(model: nn.Module, target: torch.device, engine: str, calibrat
     """``precision="int8"``: calibration checked, the engine built, its agreement with ``model`` measured."""
     runs_int8 = [name for name in engine_names() if INT8 in get_engine(name).precisions]
     if engine == AUTO:
-        return build_auto(model, INT8, target, compile=compile, settings=settings,
-                          calibration_data=calibration_batches(calibration_data))
+        calibrate, held_out = split_calibration(calibration_batches(calibration_data))
+        return build_auto(model, INT8, target, compile=compile, settings=settings, calibration_data=calibrate,
+                          held_out=held_out)
     chosen = get_engine(engine)
     if INT8 not in chosen.precisions:
         raise UnsupportedPrecisionError(
             f"the {engine} engine runs no precision='int8'; int8 runs on engine="
             f"{' or '.join(repr(n) for n in (*runs_int8, AUTO))} (CPU)")
     chosen.check(INT8, target)
-    batches = calibration_batches(calibration_data)
-    built = chosen.build(model, INT8, target, compile=compile, settings=settings, calibration_data=batches)
-    check = check_int8(built, model, batches)
+    calibrate, held_out = split_calibration(calibration_batches(calibration_data))
+    built = chosen.build(model, INT8, target, compile=compile, settings=settings, calibration_data=calibrate)
+    check = check_int8(built, model, held_out)
     setattr(built, "calibration_check", check)  # a plain attribute (Module's typed setattr: tensors)
     log.log(logging.INFO if check.passed else logging.WARNING,
             "int8 (%s): top-1 agreement with the float model %.1f%% on %s (required %s), min cosine %.4f%s",

@@ -14,8 +14,8 @@ precision, in order, and takes the first one that is installed, builds, and pass
 faithfulness check of exports on their example photos (fp32: 1e-4 relative; bf16/fp16: per-sample
 cosine >= 0.99; the result is kept in the engine cache with the converted graph,
 :mod:`convnets.deploy.cache`, so a later process with the same model skips both); ``torch`` ends every order and is taken without a check (it is the reference path).
-int8 is checked on the calibration images instead (top-1 agreement >= 99%, :func:`check_int8`),
-and since the torch engine runs no int8, ``auto`` raises when no int8 engine passes.
+int8 is checked instead on calibration images held out of the quantizer's calibration (top-1
+agreement >= 99%, :func:`check_int8`), and since the torch engine runs no int8, ``auto`` raises when no int8 engine passes.
 
 Importing this package loads no PyTorch and no engine module; :func:`engines` loads the engine
 modules, still without PyTorch.
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from convnets.deploy.export import Verification
 
-__all__ = ["AUTO", "AUTO_ORDER", "INT8_CHECK_IMAGES", "Engine", "EngineSettings", "auto_order", "available_engines", "build_auto",
+__all__ = ["AUTO", "AUTO_ORDER", "Engine", "EngineSettings", "auto_order", "available_engines", "build_auto",
            "check_int8", "engine_names", "engines", "get_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,6 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "bf16"): ("openvino", "torch"),
     ("cpu", "int8"): ("openvino",),  # NNCF; the torch engine runs no int8: auto raises when this one fails
 }
-
-#: int8: how many calibration images the faithfulness check runs (99% agreement on 64 images would
-#: allow no disagreement at all; on 300, three).
-INT8_CHECK_IMAGES = 300
 
 #: Built-in engines: module names in this package, in the order tables list them.
 _BUILTIN: tuple[str, ...] = ("torch", "onnxruntime", "openvino")
@@ -124,7 +120,7 @@ def auto_order(precision: str, device: torch.device) -> tuple[str, ...]:
 
 def build_auto(model: nn.Module, precision: str, device: torch.device, *, compile: bool,
                settings: EngineSettings = DEFAULT_SETTINGS,
-               calibration_data: list[torch.Tensor] | None = None) -> nn.Module:
+               calibration_data: list[torch.Tensor] | None = None, held_out: torch.Tensor | None = None) -> nn.Module:
     """``engine="auto"``: the first engine of :func:`auto_order` that is installed, builds and is faithful.
 
     Each candidate other than ``torch`` is built and checked against ``model`` on the example photos
@@ -133,9 +129,9 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
     disagrees is skipped with a log line. The choice is logged once, at INFO. Each candidate is
     built with ``settings``.
 
-    int8 (``calibration_data`` given, as :func:`~convnets.deploy.calibrate.calibration_batches`
-    returns it) is checked on the calibration images instead (top-1 agreement >= 99%): no engine
-    stands in for it, so when none qualifies this raises.
+    int8 (``calibration_data`` and ``held_out`` given, as :func:`~convnets.deploy.calibrate.split_calibration`
+    returns them) is calibrated on the first and checked on the second instead (top-1 agreement
+    >= 99%, :func:`check_int8`): no engine stands in for it, so when none qualifies this raises.
 
     Raises:
         UnsupportedPrecisionError: int8, and no engine that runs it is installed and faithful.
@@ -178,7 +174,7 @@ def build_auto(model: nn.Module, precision: str, device: torch.device, *, compil
             if cached is not None:
                 check = cached
             else:
-                check = (check_int8(built, model, calibration_data or []) if batch is None
+                check = (check_int8(built, model, held_out) if batch is None
                          else verify_runner(built, model, batch, precision, inputs))
                 if entry is not None:
                     entry.record_verdict(check.to_dict())
@@ -214,8 +210,8 @@ def _cached_check(verdict: dict[str, object] | None) -> Verification | None:
         return None
 
 
-def check_int8(built: nn.Module, model: nn.Module, batches: list[torch.Tensor]) -> Verification:
-    """How an int8 ``built`` compares with ``model`` on (up to :data:`INT8_CHECK_IMAGES` of) the calibration images.
+def check_int8(built: nn.Module, model: nn.Module, images: torch.Tensor | None) -> Verification:
+    """How an int8 ``built`` compares with ``model`` on ``images``, held out of its calibration.
 
     The criterion is :func:`convnets.deploy.export.verify_runner`'s for int8: top-1 agreement
     >= 99%. Both run 32 images at a time.
@@ -224,12 +220,13 @@ def check_int8(built: nn.Module, model: nn.Module, batches: list[torch.Tensor]) 
 
     from convnets.deploy.export import verify_runner
 
-    images = torch.cat(batches)[:INT8_CHECK_IMAGES]
+    if images is None:
+        raise ValueError("int8 is checked on held-out images (convnets.deploy.calibrate.split_calibration)")
 
     def chunked(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda x: torch.cat([run(part) for part in x.split(32)])
     return verify_runner(chunked(built), chunked(model), images, "int8",  # type: ignore[arg-type]
-                         f"{len(images)} calibration images")
+                         f"{len(images)} calibration images held out of the calibration")
 
 
 def _loaded() -> dict[str, Engine]:

@@ -154,9 +154,9 @@ class Engine(abc.ABC):
 
         ``settings``: how it runs (:class:`EngineSettings`; its :meth:`~EngineSettings.runtime_options`
         for this engine's name are the runtime's). ``calibration_data``: passed by
-        ``optimize_for_inference`` for ``"int8"`` only, as a list of batches
-        (:func:`~convnets.deploy.calibrate.calibration_batches`); an engine that runs no int8 never
-        gets one.
+        ``optimize_for_inference`` for ``"int8"`` only, as a list of batches (the part that
+        :func:`~convnets.deploy.calibrate.split_calibration` keeps for calibration; the rest checks
+        the result); an engine that runs no int8 never gets one.
         """
 
     def check(self, precision: str, device: torch.device, *, option: str = "precision") -> None:

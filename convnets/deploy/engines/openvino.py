@@ -36,9 +36,6 @@ log = logging.getLogger(__name__)
 #: quantized ones; f32 measured as fast as bf16 there, and closer to the model).
 PRECISION_HINTS: dict[str, str] = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 
-#: NNCF's default calibration subset: at most this many calibration images are used.
-CALIBRATION_IMAGES = 300
-
 
 class OpenVinoEngine(Engine):
     """OpenVINO Runtime on the CPU, fp32, bf16 or int8 (NNCF post-training quantization)."""
@@ -71,7 +68,7 @@ class OpenVinoEngine(Engine):
                 ``PERFORMANCE_HINT``, ``NUM_STREAMS``, ``ENABLE_CPU_PINNING``, ...); OpenVINO's own
                 defaults for the rest (benchmarks/bench_engines.py ``--settings`` compares them).
             calibration_data: int8 only (required there): what
-                :func:`~convnets.deploy.calibrate.calibration_batches` returns.
+                :func:`~convnets.deploy.calibrate.split_calibration` keeps for calibration.
         """
         import torch
 
@@ -111,7 +108,7 @@ class OpenVinoEngine(Engine):
                             shape=calibrated)
 
 
-def quantize_int8(ov_model: Any, batches: list[Tensor], *, max_images: int = CALIBRATION_IMAGES) -> Any:
+def quantize_int8(ov_model: Any, batches: list[Tensor]) -> Any:
     """``ov_model`` quantized to int8 by NNCF, calibrated on the images of ``batches``.
 
     NNCF's defaults (``preset`` PERFORMANCE: symmetric int8 weights per output channel, int8
@@ -120,8 +117,9 @@ def quantize_int8(ov_model: Any, batches: list[Tensor], *, max_images: int = CAL
 
     Args:
         ov_model: an ``openvino.Model`` (float).
-        batches: preprocessed ``[n, 3, H, W]`` float32 CPU batches (:func:`~convnets.deploy.calibrate.calibration_batches`).
-        max_images: at most this many images are used (NNCF's ``subset_size``).
+        batches: preprocessed ``[n, 3, H, W]`` float32 CPU batches, every image used (the first
+            part of :func:`~convnets.deploy.calibrate.split_calibration`'s answer: at most 300,
+            NNCF's default ``subset_size``).
 
     Returns:
         The quantized ``openvino.Model``.
@@ -131,7 +129,7 @@ def quantize_int8(ov_model: Any, batches: list[Tensor], *, max_images: int = CAL
 
     core()  # ours first: the Cores NNCF makes for calibration come and go inside its lifetime
     nncf = require("nncf", extra="openvino", purpose="int8 quantization (NNCF)")
-    images = [image[None].numpy() for batch in batches for image in batch][:max_images]
+    images = [image[None].numpy() for batch in batches for image in batch]
     log.info("int8: NNCF post-training quantization calibrated on %d images", len(images))
     return nncf.quantize(ov_model, nncf.Dataset(images), subset_size=len(images))
 
