@@ -75,3 +75,6 @@ BACKENDS: tuple[str, ...] = ("pytorch", "dali-cpu", "dali-gpu", "synthetic")
 #: ``convnets export --triton-backend`` choices: the format's own Triton backend, or Triton's Python
 #: backend running the file (see :mod:`convnets.deploy.triton`).
 TRITON_BACKENDS: tuple[str, ...] = ("native", "python")
+
+#: The files of an evaluation report (``convnets evaluate --output DIR``; :mod:`convnets.evaluation.report`).
+REPORT_FILES: tuple[str, str] = ("report.json", "confusion.png")

@@ -12,6 +12,13 @@ Written files get the permissions ``open()`` would give a new file (``0o666`` mi
 Temporary files are named ``.<name>.<host>-<pid>-<random>.tmp``. One is left behind only when the
 writing process is killed (SIGKILL, power loss) mid-write; the next write to the same path removes
 such leftovers of dead processes of the same host (POSIX only; a live writer's file is never touched).
+:func:`partial_dir` makes temporary directories named the same way (``.partial``), for writers that
+write several files or whose runtime writes them, with the same clean-up.
+
+What a command writes goes through :func:`write_new` (or :func:`check_destination` + :func:`place`
+for files made elsewhere): it never follows a symbolic link it did not create (none at the file, none
+among the directories below the one the user named, :func:`make_dirs`), and never replaces a file
+that exists unless asked to (``force``; ``--force`` on the command line).
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["LockHeldError", "atomic_output", "atomic_write", "directory_problem", "disk_full", "exclusive_lock",
-           "file_kind", "naming", "pid_alive"]
+__all__ = ["LockHeldError", "atomic_output", "atomic_write", "check_destination", "directory_problem", "disk_full",
+           "exclusive_lock", "file_kind", "make_dirs", "naming", "partial_dir", "pid_alive", "place", "write_new"]
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +56,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _temp_pattern(path: Path) -> re.Pattern[str]:
-    return re.compile(rf"^\.{re.escape(path.name)}\.([0-9a-f]{{8}})-(\d+)-[0-9a-f]+\.tmp$")
+def _temp_name(path: Path, suffix: str = "tmp") -> Path:
+    """A new temporary name beside ``path`` that :func:`_remove_stale_temps` recognises."""
+    return path.with_name(f".{path.name}.{_HOST}-{os.getpid()}-{secrets.token_hex(4)}.{suffix}")
+
+
+def _temp_pattern(path: Path, suffix: str = "tmp") -> re.Pattern[str]:
+    return re.compile(rf"^\.{re.escape(path.name)}\.([0-9a-f]{{8}})-(\d+)-[0-9a-f]+\.{suffix}$")
 
 
 def pid_alive(pid: int) -> bool:
@@ -64,11 +76,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_stale_temps(path: Path) -> None:
-    """Delete temporary files that killed writers of ``path`` left behind (same host, dead pid)."""
+def _remove_stale_temps(path: Path, suffix: str = "tmp") -> None:
+    """Delete temporary files (``suffix="partial"``: directories of this user's) that killed writers of
+    ``path`` left behind (same host, dead pid)."""
     if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
         return
-    pattern = _temp_pattern(path)
+    pattern = _temp_pattern(path, suffix)
     try:
         names = os.listdir(path.parent)
     except OSError:
@@ -78,7 +91,14 @@ def _remove_stale_temps(path: Path) -> None:
         # Another host's writer may be alive on a shared file system: only our host's pids can be checked.
         if m and m.group(1) == _HOST and not pid_alive(int(m.group(2))):
             with contextlib.suppress(OSError):
-                (path.parent / name).unlink()
+                leftover = path.parent / name
+                st = os.lstat(leftover)
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                    import shutil  # only for a killed writer's directory
+
+                    shutil.rmtree(leftover)  # never follows a link inside
+                elif not stat.S_ISDIR(st.st_mode):
+                    leftover.unlink()
                 log.info("removed %s, left by a writer of %s that was killed", name, path)
 
 
@@ -105,7 +125,7 @@ def atomic_output(path: str | os.PathLike[str], *, exclusive: bool = False) -> I
     """
     path = Path(path)
     _remove_stale_temps(path)
-    tmp = path.with_name(f".{path.name}.{_HOST}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    tmp = _temp_name(path)
     try:
         # "x" is O_CREAT | O_EXCL with mode 0o666: the umask applies, as for any new file
         # (tempfile.mkstemp would force 0600 and make checkpoints unreadable to other users).
@@ -247,6 +267,131 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     """
     with atomic_output(path, exclusive=exclusive) as f:
         write(f)
+
+
+_A_LINK = "is a symbolic link (convnets writes nothing through a link it did not make)"
+
+
+def _below(path: Path, base: Path) -> list[Path]:
+    """The directories strictly below ``base`` down to ``path``, outermost first."""
+    return [p for p in (*reversed(path.parents), path) if base in p.parents]
+
+
+def _link_in_the_way(path: Path, base: Path | None) -> Path | None:
+    """The first symbolic link among the directories strictly below ``base`` down to ``path``'s parent."""
+    return None if base is None else next((d for d in _below(path.parent, base) if os.path.islink(d)), None)
+
+
+def check_destination(path: str | os.PathLike[str], *, force: bool = False, base: str | os.PathLike[str] | None = None,
+                      option: str = "output") -> Path:
+    """That ``path`` may be written: no symbolic link stands in its way, and it does not exist unless ``force``.
+
+    Links in the directory the user named (``base``, else ``path``'s parent) are the user's own;
+    below it, a link among the directories or at ``path`` is never written through (one at ``path``
+    counts as a file that exists: ``force`` replaces the link itself, not what it points to).
+
+    Args:
+        path: the file to write.
+        force: replace a file that exists.
+        base: the directory the user named, above ``path``.
+        option: the command-line option that named it, for the message (``output``: ``--output``).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        InvalidArgumentError: it exists (and not ``force``), or a link is in the way; the message
+            names it and what to do (``force=True`` / ``--force``).
+    """
+    path = Path(path)
+    link = _link_in_the_way(path, None if base is None else Path(base))
+    if link is not None:
+        raise _refused(f"{link} {_A_LINK}", option)
+    if not force and os.path.lexists(path):
+        raise _refused(f"{path} exists ({'a symbolic link' if os.path.islink(path) else 'a file'})", option,
+                       force=True)
+    return path
+
+
+def _refused(problem: str, option: str, *, force: bool = False) -> Exception:
+    """The error of a destination refused for ``problem``: what to do, in Python's words and the command line's."""
+    from convnets.errors import InvalidArgumentError
+
+    if force:
+        advice = (f"pass force=True to replace it, or choose another {option}",
+                  f"pass --force to replace it, or choose another --{option}")
+    else:
+        advice = (f"remove it or choose another {option}", f"remove it or choose another --{option}")
+    return InvalidArgumentError(f"{problem}: {advice[0]}", keyword="force" if force else None,
+                                cli=f"--{option}: {problem}: {advice[1]}")
+
+
+def make_dirs(directory: str | os.PathLike[str], *, base: str | os.PathLike[str], option: str = "output") -> Path:
+    """Create ``directory`` and its missing parents up to ``base`` (the directory the user named, created
+    too if missing), none of them through a symbolic link below ``base``.
+
+    Raises:
+        InvalidArgumentError: a link, or a file, is in the way (the message names it).
+        OSError: a directory cannot be created.
+    """
+    directory, base = Path(directory), Path(base)
+    base.mkdir(parents=True, exist_ok=True)
+    for part in _below(directory, base):
+        with contextlib.suppress(FileExistsError):
+            part.mkdir()
+        if os.path.islink(part) or not part.is_dir():
+            raise _refused(f"{part} {_A_LINK if os.path.islink(part) else 'is not a directory'}", option)
+    return directory
+
+
+def write_new(path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, force: bool = False,
+              base: str | os.PathLike[str] | None = None, option: str = "output") -> Path:
+    """Write ``path`` atomically through ``write(file)`` (:func:`atomic_write`), after :func:`check_destination`;
+    without ``force`` a file that someone creates there meanwhile is left alone too (and refused).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        InvalidArgumentError: as :func:`check_destination` (also for a file created meanwhile).
+        OSError: it cannot be written (it names ``path``).
+    """
+    path = check_destination(path, force=force, base=base, option=option)
+    try:
+        atomic_write(path, write, exclusive=not force)
+    except FileExistsError:
+        check_destination(path, force=False, base=base, option=option)  # raises: it exists now
+        raise
+    return path
+
+
+def place(complete: str | os.PathLike[str], path: str | os.PathLike[str], *, force: bool = False) -> None:
+    """Give the complete file ``complete`` (in the same directory, or one on the same file system) the name
+    ``path``: ``force`` replaces what is there (a link itself, never its target), else a file that
+    exists is left alone (FileExistsError). Check first with :func:`check_destination`."""
+    if force:
+        os.replace(complete, path)
+    else:
+        _link_new(Path(complete), Path(path))
+
+
+@contextlib.contextmanager
+def partial_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A private temporary directory beside ``path`` for its writer, deleted when the block ends.
+
+    Named ``.<name>.<host>-<pid>-<random>.partial``: one that a killed writer left is removed by the
+    next writer of ``path`` (this host, a dead pid, a directory of this user's), not tripped over.
+    """
+    import shutil
+
+    path = Path(path)
+    _remove_stale_temps(path, "partial")
+    tmp = _temp_name(path, "partial")
+    tmp.mkdir(mode=0o700)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def directory_problem(folder: str | os.PathLike[str]) -> str | None:

@@ -153,7 +153,7 @@ def test_benchmark_json_prints_the_report_and_output_writes_it(tmp_path: Path,
     printed = json.loads(capsys.readouterr().out)  # the JSON alone: no table
     assert printed == json.loads(out.read_text())
     assert printed["config"]["batch_sizes"] == [2] and printed["results"][0]["batch_size"] == 2
-    assert main([*BENCH, "--output", str(out)]) == 0
+    assert main([*BENCH, "--output", str(out), "--force"]) == 0  # the file of the first run, replaced as asked
     assert "img/s" in capsys.readouterr().out  # the table, and the file
     assert json.loads(out.read_text())["config"]["image_size"] == 32
 

@@ -221,6 +221,67 @@ def test_predict_in_a_cache_directory_others_can_write_predicts_without_the_cach
     assert list(root.iterdir()) == []
 
 
+def test_a_root_swapped_after_its_check_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    conversions: dict[str, int]) -> None:
+    """Whoever can write the root's parent renames another directory in right after the root's check:
+    the cache keeps working in the directory it checked, and the planted graph is never loaded."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("CONVNETS_CACHE_DIR", str(root))
+    expected = build(0)(images())
+    (ours,) = root.iterdir()
+    other = build(1)
+    planted = tmp_path / "planted"
+    shutil.copytree(root, planted, ignore=lambda folder, names: [n for n in names if n != ours.name]
+                    if Path(folder) == root else [])
+    graph = planted / ours.name / "model.onnx"
+    shutil.copyfile(_path(other) / "model.onnx", graph)  # another model's graph, its digest recorded to match
+    rewrite_manifest(planted / ours.name, lambda m: m["files"].update(
+        {"model.onnx": {"size": graph.stat().st_size, "sha256": engine_cache.disk.file_digest(graph)}}))
+    checked = os.stat(root)
+    original = engine_cache.disk._foreign
+    swapped = []
+
+    def racing(st: os.stat_result) -> str | None:
+        verdict = original(st)
+        if not swapped and (st.st_dev, st.st_ino) == (checked.st_dev, checked.st_ino):
+            root.rename(tmp_path / "moved")
+            planted.rename(root)
+            swapped.append(True)
+        return verdict
+    monkeypatch.setattr(engine_cache.disk, "_foreign", racing)
+    got = build(0)(images())
+    assert swapped and conversions["onnxruntime"] == 2
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)  # the checked directory's graph
+
+
+@pytest.mark.parametrize("how", ["eviction", "cache clear"])
+def test_folders_that_merely_look_like_entries_are_never_touched(how: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONVNETS_CACHE_DIR=$HOME with a size limit: the user's folders named like entries (one even with
+    an entry.json naming its files) keep their names and every file; only the cache's entries go."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    monkeypatch.setenv("CONVNETS_CACHE_DIR", str(home))
+    monkeypatch.setenv("CONVNETS_CACHE_MAX_SIZE", "1")  # nothing fits: every entry but the newest goes
+    theirs = {}
+    for i, manifest in enumerate(([], ["report.pdf"])):
+        folder = home / f"onnxruntime-{i:032x}"
+        folder.mkdir(mode=0o755)
+        (folder / "report.pdf").write_bytes(b"%PDF the user's")
+        if manifest:
+            (folder / "entry.json").write_text(json.dumps({"files": {n: {} for n in manifest}}))
+        os.utime(folder, (1_600_000_000, 1_600_000_000))  # the least recently "used"
+        theirs[folder] = files_in(folder)
+    first = _path(build(0))
+    second = _path(build(1))
+    if how == "cache clear":
+        assert main(["cache", "clear"]) == 0
+        assert not second.exists()
+    assert not first.exists()
+    assert {folder: files_in(folder) for folder in theirs} == theirs
+    assert sorted(p.name for p in home.iterdir() if p.name.startswith(".")) == []  # none renamed away
+
+
 # --- verdict.json and entry.json are checked against their schema ---------------------------------
 
 
@@ -280,6 +341,7 @@ def test_cache_list_escapes_what_an_entry_says(capsys: pytest.CaptureFixture[str
     key = engine_cache.keys.entry_key(fields)  # a consistent entry, as a planted one would be
     entry = root / f"onnxruntime-{key[:32]}"
     entry.mkdir(mode=0o700)
+    engine_cache.disk.mark(entry)  # one the cache wrote, as far as anyone can tell
     (entry / "entry.json").write_text(json.dumps({"key": key, "fields": fields, "files": {},
                                                   "created": "2026\x1b[8m"}))
     (entry / "entry.json").chmod(0o644)

@@ -159,13 +159,13 @@ def test_a_two_file_format_exports_verifies_and_serves_on_triton(extra_formats: 
 
 def test_a_failed_multi_file_export_leaves_no_file_behind(extra_formats: None, tmp_path: Path) -> None:
     (tmp_path / "model.json").write_text("an older export's sidecar")
-    with pytest.raises(ExportError, match="exported twofile model disagrees"):
+    with pytest.raises(ExportError, match="exported twofile model disagrees"):  # force: may replace the older one
         export_model(tiny_model(), tmp_path / "model.ts", format="twofile", scale=1.01, batch=verification_batch(),
-                     image_size=SIZE)
+                     image_size=SIZE, force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["model.json"]  # untouched, no temporary folder
     assert (tmp_path / "model.json").read_text() == "an older export's sidecar"
     result = export_model(tiny_model(), tmp_path / "model.ts", format="twofile", batch=verification_batch(),
-                          image_size=SIZE)
+                          image_size=SIZE, force=True)
     assert result.files == (tmp_path / "model.ts", tmp_path / "model.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.ts"]
     x = torch.randn(2, 3, SIZE, SIZE)

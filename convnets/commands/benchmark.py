@@ -10,7 +10,7 @@ Examples::
         --memory-format channels_last --batch-sizes 128                        # the fine-tuning step
 
 Weights do not change the speed, so random weights are the default (no download). ``--output FILE``
-writes the environment, configuration and results as JSON; ``--json`` prints that JSON on stdout
+writes the environment, configuration and results as JSON (an existing FILE only with ``--force``); ``--json`` prints that JSON on stdout
 instead of the table (``--json FILE``, which wrote the file and printed the table, still does).
 """
 
@@ -21,12 +21,11 @@ import json
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.model_options import add_model_arguments, load_from_args
-from convnets.commands.options import (add_image_size_argument, add_json_argument, add_output_argument, bounded_int,
-                                       positive_int)
+from convnets.commands.options import (add_force_argument, add_image_size_argument, add_json_argument,
+                                       add_output_argument, bounded_int, positive_int)
 from convnets.commands.path_checks import check_inputs_exist, check_output_file, usage_errors
 from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
                                            add_engine_argument, add_engine_settings_arguments,
@@ -81,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_argument(parser, metavar="FILE", help="the JSON file (written) that gets the environment, configuration "
                                                      "and results, besides the table")
     add_json_argument(parser, help="the environment, configuration and results", file_option="--output")
+    add_force_argument(parser, what="the --output FILE")
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -102,13 +102,20 @@ def _batch_sizes(text: str) -> list[int]:
 def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
     """Before anything heavy is imported: ``--weights`` exists, ``--output`` (and the older ``--json
     FILE``) can be written (usage errors, see :mod:`convnets.cli`); returns the run."""
+    from convnets.fileio import check_destination
+
     with usage_errors():
         check_inputs_exist("--weights", args.weights)
-        if args.output is not None:
-            check_output_file(args.output)
-        if isinstance(args.json, str):
-            check_output_file(args.json, option="json")
+        for option, path in _files(args):
+            check_output_file(path, option=option)
+            check_destination(path, force=args.force, option=option)  # at once, not after the measurements
     return lambda: run(args)
+
+
+def _files(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The JSON files to write: ``(option without its dashes, path)`` of ``--output`` and the older ``--json FILE``."""
+    return [(option, path) for option, path in (("output", args.output), ("json", args.json))
+            if isinstance(path, str)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     from convnets.deploy.benchmark import environment, format_engine_table, format_table
     from convnets.deploy.torch_path import num_threads
+    from convnets.fileio import write_new
 
     if isinstance(args.json, str):
         log.warning("--json FILE is the older spelling of --output FILE; use --output %s", args.json)
@@ -151,9 +159,8 @@ def run(args: argparse.Namespace) -> int:
         rows = [r.to_dict() | ({"engine": engine} if args.mode == "inference" else {})
                 for engine, results in runs for r in results]
         text = json.dumps({"environment": env, "config": config, "results": rows}, indent=2) + "\n"
-        for path in (args.output, args.json if isinstance(args.json, str) else None):
-            if path is not None:
-                Path(path).write_text(text, encoding="utf-8")
+        for option, path in _files(args):
+            write_new(path, lambda f: f.write(text.encode("utf-8")), force=args.force, option=option)
         if args.json is True:
             print(text, end="")
     return 0

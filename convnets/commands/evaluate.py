@@ -17,12 +17,14 @@ from pathlib import Path
 
 from convnets.commands.batch_options import add_fast_decode_argument
 from convnets.commands.model_options import add_model_arguments, load_from_args
-from convnets.commands.options import add_output_argument, batch_size, non_negative_int
+from convnets.commands.options import add_force_argument, add_output_argument, batch_size, non_negative_int
 from convnets.commands.path_checks import check_inputs_exist, check_output_directory, usage_errors
 from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
                                            add_engine_argument, add_engine_settings_arguments,
                                            add_memory_format_argument, add_precision_argument, device_from_args,
                                            engine_settings_from_args)
+from convnets.constants import REPORT_FILES
+from convnets.fileio import check_destination
 
 _EPILOG = """\
 data layouts (detected):
@@ -51,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "data/ILSVRC2012_validation_ground_truth.txt, meta.bin); default: searched for")
     add_output_argument(data, metavar="DIR", help="directory (created) that gets report.json and confusion.png "
                                                    "(matplotlib)")
+    add_force_argument(data, what="report.json and confusion.png in DIR")
     data.add_argument("--batch-size", type=batch_size, default=64, metavar="B",
                       help="images per forward pass (default 64)")
     data.add_argument("--workers", type=non_negative_int, default=4, metavar="N",
@@ -81,6 +84,8 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
         check_inputs_exist("--weights", args.weights)
         if args.output is not None:
             check_output_directory(args.output)
+            for name in REPORT_FILES:
+                check_destination(Path(args.output) / name, force=args.force)
     return lambda: run(args)
 
 
@@ -99,6 +104,6 @@ def run(args: argparse.Namespace) -> int:
     report.source.update(model=loaded.name, weights=loaded.weights)
     print(report.table(), flush=True)
     if args.output is not None:
-        files = report.write(Path(args.output))
+        files = report.write(Path(args.output), force=args.force)
         print("wrote " + ", ".join(str(f) for f in files), flush=True)
     return 0

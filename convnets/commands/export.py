@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import add_private_urls_argument
 from convnets.commands.model_options import add_model_arguments, load_from_args
-from convnets.commands.options import add_image_size_argument, add_json_argument, add_output_argument, batch_size
+from convnets.commands.options import (add_force_argument, add_image_size_argument, add_json_argument,
+                                       add_output_argument, batch_size)
 from convnets.commands.path_checks import check_inputs_exist, check_output_directory, usage_errors
 from convnets.commands.run_options import add_precision_argument
 from convnets.constants import DEFAULT_IMAGE_SIZE, TRITON_BACKENDS
@@ -72,6 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_image_size_argument(parser, default=None, help="input size (default: the size the --weights checkpoint was "
                                                        f"trained at, else {DEFAULT_IMAGE_SIZE})")
     add_json_argument(parser, help="the result (files, tensors, verification)")
+    add_force_argument(parser, what="the files of an earlier export in DIR (model files, config.pbtxt, README.md, "
+                                    "labels.txt, model.py, config.json)")
     for fmt in formats:
         if fmt.options:
             group = parser.add_argument_group(f"--format {fmt.name} options")
@@ -114,7 +117,9 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
 def run(args: argparse.Namespace) -> int:
     """Run ``convnets export``."""
     from convnets.deploy.export import export_model, sample_batch
-    from convnets.deploy.triton import check_model_name, check_triton_format, model_version_dir, write_triton_files
+    from convnets.deploy.triton import (check_model_name, check_triton_format, model_version_dir, triton_files,
+                                        write_triton_files)
+    from convnets.fileio import check_destination, make_dirs
 
     fmt = get_format(args.format)
     options = fmt.resolve_options(_format_options(args, fmt))  # bad values fail before the model loads
@@ -142,22 +147,25 @@ def run(args: argparse.Namespace) -> int:
     name = check_model_name(args.name or loaded.name)
     output = Path(args.output)
     path = (model_version_dir(output, name) if args.triton else output) / fmt.file_names[0]
+    # Every file this run writes is free (or --force) and reached through no link, before any is written.
+    for target in [*fmt.files(path), *(triton_files(output, name, backend) if args.triton else ())]:
+        check_destination(target, force=args.force, base=output)
     batch, description = sample_batch(args.images, image_size=image_size, allow_private=args.allow_private)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, base=output)
     result = export_model(loaded.model, path, format=fmt.name, precision=args.precision, batch=batch,
-                          batch_description=description, image_size=image_size, **options)
-    triton_files = []
+                          batch_description=description, image_size=image_size, force=args.force, **options)
+    written = []
     if args.triton:
-        triton_files = write_triton_files(output, name, result, max_batch_size=max_batch_size,
-                                          class_names=getattr(loaded.model, "class_names", None),
-                                          image_size=image_size, backend=backend)
+        written = write_triton_files(output, name, result, max_batch_size=max_batch_size,
+                                     class_names=getattr(loaded.model, "class_names", None),
+                                     image_size=image_size, backend=backend, force=args.force)
     if args.json:
         report = {"model": loaded.name, "weights": loaded.weights, **result.to_dict()}
         if args.precision == "fp16":
             report["note"] = _FP16_NOTE
         if args.triton:
             report["triton"] = {"repository": str(output), "name": name, "max_batch_size": max_batch_size,
-                                "backend": backend, "files": [str(p) for p in triton_files]}
+                                "backend": backend, "files": [str(p) for p in written]}
         print(json.dumps(report, indent=2))
         return 0
     _print_summary(loaded.name, loaded.weights, result)

@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from typing import Any, Union
 
 from convnets.constants import MAX_BATCH_SIZE, MAX_IMAGE_SIZE
 from convnets.errors import InvalidArgumentError
 
-__all__ = ["Parser", "add_image_size_argument", "add_json_argument", "add_output_argument", "argparse_type",
-           "batch_size", "bounded_int", "non_negative_int", "pixels", "positive_int", "positive_seconds"]
+__all__ = ["Parser", "add_force_argument", "add_image_size_argument", "add_json_argument", "add_output_argument",
+           "argparse_type", "batch_size", "bounded_int", "non_negative_int", "path_text", "pixels", "positive_int",
+           "positive_seconds"]
 
 #: What an ``add_*`` function adds options to: a parser or one of its argument groups.
 Parser = Union[argparse.ArgumentParser, argparse._ArgumentGroup]
@@ -137,7 +139,29 @@ def add_output_argument(parser: Parser, *, metavar: str, help: str, required: bo
         help: what is written there.
         required: the command writes nothing without it.
     """
-    parser.add_argument("--output", metavar=metavar, default=None, required=required, help=help)
+    parser.add_argument("--output", type=path_text, metavar=metavar, default=None, required=required, help=help)
+
+
+def path_text(text: str) -> str:
+    """argparse ``type=`` for a path a command writes (``--output``): a name that is text. Bytes that
+    are not UTF-8 (the shell's ``$'\\xff.json'``) are refused as a usage error naming the option,
+    since the runtimes that write files take text names."""
+    try:
+        text.encode("utf-8")  # an undecodable byte reaches Python as a lone surrogate, which does not encode
+    except UnicodeError:
+        shown = repr(os.fsencode(text))[1:]
+        raise argparse.ArgumentTypeError(f"{shown} holds bytes that are not UTF-8 text; give a name that is text "
+                                         "(letters, digits, ...)") from None
+    return text
+
+
+def add_force_argument(parser: Parser, *, what: str) -> None:
+    """Add ``--force``: replace ``what`` where it exists (without it an existing file is refused). Either
+    way nothing is written through a symbolic link convnets did not make; a link in the file's place
+    is replaced itself."""
+    parser.add_argument("--force", action="store_true",
+                        help=f"replace {what} if it exists (default: refuse; a symbolic link there is replaced, "
+                             "never written through)")
 
 
 def add_json_argument(parser: Parser, *, help: str, file_option: str | None = None) -> None:
@@ -154,7 +178,7 @@ def add_json_argument(parser: Parser, *, help: str, file_option: str | None = No
     if file_option is None:
         parser.add_argument("--json", action="store_true", help=text)
     else:
-        parser.add_argument("--json", nargs="?", const=True, default=False, metavar="FILE",
+        parser.add_argument("--json", nargs="?", const=True, default=False, metavar="FILE", type=path_text,
                             help=f"{text} (--json FILE: the older spelling of {file_option} FILE)")
 
 

@@ -22,8 +22,6 @@ import dataclasses
 import logging
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +36,7 @@ from convnets.deploy.formats import (EXPORT_PRECISIONS, ExportFormat, Runner, ex
                                      require)
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import ConvnetsError, ExportError, InvalidArgumentError
-from convnets.fileio import disk_full
+from convnets.fileio import check_destination, disk_full, partial_dir, place
 from convnets.preprocessing import prepare_input_from_uri
 from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
 from convnets.preprocessing.presets import EvalPreset
@@ -237,6 +235,7 @@ def export_model(
     batch: Tensor | None = None,
     batch_description: str | None = None,
     image_size: int = 224,
+    force: bool = False,
     **options: Any,
 ) -> ExportResult:
     """Export ``model`` (BatchNorm folded unless the format keeps it) and verify the file against it.
@@ -254,13 +253,17 @@ def export_model(
             :func:`sample_batch` (real photos).
         batch_description: what ``batch`` is, for the report.
         image_size: input height and width (fixed in the graph; only the batch axis is dynamic).
+        force: replace the files that exist at ``path`` (and its companion files); without it an
+            existing one is refused. A symbolic link there is never written through (``force``
+            replaces the link itself).
         options: the format's own options, e.g. ``opset=17`` (ONNX opset, 17 or newer).
 
     Returns:
         An :class:`ExportResult`, verification included.
 
     Raises:
-        InvalidArgumentError: unknown format, a precision it cannot export, a bad option value.
+        InvalidArgumentError: unknown format, a precision it cannot export, a bad option value; a
+            file to write exists (without ``force``).
         UnknownArgumentError: an option the format does not take.
         ExportError: the format cannot hold this network (timm: SE-ResNeXt, changed architectures).
         ExportError: export failed, or the file's logits disagree with PyTorch (fp32: relative
@@ -284,10 +287,13 @@ def export_model(
     reference = copy.deepcopy(model).eval().cpu().float()
     # A format of the training layout (timm's; fp32 only) gets the model as it is, BatchNorm kept.
     module = _exportable(model, precision) if fmt.folds_batchnorm else reference
+    files = fmt.files(path)
+    for target in files:  # before the slow part; checked again as each file is put in place
+        check_destination(target, force=force, option="path")
     # Written into a hidden folder next to the target and moved into place only once verified, so
-    # that a failed export leaves neither a partial file nor a stale companion file.
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
-    try:
+    # that a failed export leaves neither a partial file nor a stale companion file (nor, once the
+    # next export has run, the folder of one that was killed).
+    with partial_dir(path) as tmp_dir:
         tmp = tmp_dir / path.name
         try:
             fmt.write(module, tmp, batch[:2], **options)
@@ -306,11 +312,13 @@ def export_model(
                 f"the exported {fmt.name} model disagrees with PyTorch: max abs error "
                 f"{verification.max_abs_error:.3g}, relative {verification.max_rel_error:.3g}, min cosine "
                 f"{verification.min_cosine:.6f} (required: {verification.tolerance}); nothing was written")
-        files = fmt.files(path)
         for written, target in zip(fmt.files(tmp), files):
-            os.replace(written, target)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+            check_destination(target, force=force, option="path")
+            try:
+                place(written, target, force=force)
+            except FileExistsError:  # created meanwhile by someone else: theirs stays
+                check_destination(target, option="path")
+                raise
     log.info("exported %s (%s), verified: %s", path, precision, verification)
     return ExportResult(fmt.name, precision, path, input_name, output_name, input_shape, output_shape,
                         verification, files)

@@ -40,9 +40,10 @@ from convnets.preprocessing.presets import EvalPreset
 from convnets.deploy.formats import ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint
+from convnets.fileio import check_destination, write_new
 
 __all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_version_dir", "triton_config",
-           "write_labels", "write_triton_files"]
+           "triton_files", "write_labels", "write_triton_files"]
 
 #: The config parameters that tell the Python variant's model.py which runtime loads which file
 #: (convnets.deploy.triton_python reads them under the same names).
@@ -225,22 +226,30 @@ print(logits.argmax(1))
 {notes}"""
 
 
-def write_labels(model_dir: Path, labels: Sequence[str]) -> Path:
-    """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names).
+def write_labels(model_dir: Path, labels: Sequence[str], *, force: bool = False, base: Path | None = None) -> Path:
+    """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names), as
+    :func:`convnets.fileio.write_new` writes (``force``: replace it; ``base``: the repository).
 
     Returns:
         The file written.
     """
-    path = model_dir / "labels.txt"
-    path.write_text("\n".join(labels) + "\n", encoding="utf-8")
-    return path
+    return _write_text(model_dir / "labels.txt", "\n".join(labels) + "\n", force=force, base=base)
+
+
+def _write_text(path: Path, text: str, *, force: bool, base: Path | None) -> Path:
+    """:func:`convnets.fileio.write_new` of ``text`` (UTF-8) at ``path`` in the repository ``base``."""
+    return write_new(path, lambda f: f.write(text.encode("utf-8")), force=force, base=base)
 
 
 def write_triton_files(repository: str | Path, name: str, export: ExportResult, *, max_batch_size: int,
                        class_names: Sequence[str] | None = None, image_size: int = 224,
-                       backend: str = "native") -> list[Path]:
+                       backend: str = "native", force: bool = False) -> list[Path]:
     """Write ``config.pbtxt``, ``labels.txt`` (if ``class_names``) and ``README.md`` for ``export``,
     and ``1/model.py`` for the ``"python"`` backend variant (a copy of :mod:`convnets.deploy.triton_python`).
+
+    Each is written atomically, never through a symbolic link below ``repository``, and replaces a
+    file that exists (a hand-edited ``config.pbtxt``) only with ``force``; all are checked before
+    any is written.
 
     The model file itself must already be at ``model_version_dir(repository, name) /`` the
     format's first file name (``model.onnx``, ``model.pt``, ...), which is where the export command
@@ -250,29 +259,35 @@ def write_triton_files(repository: str | Path, name: str, export: ExportResult, 
         The files written.
 
     Raises:
-        InvalidArgumentError: the model file is not where Triton looks for it, or ``class_names``
-            does not match the number of outputs (and see :func:`triton_config`).
+        InvalidArgumentError: the model file is not where Triton looks for it, ``class_names``
+            does not match the number of outputs, or a file exists (without ``force``) or a link is
+            in the way (and see :func:`triton_config`).
     """
     repository = Path(repository)
-    model_dir = repository / check_model_name(name)
     expected = model_version_dir(repository, name) / check_triton_format(export.format, backend).file_names[0]
     if export.path.resolve() != expected.resolve():
         raise InvalidArgumentError(f"the model file must be {expected} for Triton, not {export.path}")
-    written = []
     labels = list(class_names or [])
     if labels and len(labels) != export.output_shape[-1]:
         raise InvalidArgumentError(f"{len(labels)} class names for {export.output_shape[-1]} outputs")
-    if labels:
-        written.append(write_labels(model_dir, labels))
-    written.append(model_dir / "config.pbtxt")
-    written[-1].write_text(triton_config(name, export, max_batch_size=max_batch_size, has_labels=bool(labels),
-                                         backend=backend), encoding="utf-8")
-    if backend == "python":
-        written.append(expected.parent / "model.py")
-        written[-1].write_text(triton_python_source().read_text(encoding="utf-8"), encoding="utf-8")
-    written.append(model_dir / "README.md")
-    written[-1].write_text(_readme(repository, name, export, max_batch_size, image_size, backend), encoding="utf-8")
-    return written
+    files = triton_files(repository, name, backend, labels=bool(labels))
+    for path in files:
+        check_destination(path, force=force, base=repository)
+    texts = {"config.pbtxt": triton_config(name, export, max_batch_size=max_batch_size, has_labels=bool(labels),
+                                           backend=backend),
+             "model.py": triton_python_source().read_text(encoding="utf-8"),
+             "README.md": _readme(repository, name, export, max_batch_size, image_size, backend)}
+    return [write_labels(path.parent, labels, force=force, base=repository) if path.name == "labels.txt"
+            else _write_text(path, texts[path.name], force=force, base=repository) for path in files]
+
+
+def triton_files(repository: str | Path, name: str, backend: str = "native", *, labels: bool = True) -> list[Path]:
+    """What :func:`write_triton_files` writes besides the model's own files: ``labels.txt`` (with
+    ``labels``), ``config.pbtxt``, ``1/model.py`` (the Python variant), ``README.md``."""
+    model_dir = Path(repository) / check_model_name(name)
+    version = model_version_dir(repository, name)
+    return [*([model_dir / "labels.txt"] if labels else []), model_dir / "config.pbtxt",
+            *([version / "model.py"] if backend == "python" else []), model_dir / "README.md"]
 
 
 def triton_python_source() -> Path:

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from convnets.errors import MissingDependencyError
 from convnets.extras import install_hint
-from convnets.fileio import atomic_write
+from convnets.fileio import write_new
 
 __all__ = ["DPI", "FIGSIZE", "MAX_SHOWN", "plot_confusion", "shown_classes"]
 
@@ -54,20 +54,23 @@ def shown_classes(confusion: npt.NDArray[Any], pairs: list[tuple[int, int]], lim
     return sorted(chosen)
 
 
-def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str | Path, *, summary: str = "") -> Path:
+def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str | Path, *, summary: str = "",
+                   force: bool = False) -> Path:
     """Draw a confusion (sub-)matrix into the PNG ``path``.
 
     Args:
         confusion: ``[true, predicted]`` image counts, ``C x C``.
         names: the ``C`` class names.
-        path: the PNG to write (atomically).
+        path: the PNG to write (atomically; never through a symbolic link).
         summary: ends the title, e.g. ``"top-1 81.20% on 50000 images"``.
+        force: replace ``path`` if it exists (else refused).
 
     Returns:
         ``path``.
 
     Raises:
         MissingDependencyError: matplotlib is not installed.
+        InvalidArgumentError: ``path`` exists (without ``force``).
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -107,8 +110,7 @@ def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str 
     what = (f"all {len(shown)} classes" if len(shown) == involved else
             f"the {len(shown)} classes of the most confused pairs (of {involved} involved)")
     ax.set_title(f"confusion: {what}" + (f"; {summary}" if summary else ""))
-    atomic_write(path, lambda f: fig.savefig(f, format="png"))
-    return Path(path)
+    return write_new(path, lambda f: fig.savefig(f, format="png"), force=force)
 
 
 def _short(name: Any, width: int = 22) -> str:

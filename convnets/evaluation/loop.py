@@ -37,7 +37,7 @@ from convnets.data.folders import eval_loader, to_device
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.evaluation.data import EvalSamples, find_eval_samples
 # EvalTotals is what accumulate returns: re-exported so its callers need one import.
-from convnets.evaluation.report import EvalTotals, EvaluationReport
+from convnets.evaluation.report import EvalTotals, EvaluationReport, check_report_destination
 from convnets.runtime import Precision
 
 __all__ = ["EvalTotals", "accumulate", "class_keys_and_names", "evaluate_model"]
@@ -150,7 +150,8 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
                    batch_size: int = 64, workers: int = 4, device: str | torch.device | None = None,
                    precision: str = "fp32", memory_format: str | None = None, progress: bool = False,
                    fast_decode: bool = False, engine: str | None = None, compile: bool = False,
-                   cache: bool = True, settings: EngineSettings = DEFAULT_SETTINGS) -> EvaluationReport:
+                   cache: bool = True, settings: EngineSettings = DEFAULT_SETTINGS,
+                   force: bool = False) -> EvaluationReport:
     """Evaluate a model on a labelled image set and (with ``output``) write its report.
 
     Example::
@@ -164,6 +165,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         data: the data set, in any layout of :mod:`convnets.evaluation.data`.
         labels: the labels file of a flat ImageNet layout (default: searched for).
         output: the report directory: ``report.json`` and ``confusion.png``; ``None``: none written.
+            Files of an earlier report there are refused before the evaluation, unless ``force``.
         batch_size: images per forward pass.
         workers: data-loader processes.
         device: ``"auto"`` / ``None`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
@@ -181,17 +183,21 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         compile: with ``engine="torch"``: ``torch.compile`` the model.
         cache: with an engine other than torch: use the engine cache (see ``optimize_for_inference``).
         settings: with an engine: how it runs (threads, ...; see ``optimize_for_inference``).
+        force: replace the report files of an earlier evaluation in ``output``.
 
     Returns:
         The report.
 
     Raises:
         DataError: no layout matches ``data``, its classes are not the model's, or no image is readable.
-        InvalidArgumentError, UnsupportedPrecisionError: a bad setting.
+        InvalidArgumentError, UnsupportedPrecisionError: a bad setting; a report file in ``output``
+            exists (without ``force``).
         CheckpointError, WeightsUnavailableError: from loading the model.
     """
     from convnets.runtime import PRECISIONS, resolve_device, resolve_precision
 
+    if output is not None:
+        check_report_destination(output, force=force)  # before the evaluation, not after it
     for name, value in (("batch_size", batch_size), ("workers", workers)):
         if not isinstance(value, int) or value < (1 if name == "batch_size" else 0):
             raise InvalidArgumentError(f"{name} must be a {'positive' if name == 'batch_size' else 'non-negative'} "
@@ -240,5 +246,5 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
               "seconds": round(time.perf_counter() - start, 3)}
     report = EvaluationReport.from_totals(totals, keys, names, source)
     if output is not None:
-        report.write(output)
+        report.write(output, force=force)
     return report

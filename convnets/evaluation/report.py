@@ -30,18 +30,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from convnets.constants import REPORT_FILES
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint
-from convnets.fileio import atomic_write
+from convnets.fileio import check_destination, write_new
 
 __all__ = ["CONFUSION", "METRICS", "REPORT", "ClassMetrics", "ConfusedPair", "Counts", "EvalTotals",
-           "EvaluationReport", "Metric"]
+           "EvaluationReport", "Metric", "check_report_destination"]
 
 log = logging.getLogger(__name__)
 
 #: File names in the report directory.
-REPORT = "report.json"
-CONFUSION = "confusion.png"
+REPORT, CONFUSION = REPORT_FILES
 #: Most confused pairs kept in the report.
 TOP_PAIRS = 20
 
@@ -287,26 +287,42 @@ class EvaluationReport:
                 lines.append(f"  {p.true_name} -> {p.predicted_name}: {p.count} ({100 * p.fraction:.1f}%)")
         return "\n".join(lines)
 
-    def write(self, directory: str | os.PathLike[str], *, figure: bool = True) -> list[Path]:
+    def write(self, directory: str | os.PathLike[str], *, figure: bool = True, force: bool = False) -> list[Path]:
         """Write ``report.json`` (atomically) and, with matplotlib installed, ``confusion.png``.
 
         Args:
             directory: the report directory (created if needed).
             figure: also draw ``confusion.png``; without matplotlib one warning line, no failure.
+            force: replace the files of an earlier report (see :func:`check_report_destination`).
 
         Returns:
             The files written.
+
+        Raises:
+            InvalidArgumentError: a file exists (without ``force``) or is a symbolic link.
         """
         directory = Path(directory)
+        check_report_destination(directory, force=force)
         directory.mkdir(parents=True, exist_ok=True)
-        atomic_write(directory / REPORT, lambda f: f.write(self.to_json().encode()))
-        written = [directory / REPORT]
+        written = [write_new(directory / REPORT, lambda f: f.write(self.to_json().encode()), force=force)]
         if figure:
             from convnets.evaluation.confusion import plot_confusion
 
             try:
                 written.append(plot_confusion(self.confusion, [c.name for c in self.classes], directory / CONFUSION,
-                                              summary=f"top-1 {self.metrics['top1']:.2f}% on {self.images} images"))
+                                              summary=f"top-1 {self.metrics['top1']:.2f}% on {self.images} images",
+                                              force=force))
             except ImportError:  # MissingDependencyError too
                 log.warning("%s not drawn: matplotlib is not installed (%s)", CONFUSION, install_hint("plots"))
         return written
+
+
+def check_report_destination(directory: str | os.PathLike[str], *, force: bool = False) -> None:
+    """Before an evaluation: its report can go to ``directory``, where ``report.json`` and ``confusion.png``
+    do not exist unless ``force`` (:func:`convnets.fileio.check_destination`).
+
+    Raises:
+        InvalidArgumentError: one exists (without ``force``), naming it and ``force`` / ``--force``.
+    """
+    for name in REPORT_FILES:
+        check_destination(Path(directory) / name, force=force)

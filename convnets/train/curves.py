@@ -18,7 +18,7 @@ from typing import Any
 
 from convnets.errors import InvalidArgumentError, MissingDependencyError
 from convnets.extras import install_hint
-from convnets.fileio import atomic_write
+from convnets.fileio import write_new
 from convnets.train.metrics import METRICS, read_metrics
 
 __all__ = ["CURVES", "DPI", "FIGSIZE", "plot_curves", "write_curves"]
@@ -57,20 +57,23 @@ def _number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
-def plot_curves(records: Sequence[Mapping[str, Any]], path: Path, *, title: str | None = None) -> Path:
+def plot_curves(records: Sequence[Mapping[str, Any]], path: Path, *, title: str | None = None,
+                force: bool = False) -> Path:
     """Draw loss and top-1 against epoch from ``metrics.jsonl`` records into the PNG ``path``.
 
     Args:
         records: the per-epoch records (at least one, each with ``epoch``).
-        path: the PNG to write (atomically: a reader sees the old figure or the new one).
+        path: the PNG to write (atomically: a reader sees the old figure or the new one; never
+            through a symbolic link).
         title: the figure's title (e.g. the run's directory).
+        force: replace ``path`` if it exists (else refused).
 
     Returns:
         ``path``.
 
     Raises:
         MissingDependencyError: matplotlib is not installed.
-        InvalidArgumentError: no record to draw.
+        InvalidArgumentError: no record to draw; ``path`` exists (without ``force``).
     """
     if not records:
         raise InvalidArgumentError(f"no epoch recorded yet: nothing to draw in {path}")
@@ -100,8 +103,7 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: Path, *, title: str 
             ax.legend()
     if title:
         fig.suptitle(title)
-    atomic_write(path, lambda f: fig.savefig(f, format="png"))
-    return path
+    return write_new(path, lambda f: fig.savefig(f, format="png"), force=force)
 
 
 def _spans_decades(records: Sequence[Mapping[str, Any]], keys: list[str]) -> bool:
@@ -116,18 +118,20 @@ def _mark_best(ax: Any, epochs: list[int], top1: list[float]) -> None:
         ax.plot([epoch], [best], "*", color="black", markersize=10, label=f"best {best:.2f}% (epoch {epoch})")
 
 
-def write_curves(output: Path, path: Path | None = None) -> Path:
+def write_curves(output: Path, path: Path | None = None, *, force: bool = False) -> Path:
     """Draw ``output/curves.png`` (or ``path``) from ``output/metrics.jsonl``.
 
     Args:
         output: a ``convnets train`` output directory.
         path: where to write the PNG (default ``output/curves.png``).
+        force: replace the PNG if it exists (else refused; the training run redraws its own).
 
     Returns:
         The PNG's path.
 
     Raises:
-        InvalidArgumentError: ``output`` holds no ``metrics.jsonl`` or no epoch in it.
+        InvalidArgumentError: ``output`` holds no ``metrics.jsonl`` or no epoch in it; the PNG exists
+            (without ``force``).
         DataError: a line of ``metrics.jsonl`` is not a JSON record.
         MissingDependencyError: matplotlib is not installed.
     """
@@ -138,4 +142,4 @@ def write_curves(output: Path, path: Path | None = None) -> Path:
     records = read_metrics(metrics)
     if not records:
         raise InvalidArgumentError(f"{metrics} records no finished epoch yet; nothing to draw")
-    return plot_curves(records, path if path is not None else output / CURVES, title=str(output))
+    return plot_curves(records, path if path is not None else output / CURVES, title=str(output), force=force)

@@ -271,7 +271,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
 def _draw_curves(out: Path) -> None:
     """``OUT/curves.png`` from ``OUT/metrics.jsonl``; a convenience that never fails the finished run."""
     try:
-        write_curves(out)
+        write_curves(out, force=True)  # the run's own figure, redrawn
     except ImportError:  # MissingDependencyError too
         log.warning("%s not drawn: matplotlib is not installed (%s)", CURVES, install_hint("plots"))
     except Exception as e:  # the checkpoints and metrics are complete; a figure problem must not fail the run

@@ -34,8 +34,9 @@ def write_history(path: Path, history: Sequence[Mapping[str, Any]]) -> None:
 
 
 def append_metrics(path: Path, record: Mapping[str, Any]) -> None:
-    """Append one epoch's record, on disk before returning."""
-    with open(path, "a") as f:
+    """Append one epoch's record, on disk before returning (never through a symbolic link)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    with open(os.open(path, flags, 0o666), "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())

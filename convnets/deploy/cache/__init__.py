@@ -14,15 +14,18 @@ per-image input shape, and the versions of convnets, PyTorch and the engine's ru
 
 Layout: :func:`cache_root` (``$CONVNETS_CACHE_DIR``, else ``convnets-engines`` beside the weights
 cache under ``torch.hub.get_dir()``, i.e. ``$TORCH_HOME/hub``), one directory per entry,
-``<engine>-<key[:32]>/``, holding the engine's files (``model.xml`` + ``model.bin``: an OpenVINO IR;
+``<engine>-<key[:32]>/``, holding its marker ``CACHEDIR.TAG``, the engine's files (``model.xml`` + ``model.bin``: an OpenVINO IR;
 ``model.onnx``: the ONNX graph), ``entry.json`` (the key, its fields, each file's size and
 SHA-256, the creation time) and, once ``auto`` has checked the entry, ``verdict.json``.
 
 Trust and integrity (:mod:`~convnets.deploy.cache.disk`): the cache uses only what the current user
 wrote and no one else can change. A root that another user owns or others can write is not used
-(one warning naming ``$CONVNETS_CACHE_DIR``; the run goes on without the cache); an entry that is a
-link, or that (or anything in it) another user owns or others can write, is ignored with one warning
-and never removed. A trusted entry is used only when ``entry.json`` is valid, names this key, and
+(one warning naming ``$CONVNETS_CACHE_DIR``; the run goes on without the cache); the root is opened
+once and checked and used as that one directory, so a directory swapped in after the check is never
+read. An entry that is a link, that (or anything in it) another user owns or others can write, or
+that lacks the marker the cache writes into every entry (``CACHEDIR.TAG``, a cache directory tag
+naming convnets), is ignored with one warning and never removed: a user's own folder that merely
+looks like an entry is left alone. A trusted entry is used only when ``entry.json`` is valid, names this key, and
 every file it lists is a regular file of its recorded size and digest (hashed in parallel threads).
 Anything else (a missing or truncated file, flipped bytes, a FIFO, a file the runtime cannot load)
 is logged in one line, the entry is removed and rebuilt: never used, never fatal.
@@ -62,8 +65,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.constants import CACHE_DIR_ENV, CACHE_MAX_SIZE_ENV
-from convnets.deploy.cache.disk import (MANIFEST, VERDICT, cache_root, damage, file_digest, ignore, read_verdict,
-                                        remove, seal, touch, untrusted, usable_root, write_private)
+from convnets.deploy.cache.disk import (MANIFEST, VERDICT, PinnedRoot, cache_root, damage, file_digest, ignore, mark,
+                                        read_verdict, remove, seal, touch, untrusted, usable, write_private)
 from convnets.deploy.cache.keys import digests, entry_key, key_fields, model_digest, versions
 from convnets.deploy.cache.store import EntryInfo, clear, evict, list_entries, max_size, parse_size, trim
 from convnets.fileio import disk_full
@@ -119,17 +122,23 @@ class Entry:
     def verdict(self, check: str = "auto") -> dict[str, Any] | None:
         """What ``check`` (``engine="auto"``'s faithfulness check) found for this entry, or ``None``
         (none recorded, not of the schema, or the entry is not trusted)."""
-        if untrusted(self.path) is not None:
-            return None
-        return read_verdict(self.path, entry_key(self.fields), check)
+        with PinnedRoot(self.path.parent) as pinned:
+            here = None if pinned.path is None else pinned.path / self.path.name
+            if here is None or untrusted(here) is not None:
+                return None
+            return read_verdict(here, entry_key(self.fields), check)
 
     def record_verdict(self, result: dict[str, Any], check: str = "auto") -> None:
         """Store ``check``'s result (a JSON-able dict with a bool ``passed``); failures to write are logged only."""
         text = json.dumps({"key": entry_key(self.fields), check: result}, sort_keys=True).encode()
-        try:
-            write_private(self.path / VERDICT, text)
-        except OSError as e:
-            log.warning("engine cache: could not record the check of %s (%s)", self.path, e)
+        with PinnedRoot(self.path.parent) as pinned:
+            here = None if pinned.path is None else pinned.path / self.path.name
+            if here is None or untrusted(here) is not None:
+                return  # gone, or no longer one the cache trusts: nothing to record into
+            try:
+                write_private(here / VERDICT, text)
+            except OSError as e:
+                log.warning("engine cache: could not record the check of %s (%s)", self.path, e)
 
 
 class CachedRunner:
@@ -154,13 +163,15 @@ def recorded_verdict(source: nn.Module, *, engine: str, precision: str, shape: S
     if not _enabled.get():
         return None
     entry = _entry(key_fields(source, engine=engine, precision=precision, shape=shape, runtimes=runtimes))
-    if not usable_root(entry.path.parent):
-        return None
-    reason = untrusted(entry.path)
-    if reason is not None:
-        ignore(entry.path, reason)
-        return None
-    return read_verdict(entry.path, entry_key(entry.fields), check)
+    with PinnedRoot(entry.path.parent) as pinned:
+        if not usable(pinned) or pinned.path is None:
+            return None
+        here = pinned.path / entry.path.name
+        reason = untrusted(here)
+        if reason is not None:
+            ignore(entry.path, reason)
+            return None
+        return read_verdict(here, entry_key(entry.fields), check)
 
 
 def entry_of(module: object) -> Entry | None:
@@ -196,57 +207,65 @@ def cached_runner(source: nn.Module, *, engine: str, precision: str, shape: Sequ
         return _uncached(engine, write, load)
     fields = key_fields(source, engine=engine, precision=precision, shape=shape, runtimes=runtimes)
     key, entry = entry_key(fields), _entry(fields)
-    root = entry.path.parent
-    if not usable_root(root):
-        return _uncached(engine, write, load)
-    reason = untrusted(entry.path)
+    with PinnedRoot(entry.path.parent, create=True) as pinned:
+        if not usable(pinned) or pinned.path is None:
+            return _uncached(engine, write, load)
+        return _cached(pinned, entry, key, files, write, load)
+
+
+def _cached(pinned: PinnedRoot, entry: Entry, key: str, files: Sequence[str], write: Callable[[Path], object],
+            load: Callable[[Path], Runner]) -> CachedRunner:
+    """:func:`cached_runner` in the opened, checked root ``pinned``: every file is reached through it."""
+    assert pinned.path is not None
+    here, engine = pinned.path / entry.path.name, entry.fields["engine"]
+    reason = untrusted(here)
     if reason is not None:  # not ours to use, nor to remove: its name stays taken
         ignore(entry.path, reason)
         return _uncached(engine, write, load)
-    if os.path.lexists(entry.path):
-        problem = damage(entry.path, key, files)
+    if os.path.lexists(here):
+        problem = damage(here, key, files)
         if problem is None:
             try:
-                run = load(entry.path)
-                touch(entry.path)
+                run = load(here)
+                touch(here)
                 log.debug("engine cache: loaded %s", entry.path)
                 return CachedRunner(run, entry)
             except Exception as e:  # noqa: BLE001 - a file the runtime refuses: rebuild it
                 problem = f"does not load ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         log.warning("engine cache: %s %s; rebuilding it", entry.path, problem)
-        remove(entry.path, files)
-    root.mkdir(mode=0o755, parents=True, exist_ok=True)  # never writable by others, whatever the umask
-    if not usable_root(root):  # made by someone else meanwhile
-        return _uncached(engine, write, load)
-    tmp = root / f".{entry.path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        remove(here, files)
+    tmp = pinned.path / f".{entry.path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     tmp.mkdir(mode=0o700)  # private until complete and renamed into place (and after: it serves its owner only)
     try:
         try:
+            mark(tmp)  # first: whatever a kill leaves of it is the cache's to remove
             write(tmp)
             for name in files:
                 seal(tmp / name)
             recorded = {name: {"size": os.lstat(tmp / name).st_size, "sha256": file_digest(tmp / name)}
                         for name in files}
-            manifest = json.dumps({"key": key, "fields": fields, "files": recorded,
+            manifest = json.dumps({"key": key, "fields": entry.fields, "files": recorded,
                                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
             write_private(tmp / MANIFEST, manifest.encode())
         except Exception as e:  # noqa: BLE001 - runtimes that write files (OpenVINO) raise RuntimeError on a full disk
-            if not disk_full(e, root):
+            if not disk_full(e, tmp):
                 raise
             raise OSError(errno.ENOSPC, f"No space left on device to convert the model for {engine} in the engine "
                                         f"cache (free some, set {CACHE_DIR_ENV} to another directory, or turn the "
                                         "engine cache off)", str(entry.path)) from e
         run = load(tmp)
         try:
-            os.rename(tmp, entry.path)
+            os.rename(tmp, here)
             log.debug("engine cache: wrote %s", entry.path)
         except OSError:  # another process put the same entry in place first: keep ours in memory only
             log.debug("engine cache: %s was filled by another process meanwhile", entry.path)
     finally:
         if tmp.exists():
             remove(tmp, files)
+            with contextlib.suppress(OSError):
+                tmp.rmdir()  # killed before its marker was written: empty
     try:
-        evict(root, max_size(), keep=entry.path)
+        evict(pinned, max_size(), keep=entry.path.name)
     except OSError as e:
-        log.warning("engine cache: could not remove old entries from %s (%s)", root, e)
+        log.warning("engine cache: could not remove old entries from %s (%s)", pinned.shown, e)
     return CachedRunner(run, entry)

@@ -5,17 +5,24 @@ The cache uses only what the current user wrote and no one else can change (the 
 
 * the root (:func:`cache_root`) must belong to the current user and be writable by no one else,
   since whoever can write it can swap an entry between its check and its use; otherwise the cache
-  is neither read nor written (:func:`usable_root`: one warning naming ``$CONVNETS_CACHE_DIR``),
-  and ``convnets cache clear`` refuses it. The root itself may be a symbolic link (the user's own
-  choice); nothing under it is followed;
+  is neither read nor written (:func:`usable`: one warning naming ``$CONVNETS_CACHE_DIR``), and
+  ``convnets cache clear`` refuses it. The root itself may be a symbolic link (the user's own
+  choice); nothing under it is followed. It is checked and used as one directory
+  (:class:`PinnedRoot`): opened once, the directory opened is the one checked, and everything is
+  then done through that open directory, so that whoever can write the root's parent cannot swap
+  another directory in after the check;
 * an entry is a directory (not a link) directly under the root, named ``ENGINE-KEY``, that
-  belongs to the current user, as does everything in it, none of it writable by group or others
-  (:func:`untrusted`); any other is ignored with one warning line and never removed;
+  belongs to the current user, as does everything in it, none of it writable by group or others,
+  and that holds the cache's own marker (:data:`MARKER`, written first into every directory the
+  cache makes: a folder that merely looks like an entry, e.g. with ``$CONVNETS_CACHE_DIR`` set to
+  a home directory, is not one) (:func:`untrusted`); any other is ignored with one warning line and
+  never used, renamed or removed;
 * ``entry.json`` and ``verdict.json`` are read as regular files only (no link followed, no FIFO
   waited on, 1 MiB at most) and checked against their schema; a bad one makes the entry damaged
   (:func:`damage`: removed and rebuilt) or its verdict missing. The names an entry's files have
   are plain names (:data:`FILE_NAME`: no ``/``, no ``..``), regular files checked by size and digest;
-* removing an entry (:func:`remove`) unlinks plain names inside it, never anything elsewhere.
+* removing an entry (:func:`remove`) unlinks plain names inside a marked entry, the marker last,
+  never anything elsewhere.
 
 The cache as a whole (listing, size limit, eviction, clearing) is :mod:`convnets.deploy.cache.store`.
 """
@@ -39,13 +46,21 @@ from convnets.constants import CACHE_DIR_ENV
 from convnets.deploy.cache.keys import digest, entry_key
 from convnets.fileio import atomic_write
 
-__all__ = ["cache_root", "damage", "file_digest", "ignore", "read_manifest", "read_verdict", "remove", "root_problem",
-           "seal", "touch", "untrusted", "usable_root", "write_private"]
+__all__ = ["MARKER", "PinnedRoot", "cache_root", "damage", "file_digest", "ignore", "mark", "read_manifest",
+           "read_verdict", "remove", "root_problem", "seal", "touch", "untrusted", "usable", "write_private"]
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "entry.json"
 VERDICT = "verdict.json"
+#: The marker in each directory the cache makes: a cache directory tag (https://bford.info/cachedir/,
+#: so backups skip the entry) whose text names convnets; only a directory holding it with exactly
+#: :data:`MARKER_TEXT` is an entry.
+MARKER = "CACHEDIR.TAG"
+MARKER_TEXT = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
+               b"# An entry of convnets' engine cache: convnets wrote this directory and removes it "
+               b"(convnets cache clear).\n"
+               b"# Cache directory tags: https://bford.info/cachedir/\n")
 _ENGINE = re.compile(r"[a-z0-9_]+")
 ENTRY_NAME = re.compile(r"[a-z0-9_]+-[0-9a-f]{32}")
 TEMP_NAME = re.compile(r"\.([a-z0-9_]+-[0-9a-f]{32})\.(\d+)-[0-9a-f]{8}\.(tmp|old)")
@@ -55,6 +70,7 @@ _WRITER_TEMP = re.compile(r"\.[A-Za-z0-9_][A-Za-z0-9_.-]*\.tmp")  # atomic_write
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_JSON = 1 << 20  # entry.json and verdict.json are a few KiB
 _READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _FIELDS = {"layout": int, "model": str, "weights": str, "engine": str, "precision": str, "shape": list,
            "versions": dict}
 _warned: set[str] = set()
@@ -93,15 +109,79 @@ def _foreign(st: os.stat_result) -> str | None:
     return None
 
 
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+class PinnedRoot:
+    """The cache directory ``root``, opened once and checked as opened (a context manager; closes it).
+
+    The root may be a symbolic link (the user's choice): it is followed once, by the open, and the
+    directory opened is the one checked (owner, permissions). Work then goes through :attr:`path`:
+    on Linux ``/proc/self/fd/N``, which names the opened directory itself, whatever is renamed to
+    ``root`` meanwhile by whoever can write its parent; where there is no ``/proc``, ``root`` itself,
+    checked again to name the directory opened.
+
+    Attributes:
+        shown: ``root``, for messages.
+        path: where to work (see above); ``None`` when the root does not exist or is refused.
+        problem: why the root is refused, in words (:func:`refusal`); ``None``: it is usable or missing.
+    """
+
+    def __init__(self, root: Path, *, create: bool = False) -> None:
+        self.shown, self.path, self.problem = root, None, None
+        self._fd: int | None = None
+        try:
+            if create:
+                root.mkdir(mode=0o755, parents=True, exist_ok=True)  # never writable by others, whatever the umask
+            self._fd = os.open(root, _DIRECTORY)
+            st = os.fstat(self._fd)
+        except FileNotFoundError:
+            return
+        except NotADirectoryError:
+            self.problem = "is not a directory"
+            return
+        except OSError as e:
+            if os.name != "nt":
+                self.problem = f"cannot be read ({e.strerror})"
+                return
+            st = os.stat(root)  # Windows opens no directories: checked by path (no owners there)
+        self.problem = "is not a directory" if not stat.S_ISDIR(st.st_mode) else _foreign(st)
+        if self.problem is None:
+            self.path = self._through(st)
+            if self.path is None:
+                self.problem = "was replaced by another directory while it was opened"
+
+    def _through(self, st: os.stat_result) -> Path | None:
+        """The path that names the directory of status ``st`` that was opened (see the class)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                pinned = Path(f"/proc/self/fd/{self._fd}")
+                if _same(os.stat(pinned), st):
+                    return pinned
+        try:
+            return self.shown if _same(os.stat(self.shown), st) else None
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        """Close the directory (:attr:`path` no longer names it)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.path = None
+
+    def __enter__(self) -> PinnedRoot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def root_problem(root: Path) -> str | None:
     """Why the cache directory ``root`` must not be used, or ``None`` (also when it does not exist yet)."""
-    try:
-        st = root.stat()  # the root may be a link: the user chose it; nothing under it is followed
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"cannot be read ({e.strerror})"
-    return "is not a directory" if not stat.S_ISDIR(st.st_mode) else _foreign(st)
+    with PinnedRoot(root) as pinned:
+        return pinned.problem
 
 
 def refusal(root: Path, problem: str) -> str:
@@ -109,17 +189,17 @@ def refusal(root: Path, problem: str) -> str:
     return f"the engine cache {root} {problem}; set {CACHE_DIR_ENV} to a directory that only you can write"
 
 
-def usable_root(root: Path) -> bool:
-    """Whether the cache may read and write ``root``; when not, says so once per process (a warning)."""
-    problem = root_problem(root)
-    if problem is not None:
-        warn_once(f"{refusal(root, problem)}; running without the cache")
-    return problem is None
+def usable(pinned: PinnedRoot) -> bool:
+    """Whether the cache may read and write the ``pinned`` root (refused: says so once per process, a warning)."""
+    if pinned.problem is not None:
+        warn_once(f"{refusal(pinned.shown, pinned.problem)}; running without the cache")
+    return pinned.problem is None
 
 
 def untrusted(path: Path) -> str | None:
     """Why the entry (or fill) directory ``path`` is not to be trusted, or ``None`` (also when it is gone):
-    it is not a directory, or it or anything in it belongs to another user or can be written by others."""
+    it is not a directory, or it or anything in it belongs to another user or can be written by others,
+    or it holds no :data:`MARKER` of the cache's (the cache did not make it)."""
     try:
         st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode):
@@ -132,6 +212,8 @@ def untrusted(path: Path) -> str | None:
                 problem = _foreign(child.stat(follow_symlinks=False))
                 if problem is not None:
                     return f"holds {child.name!r}, which {problem}"
+        if not marked(path):
+            return f"holds no {MARKER} of convnets' (not a directory the cache made)"
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -139,10 +221,24 @@ def untrusted(path: Path) -> str | None:
     return None
 
 
+def mark(path: Path) -> None:
+    """Put the cache's :data:`MARKER` into the directory ``path`` that the cache has just made."""
+    write_private(path / MARKER, MARKER_TEXT)
+
+
+def marked(path: Path) -> bool:
+    """Whether the directory ``path`` holds the cache's :data:`MARKER`: a regular file of exactly its text."""
+    try:
+        with open(os.open(path / MARKER, _READ), "rb") as f:
+            return stat.S_ISREG(os.fstat(f.fileno()).st_mode) and f.read(len(MARKER_TEXT) + 1) == MARKER_TEXT
+    except OSError:
+        return False
+
+
 def ignore(path: Path, reason: str) -> None:
     """Say (once) that the entry ``path`` is ignored for ``reason`` (:func:`untrusted`)."""
-    warn_once(f"engine cache: ignoring {path}: it {reason} (the cache uses only what you wrote and no one else "
-              "can change; delete it to have it rebuilt)")
+    warn_once(f"engine cache: ignoring {path}: it {reason} (the cache uses and removes only what it wrote and no "
+              "one else can change; delete it yourself to have it rebuilt)")
 
 
 def read_json(path: Path) -> Any:
@@ -289,13 +385,14 @@ def touch(path: Path) -> None:
 
 
 def remove(path: Path, files: Iterable[str] = ()) -> None:
-    """Remove the trusted entry or fill directory ``path``: the plain-named files its ``entry.json``
-    records or ``files`` names, its verdict and manifest, then the directory if nothing else is in it.
-    An entry is renamed away first, so that no process sees it half removed."""
+    """Remove the marked entry or fill directory ``path`` (:func:`marked`; one without the marker is
+    left as it is): the plain-named files its ``entry.json`` records or ``files`` names, its verdict
+    and manifest, the marker last, then the directory if nothing else is in it. An entry is renamed
+    away first, so that no process sees it half removed."""
     doomed = path
     try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return  # a link or a file: not an entry, not ours to remove
+        if not stat.S_ISDIR(os.lstat(path).st_mode) or not marked(path):
+            return  # a link, a file or a folder the cache did not make: not ours to remove
         if ENTRY_NAME.fullmatch(path.name):
             doomed = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.old")
             os.rename(path, doomed)
@@ -304,7 +401,8 @@ def remove(path: Path, files: Iterable[str] = ()) -> None:
         return
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         names.update(name for name in read_json(doomed / MANIFEST)["files"] if isinstance(name, str))
-    for name in names:
+    names.discard(MARKER)
+    for name in [*names, MARKER]:  # the marker last: a removal cut short leaves a directory still marked
         if FILE_NAME.fullmatch(name) or _WRITER_TEMP.fullmatch(name):  # never a path: nothing outside it
             with contextlib.suppress(OSError):
                 os.unlink(doomed / name)

@@ -1,6 +1,7 @@
 """The engine cache as a whole: its entries listed, kept within the size limit (least recently used out
-first), trimmed and cleared. Only entries that :func:`~convnets.deploy.cache.disk.untrusted` passes are
-listed, counted and ever removed; any other is ignored with a warning.
+first), trimmed and cleared. Only entries that :func:`~convnets.deploy.cache.disk.untrusted` passes (the
+current user's alone, and marked as the cache's own) are listed, counted and ever removed; any other is
+ignored with a warning. The root is read through a :class:`~convnets.deploy.cache.disk.PinnedRoot`.
 
 Last use: the entry directory's modification time, which a fill sets and each load renews
 (:func:`~convnets.deploy.cache.disk.touch`): one ``utime`` per hit, no file to rewrite.
@@ -8,16 +9,18 @@ Last use: the entry directory's modification time, which a fill sets and each lo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from convnets.constants import CACHE_MAX_SIZE_ENV, DEFAULT_CACHE_MAX_SIZE
-from convnets.deploy.cache.disk import (ENTRY_NAME, TEMP_NAME, cache_root, ignore, read_manifest, refusal, remove,
-                                        root_problem, untrusted)
+from convnets.deploy.cache.disk import (ENTRY_NAME, TEMP_NAME, PinnedRoot, cache_root, ignore, read_manifest,
+                                        refusal, remove, untrusted)
 from convnets.errors import InvalidArgumentError
 from convnets.fileio import pid_alive
 
@@ -49,18 +52,23 @@ class EntryInfo:
 
 def list_entries(root: Path | None = None) -> list[EntryInfo]:
     """The entries under ``root`` (default :func:`cache_root`) that the cache trusts, least recently used
-    first; each other one is ignored with a warning."""
-    root = cache_root() if root is None else root
-    try:
-        with os.scandir(root) as children:
-            paths = sorted(Path(c.path) for c in children if ENTRY_NAME.fullmatch(c.name))
-    except (FileNotFoundError, NotADirectoryError):
+    first; each other one is ignored with a warning. None under a root that the cache refuses."""
+    with PinnedRoot(cache_root() if root is None else root) as pinned:
+        return _entries(pinned)
+
+
+def _entries(pinned: PinnedRoot) -> list[EntryInfo]:
+    """:func:`list_entries` of the opened root ``pinned`` (each entry's ``path`` under ``pinned.shown``)."""
+    if pinned.path is None:
         return []
+    with os.scandir(pinned.path) as children:
+        names = sorted(c.name for c in children if ENTRY_NAME.fullmatch(c.name))
     found = []
-    for path in paths:
+    for name in names:
+        path = pinned.path / name
         reason = untrusted(path)
         if reason is not None:
-            ignore(path, reason)
+            ignore(pinned.shown / name, reason)
             continue
         try:
             manifest = read_manifest(path)
@@ -70,37 +78,38 @@ def list_entries(root: Path | None = None) -> list[EntryInfo]:
         try:
             with os.scandir(path) as files:
                 size = sum(f.stat(follow_symlinks=False).st_size for f in files if f.is_file(follow_symlinks=False))
-            found.append(EntryInfo(path, fields, size, created, os.lstat(path).st_mtime))
+            found.append(EntryInfo(pinned.shown / name, fields, size, created, os.lstat(path).st_mtime))
         except FileNotFoundError:
             continue  # removed meanwhile
     return sorted(found, key=lambda e: (e.last_used, e.path.name))
 
 
-def evict(root: Path, limit: int, keep: Path | None = None) -> list[EntryInfo]:
-    """Remove the least recently used trusted entries under ``root`` (never ``keep``) until the trusted
-    entries hold at most ``limit`` bytes. Returns the entries removed."""
-    entries = list_entries(root)
+def evict(pinned: PinnedRoot, limit: int, keep: str | None = None) -> list[EntryInfo]:
+    """Remove the least recently used trusted entries under the opened root ``pinned`` (never the one named
+    ``keep``) until the trusted entries hold at most ``limit`` bytes. Returns the entries removed."""
+    entries = _entries(pinned)
     total = sum(info.size for info in entries)
     removed = []
     for info in entries:
-        if total <= limit:
+        if total <= limit or pinned.path is None:
             break
-        if info.path != keep:
-            remove(info.path)
+        if info.path.name != keep:
+            remove(pinned.path / info.path.name)
             total -= info.size
             removed.append(info)
     if removed:
         log.info("engine cache: removed %d least recently used entr%s (%s) to keep %s within %s ($%s)", len(removed),
-                 "y" if len(removed) == 1 else "ies", format_size(sum(i.size for i in removed)), root,
+                 "y" if len(removed) == 1 else "ies", format_size(sum(i.size for i in removed)), pinned.shown,
                  format_size(limit), CACHE_MAX_SIZE_ENV)
     return removed
 
 
-def _writable(root: Path) -> Path:
-    problem = root_problem(root)
-    if problem is not None:
-        raise InvalidArgumentError(refusal(root, problem))
-    return root
+@contextlib.contextmanager
+def _writable(root: Path) -> Iterator[PinnedRoot]:
+    with PinnedRoot(root) as pinned:
+        if pinned.problem is not None:
+            raise InvalidArgumentError(refusal(root, pinned.problem))
+        yield pinned
 
 
 def trim(root: Path | None = None, limit: int | None = None) -> list[EntryInfo]:
@@ -110,7 +119,8 @@ def trim(root: Path | None = None, limit: int | None = None) -> list[EntryInfo]:
     Raises:
         InvalidArgumentError: ``root`` belongs to another user or others can write it.
     """
-    return evict(_writable(cache_root() if root is None else root), max_size() if limit is None else limit)
+    with _writable(cache_root() if root is None else root) as pinned:
+        return evict(pinned, max_size() if limit is None else limit)
 
 
 def clear(root: Path | None = None) -> tuple[int, int]:
@@ -120,18 +130,17 @@ def clear(root: Path | None = None) -> tuple[int, int]:
     Raises:
         InvalidArgumentError: ``root`` belongs to another user or others can write it.
     """
-    root = _writable(cache_root() if root is None else root)
-    entries = list_entries(root)
-    for info in entries:
-        remove(info.path)
-    try:
-        with os.scandir(root) as children:
-            temps = [(Path(c.path), int(m.group(2))) for c in children if (m := TEMP_NAME.fullmatch(c.name))]
-    except (FileNotFoundError, NotADirectoryError):
-        temps = []
-    for path, pid in temps:
-        if untrusted(path) is None and not pid_alive(pid):
-            remove(path)
+    with _writable(cache_root() if root is None else root) as pinned:
+        if pinned.path is None:
+            return 0, 0
+        entries = _entries(pinned)
+        for info in entries:
+            remove(pinned.path / info.path.name)
+        with os.scandir(pinned.path) as children:
+            temps = [(pinned.path / c.name, int(m.group(2))) for c in children if (m := TEMP_NAME.fullmatch(c.name))]
+        for path, pid in temps:
+            if untrusted(path) is None and not pid_alive(pid):
+                remove(path)
     return len(entries), sum(info.size for info in entries)
 
 
