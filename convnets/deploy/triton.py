@@ -40,6 +40,7 @@ from convnets.preprocessing.presets import EvalPreset
 from convnets.deploy.formats import ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint
+from convnets.inference.names import printable
 
 __all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_version_dir", "triton_config",
            "write_labels", "write_triton_files"]
@@ -226,13 +227,16 @@ print(logits.argmax(1))
 
 
 def write_labels(model_dir: Path, labels: Sequence[str]) -> Path:
-    """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names).
+    """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names): a line per
+    class, whatever the names hold. Triton reads a line per class, so a name with a line break or another
+    control character is written :func:`~convnets.inference.names.printable` (``"a\\nb"`` as ``a\\nb``); the
+    model config's ``labels`` parameter of ``convnets serve`` keeps the names as they are.
 
     Returns:
         The file written.
     """
     path = model_dir / "labels.txt"
-    path.write_text("\n".join(labels) + "\n", encoding="utf-8")
+    path.write_text("".join(f"{printable(label)}\n" for label in labels), encoding="utf-8")
     return path
 
 
