@@ -34,6 +34,10 @@ def test_help_imports_no_torch(args: list[str]) -> None:
     (["benchmark", "--memory-format", "nwhc"], "choose contiguous or channels_last"),
     (["export", "--device", "cpu", "--output", "out"], "unrecognized arguments: --device"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    # A mistyped option gets the nearest of the command's own options; an option of another command none.
+    (["predict", "--top-k", "2", "x.jpg"], "unrecognized arguments: --top-k (did you mean --topk?)"),
+    (["predict", "--outptu=v.csv", "x.jpg"], "unrecognized arguments: --outptu=v.csv (did you mean --output?)"),
+    (["predict", "--xyzzy", "x.jpg"], "unrecognized arguments: --xyzzy"),
     # Counts are checked while parsing; only --topk's upper limit (the model's classes) waits for the model.
     (["predict", "--topk", "0", "x.jpg"], "argument --topk: must be a positive integer, got '0'"),
     (["predict", "--topk", "-3", "x.jpg"], "argument --topk: must be a positive integer, got '-3'"),
@@ -50,6 +54,18 @@ def test_usage_errors_import_no_torch(args: list[str], message: str) -> None:
     proc, imported = run_cli_imports(*args)
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and message in lines[-1], lines
+    assert heavy_imports(imported) == []
+
+
+def test_version_prints_the_version_of_setup_py() -> None:
+    """``convnets --version``: the version setup.py declares (read with ast), exit 0, before PyTorch."""
+    import ast
+
+    tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
+    version = next(ast.literal_eval(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   for k in node.keywords if k.arg == "version")
+    proc, imported = run_cli_imports("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"convnets {version}\n"), proc.stderr
     assert heavy_imports(imported) == []
 
 
