@@ -7,9 +7,10 @@ anything heavy is imported: this module lists the commands with their one-line h
 importing them, only the command named on the command line is imported to add its options, and
 command modules import PyTorch inside the run. So ``convnets --help``, ``convnets predict --help``
 and usage errors answer at once (a mistyped option with the nearest one: ``--top-k (did you mean
---topk?)``, :class:`CommandLineParser`; ``convnets --version`` prints the version). So do mistakes that ``prepare`` finds, also before PyTorch: an
-input path that does not exist, an output of an unknown format or in a directory that is missing
-or cannot be written (:func:`convnets.commands.path_checks.usage_errors`: one line, exit status 2, as
+--topk?)``, :class:`CommandLineParser`; ``convnets --version`` prints the version). So do mistakes
+that ``prepare`` finds, also before PyTorch: an input path that does not exist, is not an image or
+is a folder without one, an output of an unknown format or in a directory that is missing or cannot
+be written (:func:`convnets.commands.path_checks.usage_errors`: one line, exit status 2, as
 argparse's own errors), and an output that another run holds. What ``prepare`` holds in ``stack``
 (an output's lock) stays held until the run ends.
 
@@ -164,7 +165,8 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
         description="NVIDIA's ResNet-family classifiers: predict, embed, train, export, serve, benchmark, manage "
                     "weights.",
         epilog=f"exit status: 0 done; {EXIT_ERROR} an error (one line on stderr), or an input that could not be read; "
-               f"{EXIT_USAGE} a usage error, also a path that does not exist or an output that cannot be written "
+               f"{EXIT_USAGE} a usage error, also a path that does not exist, an INPUT that is not an image or a folder "
+               "without images, or an output that cannot be written "
                f"(answered before anything heavy is imported); {EXIT_INTERRUPTED} interrupted (SIGINT, Ctrl-C); "
                f"{EXIT_TERMINATED} terminated (SIGTERM). A run stopped by a signal stops its workers, keeps what it "
                "wrote (predict and embed: continue it with --resume) and releases its locks")
