@@ -39,7 +39,7 @@ from convnets.deploy.export import ExportResult
 from convnets.preprocessing.presets import EvalPreset
 from convnets.deploy.formats import ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError
-from convnets.extras import install_hint
+from convnets.extras import install_hint, serve_convnets
 from convnets.inference.names import printable
 
 __all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_version_dir", "triton_config",
@@ -169,10 +169,10 @@ def _serve_section(repository: Path, backend: str, fmt: ExportFormat) -> str:
         tritonserver --model-repository=/models"""
     if backend == "python":
         here = f"""Here, with the Triton that the `serve` extra installs (Linux; its Python backend runs `1/model.py`,
-which loads the file with {fmt.triton_python_runtime}):
+which loads the file with {fmt.triton_python_runtime}; in an environment of its own, as it pins numpy<2):
 
     {install_hint('serve')}
-    convnets serve --repository {repository.resolve()}
+    {serve_convnets()} serve --repository {repository.resolve()}
 
 In NGC's Triton container, whose Python backend needs `pip install numpy {fmt.triton_python_runtime}` first
 (or, faster and on GPUs, export the native variant: `convnets export --triton` without
