@@ -202,10 +202,39 @@ def command_in(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status.
+
+    Called without ``argv`` (the console script, ``python -m convnets``), it is the program: once the run
+    is over, a Ctrl-C while the interpreter shuts down ends the process at once, quietly
+    (:func:`_interrupt_ends_the_exit`).
+    """
+    try:
+        return _interruptible(sys.argv[1:] if argv is None else list(argv))
+    finally:
+        if argv is None:
+            _interrupt_ends_the_exit()
+
+
+def _interrupt_ends_the_exit() -> None:
+    """From now to the process's end, SIGINT ends it with status 130 and no output: the run is over, its
+    output flushed here, and what is left is the interpreter's shutdown, whose atexit callbacks (joining
+    decoding processes, flushing logs) would print ``Exception ignored in atexit callback ...
+    KeyboardInterrupt`` where a Ctrl-C lands. A SIGINT handler set by someone else (ignored under
+    ``nohup``) stays."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a reader gone away: main has already handled it
+            stream.flush()
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+
+
+def _interruptible(argv: list[str]) -> int:
+    """:func:`_main`, with SIGTERM and SIGINT ending it as an interruption (one line, status 143 or 130)."""
     with _sigterm_as_interrupt():
         try:
-            return _main(sys.argv[1:] if argv is None else list(argv))
+            return _main(argv)
         except KeyboardInterrupt as stop:
             terminated = isinstance(stop, Terminated)
             # The signal stopped the run wherever it was, maybe half-way through building an object
