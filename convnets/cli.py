@@ -6,9 +6,11 @@ returns the exit status) or an exit status to end with at once. Arguments are pa
 anything heavy is imported: this module lists the commands with their one-line help without
 importing them, only the command named on the command line is imported to add its options, and
 command modules import PyTorch inside the run. So ``convnets --help``, ``convnets predict --help``
-and usage errors answer at once. So do mistakes that ``prepare`` finds, also before PyTorch: an
-input path that does not exist, an output of an unknown format or in a directory that is missing
-or cannot be written (:func:`convnets.commands.path_checks.usage_errors`: one line, exit status 2, as
+and usage errors answer at once (a mistyped option with the nearest one: ``--top-k (did you mean
+--topk?)``, :class:`CommandLineParser`; ``convnets --version`` prints the version). So do mistakes
+that ``prepare`` finds, also before PyTorch: an input path that does not exist, is not an image or
+is a folder without one, an output of an unknown format or in a directory that is missing or cannot
+be written (:func:`convnets.commands.path_checks.usage_errors`: one line, exit status 2, as
 argparse's own errors), and an output that another run holds. What ``prepare`` holds in ``stack``
 (an output's lock) stays held until the run ends.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import gc
 import importlib
 import logging
@@ -47,6 +50,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TextIO
 
+from convnets import __version__
 from convnets.errors import ConvnetsError, message_for
 
 
@@ -116,6 +120,38 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse's parser (every subcommand's too), which answers a mistyped option with the nearest
+    one: ``unrecognized arguments: --top-k (did you mean --topk?)``, from the options of the command
+    it was given to (:mod:`difflib`; Python 3.11's argparse has no ``suggest_on_error``)."""
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # one signature, not overloads
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            parser = self._command_parser(parsed)
+            hints = [hint for hint in map(parser._suggestion, unknown) if hint]
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else ""))
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> CommandLineParser:
+        """The parser of the subcommand that ``parsed`` names (whose options the mistake was among), or this one."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(chosen, CommandLineParser):
+                    return chosen
+        return self
+
+    def _suggestion(self, word: str) -> str | None:
+        """``did you mean --topk?`` for an unknown option ``word`` (``--top-k``, ``--top-k=3``), else ``None``."""
+        if not word.startswith("--"):
+            return None
+        options = [option for option in self._option_string_actions if option.startswith("--")]
+        close = difflib.get_close_matches(word.partition("=")[0], options, n=1, cutoff=0.6)
+        return f"did you mean {close[0]}?" if close else None
+
+
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
     """The top-level parser, listing every subcommand.
 
@@ -124,16 +160,19 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
             of them). The others are listed with their help line and have no options.
     """
     selected = set(COMMANDS) if commands is None else set(commands)
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="convnets",
         description="NVIDIA's ResNet-family classifiers: predict, embed, train, export, serve, benchmark, manage "
                     "weights.",
         epilog=f"exit status: 0 done; {EXIT_ERROR} an error (one line on stderr), or an input that could not be read; "
-               f"{EXIT_USAGE} a usage error, also a path that does not exist or an output that cannot be written "
+               f"{EXIT_USAGE} a usage error, also a path that does not exist, an INPUT that is not an image or a folder "
+               "without images, or an output that cannot be written "
                f"(answered before anything heavy is imported); {EXIT_INTERRUPTED} interrupted (SIGINT, Ctrl-C); "
                f"{EXIT_TERMINATED} terminated (SIGTERM). A run stopped by a signal stops its workers, keeps what it "
                "wrote (predict and embed: continue it with --resume) and releases its locks")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version of convnets and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.help, description=command.help)
@@ -163,10 +202,39 @@ def command_in(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status.
+
+    Called without ``argv`` (the console script, ``python -m convnets``), it is the program: once the run
+    is over, a Ctrl-C while the interpreter shuts down ends the process at once, quietly
+    (:func:`_interrupt_ends_the_exit`).
+    """
+    try:
+        return _interruptible(sys.argv[1:] if argv is None else list(argv))
+    finally:
+        if argv is None:
+            _interrupt_ends_the_exit()
+
+
+def _interrupt_ends_the_exit() -> None:
+    """From now to the process's end, SIGINT ends it with status 130 and no output: the run is over, its
+    output flushed here, and what is left is the interpreter's shutdown, whose atexit callbacks (joining
+    decoding processes, flushing logs) would print ``Exception ignored in atexit callback ...
+    KeyboardInterrupt`` where a Ctrl-C lands. A SIGINT handler set by someone else (ignored under
+    ``nohup``) stays."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a reader gone away: main has already handled it
+            stream.flush()
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+
+
+def _interruptible(argv: list[str]) -> int:
+    """:func:`_main`, with SIGTERM and SIGINT ending it as an interruption (one line, status 143 or 130)."""
     with _sigterm_as_interrupt():
         try:
-            return _main(sys.argv[1:] if argv is None else list(argv))
+            return _main(argv)
         except KeyboardInterrupt as stop:
             terminated = isinstance(stop, Terminated)
             # The signal stopped the run wherever it was, maybe half-way through building an object

@@ -29,6 +29,27 @@ import forked_cli  # noqa: E402
 from convnets.models.specs import MODEL_SPECS, ArchSpec  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads these options
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Parallel workers, as ``-n auto --maxprocesses 4 --dist loadscope`` would ask, when pytest-xdist is
+    installed and the command line does not choose (``-n 0`` runs everything in this process, one test
+    after another). Here rather than in pyproject's ``addopts``, so that ``python -m pytest tests/test_x.py``
+    also works with pytest alone.
+
+    One worker per physical core, at most 4 (each holds PyTorch and its models). Each module runs on one
+    worker, in order (loadscope): its module-scoped fixtures (a trained model, a running server, a built
+    wheel) are made once, and test_typing's second mypy run reuses the first one's cache. (Not loadgroup:
+    with pytest 9.2, pytest-xdist 3.8 cannot tag a test with its group, and the groups are ignored.)
+    """
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or config.option.numprocesses is not None):
+        return
+    config.option.numprocesses = "auto"
+    config.option.maxprocesses = config.option.maxprocesses or 4
+    if config.option.dist == "no":
+        config.option.dist = "loadscope"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """With parallel workers (one per core), every process of the run computes on one thread unless
     OMP_NUM_THREADS says otherwise: the workers, and what they start, inherit it. Idle OpenMP threads

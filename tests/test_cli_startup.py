@@ -34,7 +34,12 @@ def test_help_imports_no_torch(args: list[str]) -> None:
     (["benchmark", "--memory-format", "nwhc"], "choose contiguous or channels_last"),
     (["export", "--device", "cpu", "--output", "out"], "unrecognized arguments: --device"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
-    # Counts are checked while parsing; only --topk's upper limit (the model's classes) waits for the model.
+    # A mistyped option gets the nearest of the command's own options; an option of another command none.
+    (["predict", "--top-k", "2", "x.jpg"], "unrecognized arguments: --top-k (did you mean --topk?)"),
+    (["predict", "--outptu=v.csv", "x.jpg"], "unrecognized arguments: --outptu=v.csv (did you mean --output?)"),
+    (["predict", "--xyzzy", "x.jpg"], "unrecognized arguments: --xyzzy"),
+    # Counts are checked while parsing; --topk's upper limit (the model's classes) before PyTorch for NVIDIA's
+    # weights (test_a_newcomers_three_mistakes_answer_before_torch), else once the model is loaded.
     (["predict", "--topk", "0", "x.jpg"], "argument --topk: must be a positive integer, got '0'"),
     (["predict", "--topk", "-3", "x.jpg"], "argument --topk: must be a positive integer, got '-3'"),
     (["predict", "--topk", "two", "x.jpg"], "argument --topk: must be a positive integer, got 'two'"),
@@ -50,6 +55,18 @@ def test_usage_errors_import_no_torch(args: list[str], message: str) -> None:
     proc, imported = run_cli_imports(*args)
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and message in lines[-1], lines
+    assert heavy_imports(imported) == []
+
+
+def test_version_prints_the_version_of_setup_py() -> None:
+    """``convnets --version``: the version setup.py declares (read with ast), exit 0, before PyTorch."""
+    import ast
+
+    tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
+    version = next(ast.literal_eval(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   for k in node.keywords if k.arg == "version")
+    proc, imported = run_cli_imports("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"convnets {version}\n"), proc.stderr
     assert heavy_imports(imported) == []
 
 
@@ -125,6 +142,45 @@ def test_path_mistakes_are_usage_errors_before_torch(args: list[str], start: str
     assert lines[0].startswith(start.format(**values)) and problem.format(**values) in lines[0], lines
     assert heavy_imports(imported) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == (["ro"] if os.geteuid() != 0 else [])  # nothing written
+
+
+def test_a_newcomers_three_mistakes_answer_before_torch(tmp_path: Path) -> None:
+    """``--topk`` above the pretrained model's classes (the manifest's count), a list of paths given as an
+    image, a folder without images: one line that says what to do, exit status 2, before PyTorch. A file
+    Pillow recognises is an image whatever its name, and --recursive finds images in subfolders."""
+    import json
+    import shutil
+
+    classes = json.loads((REPO / "weights_manifest.json").read_text())["models"]["se_resnext101_32x4d"]["num_classes"]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("examples/chelsea.png\n")
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "README.md").write_text("no pictures here")
+    nested = tmp_path / "nested"
+    (nested / "sub").mkdir(parents=True)
+    shutil.copy(REPO / "examples" / "chelsea.png", nested / "sub" / "chelsea.png")
+    odd_name = tmp_path / "chelsea.picture"
+    shutil.copy(REPO / "examples" / "chelsea.png", odd_name)
+    mistakes = [
+        (["predict", "--topk", str(classes + 1), "examples"],
+         f"convnets predict: error: --topk {classes + 1} is more than the {classes} classes of the model; use --topk "
+         f"{classes} or less"),
+        (["predict", str(notes)], f"convnets predict: error: INPUT {notes} is not an image"),
+        (["predict", str(empty)], f"convnets predict: error: INPUT {empty} holds no images (--recursive also"),
+        (["predict", "--recursive", str(empty)], f"convnets predict: error: INPUT {empty} holds no images nor do its "
+                                                 "subfolders"),
+        (["embed", "--output", str(tmp_path / "v.npy"), str(nested)], f"convnets embed: error: INPUT {nested} holds"),
+        # Accepted: the next mistake (a --weights file that does not exist) is the one named.
+        (["predict", "--weights", "no.pth", "--recursive", str(odd_name), str(nested)],
+         "convnets predict: error: --weights no.pth does not exist"),
+    ]
+    for args, start in mistakes:
+        proc, imported = run_cli_imports(*args)
+        lines = proc.stderr.splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(start), (args, lines)
+        assert heavy_imports(imported) == [], args
+    assert f"--from-file {notes}" in run_cli_imports("predict", str(notes))[0].stderr  # what was meant
 
 
 def test_help_shows_the_shared_options() -> None:

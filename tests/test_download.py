@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import io
+import logging
 import subprocess
 import time
 from pathlib import Path
@@ -62,6 +63,33 @@ def test_download_caches_file_and_digest_record(tiny, http_server: LoopbackServe
     assert (isolated_cache / "tiny.pth.tar.sha256").read_text().split() == [digest, "tiny.pth.tar"]
     assert download.fetch_weights(entry, progress=False, validate=validate) == path
     assert http_server.hits["/w/tiny.pth.tar"] == 1  # the second load came from the cache
+
+
+def test_without_a_published_digest_the_first_copy_is_trusted_and_says_so_once(
+        tiny, isolated_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """NGC publishes no digests: the first download is taken as it is (trust on first use), and a warning says
+    so once, with the digest recorded; later loads are verified quietly. A published digest needs no word."""
+    entry, data, validate = tiny
+    assert entry.sha256 is None and load_manifest()[SE].sha256 is None  # as the shipped manifest has it
+    digest = hashlib.sha256(data).hexdigest()
+    with caplog.at_level(logging.WARNING, logger="convnets.weights.download"):
+        for _ in range(3):
+            download.fetch_weights(entry, progress=False, validate=validate)
+    notices = [r.getMessage() for r in caplog.records if "trusted" in r.getMessage()]
+    assert len(notices) == 1 and digest in notices[0] and entry.url in notices[0], notices
+    # A file put in the cache by hand (no record) is adopted the same way, and said so once.
+    (isolated_cache / "tiny.pth.tar.sha256").unlink()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="convnets.weights.download"):
+        for _ in range(2):
+            download.fetch_weights(entry, progress=False, validate=validate)
+    assert len([r for r in caplog.records if "trusted" in r.getMessage()]) == 1
+    for name in ("tiny.pth.tar", "tiny.pth.tar.sha256"):
+        (isolated_cache / name).unlink()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="convnets.weights.download"):
+        download.fetch_weights(dataclasses.replace(entry, sha256=digest), progress=False, validate=validate)
+    assert caplog.records == []
 
 
 def test_cache_corrupted_after_the_fact_is_downloaded_again(tiny, http_server: LoopbackServer) -> None:

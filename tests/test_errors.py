@@ -186,7 +186,9 @@ CASES: list[tuple[str, Callable[[Path], Any], type[ConvnetsError], type[Exceptio
     ("runtime.resolve_precision", lambda t: _imported("convnets.runtime", "resolve_precision")(
         CPU, True, "fp8"), InvalidArgumentError, ValueError, "amp dtype must be one of"),
     ("step.Trainer.loss", _trainer_mixup_without_rng, InvalidArgumentError, ValueError, "MixUp needs a random"),
-    ("loop.fit output", _fit_over_another_run, InvalidArgumentError, ValueError, "already holds checkpoint.pth.tar"),
+    # In Python's words: the keyword (resume=...), not the command line's option.
+    ("loop.fit output", _fit_over_another_run, InvalidArgumentError, ValueError,
+     "already holds checkpoint.pth.tar of another run; continue it with resume='"),
     ("loop.fit arch_kwargs", lambda t: _fit(t, arch_kwargs={**TINY_ARCH, "depth": 3}), InvalidArgumentError,
      ValueError, "arch_kwargs: resnet50() got unexpected keyword argument(s) ['depth']"),
     ("data.make_data", _make_data, InvalidArgumentError, ValueError, "unknown data backend"),

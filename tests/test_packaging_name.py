@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -94,9 +95,16 @@ def test_from_the_checkout_the_hint_installs_the_checkout(monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
     with pytest.raises(MissingDependencyError) as caught:
         require("onnxruntime", extra="export", purpose="checking")
-    assert str(caught.value).endswith("install the 'export' extra: pip install -c constraints.txt -e '.[export]'")
+    # pip run by this interpreter (the README's venv is never activated: a bare `pip` is the system's).
+    python = shlex.quote(sys.executable)
+    assert str(caught.value).endswith(f"install the 'export' extra: {python} -m pip install -c constraints.txt "
+                                      "-e '.[export]'")
     monkeypatch.chdir(tmp_path)  # elsewhere: the same command, in the checkout
-    assert extras.install_hint("plots") == f"cd {REPO} && pip install -c constraints.txt -e '.[plots]'"
+    assert extras.install_hint("plots") == f"cd {REPO} && {python} -m pip install -c constraints.txt -e '.[plots]'"
+    # serve pins numpy<2: an environment of its own, made by this interpreter, in the checkout (as the README says).
+    assert extras.install_hint("serve") == (f"cd {REPO} && {python} -m venv .venv-serve && .venv-serve/bin/python -m "
+                                            "pip install -c constraints.txt -e '.[serve]'")
+    assert extras.serve_convnets() == str(REPO / ".venv-serve" / "bin" / "convnets")
 
 
 def test_from_an_installed_wheel_the_hint_names_the_extras_packages(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,10 +118,28 @@ def test_from_an_installed_wheel_the_hint_names_the_extras_packages(monkeypatch:
     monkeypatch.setattr(extras, "source_checkout", lambda: None)
     if metadata.requires(name) is None:
         pytest.skip(f"{name} is not installed here (pip install -e .)")
+    python = shlex.quote(sys.executable)
     for extra in ("export", "plots", "openvino"):
-        assert extras.install_hint(extra) == "pip install " + " ".join(f"'{r}'" for r in _extra_requirements(extra))
+        assert extras.install_hint(extra) == f"{python} -m pip install " + " ".join(
+            f"'{r}'" for r in _extra_requirements(extra))
+    assert extras.install_hint("serve").startswith(f"{python} -m venv .venv-serve && .venv-serve/bin/python -m pip "
+                                                   "install path/to/convnets_hub-VERSION-py3-none-any.whl 'nvidia-pytriton")
 
     def missing(dist: str) -> list[str]:
         raise metadata.PackageNotFoundError(dist)
     monkeypatch.setattr(metadata, "requires", missing)  # no metadata at all: the extra by name
-    assert extras.install_hint("plots") == f"pip install '{name}[plots]'"
+    assert extras.install_hint("plots") == f"{python} -m pip install '{name}[plots]'"
+
+
+def test_the_hints_pip_installs_into_the_environment_that_runs_convnets() -> None:
+    """The hint's interpreter (its first word after any ``cd``) is an environment with this one's prefix: the
+    packages go where convnets runs, activated or not."""
+    import subprocess
+
+    from convnets.extras import install_hint
+
+    words = shlex.split(install_hint("plots").split(" && ")[-1])
+    assert words[1:4] == ["-m", "pip", "install"]
+    prefix = subprocess.run([words[0], "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert prefix == sys.prefix

@@ -258,3 +258,34 @@ def test_sigterm_while_the_workers_start_is_quiet_too(weights: list[str], names:
     # Nothing recorded: the spool is empty (before the spool, r.jsonl itself was), and r.jsonl is not written.
     assert not (tmp_path / "r.jsonl.lock").exists() and (tmp_path / "r.jsonl.partial.jsonl").read_text() == ""
     assert not out.exists()
+
+
+_SLOW_EXIT = """
+import atexit, sys, time
+from convnets.cli import main
+
+def shutting_down():  # an atexit callback as the interpreter's shutdown runs them (joining workers, ...)
+    sys.stderr.write("shutting down\\n")
+    sys.stderr.flush()
+    time.sleep(30)
+
+atexit.register(shutting_down)
+sys.argv = ["convnets", *sys.argv[1:]]
+sys.exit(main())  # as the console script calls it: the program
+"""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["cache", "list"]])
+def test_ctrl_c_while_the_program_exits_is_quiet(args: list[str], tmp_path: Path) -> None:
+    """Ctrl-C once the run is over, during the interpreter's shutdown (an atexit callback): the process
+    ends at once with status 130, its output complete and nothing more (no ``Exception ignored in atexit
+    callback ... KeyboardInterrupt``)."""
+    proc = start_cli(*args, code=_SLOW_EXIT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     env={"CONVNETS_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.stderr is not None and proc.stdout is not None
+    assert proc.stderr.readline() == b"shutting down\n"
+    started = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=20) == 130 and time.monotonic() - started < 10
+    assert proc.stderr.read() == b""
+    assert proc.stdout.read().strip()  # what the run printed (the version, the cache listing) is all there

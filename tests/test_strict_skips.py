@@ -1,7 +1,9 @@
-"""Under CI a skip for a missing test dependency fails the run; other skips stay skips."""
+"""Under CI a skip for a missing test dependency fails the run; other skips stay skips. One test file runs
+with pytest alone, and on parallel workers where pytest-xdist is installed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,3 +71,41 @@ def test_under_ci_missing_dependencies_fail_and_other_skips_stay(tmp_path: Path)
 ])
 def test_missing_dependency_reasons(reason: str, missing: bool) -> None:
     assert is_missing_dependency(reason) is missing
+
+
+PRINT_OPTIONS = '''
+import json, os, pytest
+
+@pytest.hookimpl(tryfirst=True)  # registered before pytest-xdist and conftest: called after both
+def pytest_cmdline_main(config):
+    o = config.option
+    with open(os.environ["OPTIONS_OUT"], "w") as f:
+        json.dump([o.numprocesses, o.maxprocesses, o.dist], f)
+'''
+
+
+@pytest.mark.parametrize("args", [[], ["-n", "0"]])
+def test_the_workers_are_asked_for_where_pytest_xdist_is(tmp_path: Path, args: list[str]) -> None:
+    """`python -m pytest tests/FILE` on parallel workers, at most 4, a module per worker, as before the options
+    left pyproject's addopts (conftest.py asks for them); `-n 0` still runs in one process."""
+    pytest.importorskip("xdist")
+    (tmp_path / "print_options.py").write_text(PRINT_OPTIONS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OPTIONS_OUT": str(tmp_path / "options.json")}
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "print_options", "-p", "no:cacheprovider", "--collect-only",
+                    "-q", *args, str(TESTS / "test_evaluation_report.py")], capture_output=True, env=env,
+                   cwd=TESTS.parent, timeout=300)
+    workers, most, dist = json.loads((tmp_path / "options.json").read_text())
+    if args:
+        assert [workers, most, dist] == [0, None, "no"]
+    else:  # `-n auto`: a worker per core (xdist counts them)
+        assert workers >= 1 and [most, dist] == [4, "loadscope"]
+
+
+def test_one_file_runs_with_pytest_alone() -> None:
+    """Without pytest-xdist (`-p no:xdist` stands in for an environment with pytest only), pyproject's addopts
+    hold no option that plain pytest would refuse."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
+                           str(TESTS / "test_evaluation_report.py")], capture_output=True, text=True,
+                          cwd=TESTS.parent, timeout=300)
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

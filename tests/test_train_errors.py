@@ -79,7 +79,8 @@ CASES: dict[str, tuple[Case, str]] = {
         "is not a convnets training checkpoint"),
     "output of another run": (
         lambda d, t: ((t / "out").mkdir(), (t / "out" / "checkpoint.pth.tar").write_bytes(b"x"),
-                      tiny_args(d, t / "out", 1))[2], "already holds checkpoint.pth.tar"),
+                      tiny_args(d, t / "out", 1))[2], "already holds checkpoint.pth.tar of another run; continue it "
+                                                     "with --resume {t}/out/checkpoint.pth.tar or choose another --output"),
     "evaluate without weights": (
         lambda d, t: ["--data", str(d), "--evaluate"], "evaluate needs weights"),
     "diverging loss": (

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, batch_size,
                                        non_negative_int, positive_seconds)
-from convnets.commands.path_checks import check_inputs_exist, check_output_file, usage_errors
+from convnets.commands.path_checks import (check_inputs_are_images, check_inputs_exist, check_output_file,
+                                           usage_errors)
 from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
@@ -172,8 +173,8 @@ def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack) -> Ca
 
     Raises:
         argparse.ArgumentError: an INPUT, ``--from-file`` list or ``--weights`` file that does not
-            exist; an ``--output`` of an unknown format or in a directory that is missing or cannot
-            be written.
+            exist; an INPUT directory without images or file that is not an image; an ``--output`` of
+            an unknown format or in a directory that is missing or cannot be written.
         InvalidArgumentError: the output is held by another run, or refused by the job's checks.
     """
     from convnets.inference.job import claim_output, run_job
@@ -183,6 +184,7 @@ def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack) -> Ca
         if args.output is not None:
             check_output_file(args.output, formats=suffixes(job.kind), kind=KINDS[job.kind])
         check_inputs_exist("INPUT", *args.inputs)
+        check_inputs_are_images("INPUT", *args.inputs, recursive=args.recursive)
         check_inputs_exist("--from-file", None if args.from_file == "-" else args.from_file)
         check_inputs_exist("--weights", args.weights)
     destination = claim_output(job, output=args.output, resume=args.resume, batch_size=args.batch_size,

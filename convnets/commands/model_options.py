@@ -99,7 +99,7 @@ def add_weights_argument(parser: Parser, *, aliases: Sequence[str] = (), dest: s
 
 
 def add_pretrained_argument(parser: Parser, *, dest: str = "weight_source",
-                            help: str = "NVIDIA's ImageNet weights (downloaded once and verified)") -> None:
+                            help: str = "NVIDIA's ImageNet weights (downloaded once, then verified against the digest recorded then)") -> None:
     """Add ``--pretrained``: NVIDIA's ImageNet weights.
 
     Args:
@@ -144,7 +144,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, default_weights: str
                                    "optional, and it must name the checkpoint's architecture)")
     source = group.add_mutually_exclusive_group()
     add_weights_argument(source)
-    add_pretrained_argument(source, help="NVIDIA's ImageNet weights (downloaded once and verified)"
+    add_pretrained_argument(source, help="NVIDIA's ImageNet weights (downloaded once, then verified against the digest recorded then)"
                                          + (" [default]" if default_weights == "pretrained" else ""))
     source.add_argument("--random-init", dest="weight_source", action="store_const", const="random-init",
                         help="random weights, BatchNorm statistics measured on random inputs: no download, "

@@ -70,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     add_input_arguments(parser)
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
-    # A positive integer while parsing (a usage error, no torch); its upper limit, the number of classes
-    # of the model loaded, in PredictJob.load.
+    # A positive integer while parsing (a usage error, no torch); its upper limit, the number of classes, in
+    # prepare for NVIDIA's weights (the manifest's), else in PredictJob.load (the model's).
     parser.add_argument("--topk", type=positive_int, default=None, metavar="K",
                         help=f"classes per image, at most the model's number of classes (default {DEFAULT_TOPK}, or "
                              "all of them when the model has fewer)")
@@ -102,15 +102,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | int:
-    """Check the paths on the command line and claim ``--output`` (see
+    """Check ``--topk`` against the classes of NVIDIA's weights (the manifest's count; another model's is
+    known once it is loaded), check the paths on the command line and claim ``--output`` (see
     :func:`~convnets.commands.batch_options.prepare_job`); the run's exit status is 1 if any input could
     not be read."""
-    if args.show is not None:
-        from convnets.inference.sheet import check_sheet_destination
+    with usage_errors():
+        classes = pretrained_classes(args)
+        if args.topk is not None and classes is not None:
+            resolve_topk(args.topk, classes)
+        if args.show is not None:
+            from convnets.inference.sheet import check_sheet_destination
 
-        with usage_errors():
             check_sheet_destination(args.show, option="show")
     return prepare_job(PredictJob(args), args, stack)
+
+
+def pretrained_classes(args: argparse.Namespace) -> int | None:
+    """The number of classes of the model when it is NVIDIA's pretrained one (``weights_manifest.json``
+    says, without PyTorch); ``None`` for ``--weights`` and ``--random-init``, whose classes the model tells."""
+    if args.weights is not None or args.weight_source != "pretrained":
+        return None
+    from convnets.weights.manifest import load_manifest
+
+    entry = load_manifest().get(args.model or args.default_model)
+    return None if entry is None else entry.num_classes
 
 
 class PredictJob(BatchJob):

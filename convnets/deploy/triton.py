@@ -39,8 +39,9 @@ from convnets.deploy.export import ExportResult
 from convnets.preprocessing.presets import EvalPreset
 from convnets.deploy.formats import ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError
-from convnets.extras import install_hint
+from convnets.extras import install_hint, serve_convnets
 from convnets.fileio import check_destination, write_new
+from convnets.inference.names import printable
 
 __all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_version_dir", "triton_config",
            "triton_files", "write_labels", "write_triton_files"]
@@ -169,10 +170,10 @@ def _serve_section(repository: Path, backend: str, fmt: ExportFormat) -> str:
         tritonserver --model-repository=/models"""
     if backend == "python":
         here = f"""Here, with the Triton that the `serve` extra installs (Linux; its Python backend runs `1/model.py`,
-which loads the file with {fmt.triton_python_runtime}):
+which loads the file with {fmt.triton_python_runtime}; in an environment of its own, as it pins numpy<2):
 
     {install_hint('serve')}
-    convnets serve --repository {repository.resolve()}
+    {serve_convnets()} serve --repository {repository.resolve()}
 
 In NGC's Triton container, whose Python backend needs `pip install numpy {fmt.triton_python_runtime}` first
 (or, faster and on GPUs, export the native variant: `convnets export --triton` without
@@ -228,12 +229,16 @@ print(logits.argmax(1))
 
 def write_labels(model_dir: Path, labels: Sequence[str], *, force: bool = False, base: Path | None = None) -> Path:
     """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names), as
-    :func:`convnets.fileio.write_new` writes (``force``: replace it; ``base``: the repository).
+    :func:`convnets.fileio.write_new` writes (``force``: replace it; ``base``: the repository): a line per
+    class, whatever the names hold. Triton reads a line per class, so a name with a line break or another
+    control character is written :func:`~convnets.inference.names.printable` (``"a\\nb"`` as ``a\\nb``); the
+    model config's ``labels`` parameter of ``convnets serve`` keeps the names as they are.
 
     Returns:
         The file written.
     """
-    return _write_text(model_dir / "labels.txt", "\n".join(labels) + "\n", force=force, base=base)
+    return _write_text(model_dir / "labels.txt", "".join(f"{printable(label)}\n" for label in labels), force=force,
+                       base=base)
 
 
 def _write_text(path: Path, text: str, *, force: bool, base: Path | None) -> Path:

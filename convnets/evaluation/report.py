@@ -34,6 +34,7 @@ from convnets.constants import REPORT_FILES
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint
 from convnets.fileio import check_destination, write_new
+from convnets.inference.names import printable
 
 __all__ = ["CONFUSION", "METRICS", "REPORT", "ClassMetrics", "ConfusedPair", "Counts", "EvalTotals",
            "EvaluationReport", "Metric", "check_report_destination"]
@@ -277,14 +278,17 @@ class EvaluationReport:
             lines.append(f"\nthe {max_classes} classes of lowest F1 (all {len(present)} in {REPORT}):")
         else:
             lines.append("")
-        width = min(max([len("class"), *(len(c.name) for c in shown)]), 40)
+        names = {c.index: printable(c.name) for c in shown}  # class names from a checkpoint or folders: data
+        width = min(max([len("class"), *map(len, names.values())]), 40)
         lines.append(f"{'class':<{width}}  precision  recall     f1  support")
         for c in shown:
-            lines.append(f"{c.name[:width]:<{width}}  {c.precision:9.3f}  {c.recall:6.3f}  {c.f1:5.3f}  {c.support:7d}")
+            lines.append(f"{names[c.index][:width]:<{width}}  {c.precision:9.3f}  {c.recall:6.3f}  {c.f1:5.3f}  "
+                         f"{c.support:7d}")
         if self.confused_pairs:
             lines.append("\nmost confused (true -> predicted: images, share of the true class):")
             for p in self.confused_pairs[:10]:
-                lines.append(f"  {p.true_name} -> {p.predicted_name}: {p.count} ({100 * p.fraction:.1f}%)")
+                lines.append(f"  {printable(p.true_name)} -> {printable(p.predicted_name)}: {p.count} "
+                             f"({100 * p.fraction:.1f}%)")
         return "\n".join(lines)
 
     def write(self, directory: str | os.PathLike[str], *, figure: bool = True, force: bool = False) -> list[Path]:

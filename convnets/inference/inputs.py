@@ -17,7 +17,7 @@ from typing import TextIO
 from convnets.constants import IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.fileio import file_kind
-from convnets.preprocessing.io import is_url
+from convnets.preprocessing.sources import is_url  # not .io: the command line checks inputs with this module before requests and Pillow
 
 __all__ = ["InputItem", "expand_inputs", "iter_inputs", "read_list", "read_sources"]
 

@@ -22,7 +22,7 @@ from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem, iter_inputs
 from convnets.inference.loader import Decoding, Result, map_batches
-from convnets.inference.names import safe_text
+from convnets.inference.names import printable, safe_text
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
@@ -52,11 +52,14 @@ class Prediction(Result):
     thumbnail: Image.Image | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
-        """The input's name and its classes, one per line, as ``convnets predict`` prints them."""
+        """The input's name and its classes, one per line, as ``convnets predict`` prints them: names and
+        labels :func:`~convnets.inference.names.printable` (a checkpoint's class name cannot move the cursor,
+        colour the terminal or add a line)."""
         if not self.ok:
-            return f"{safe_text(self.input)}\n  error: {self.error}"
-        ranks = (f"  {rank}. {100 * t.probability:6.2f}%  {t.label}  [{t.index}]" for rank, t in enumerate(self.top, 1))
-        return "\n".join([safe_text(self.input), *ranks])
+            return f"{printable(self.input)}\n  error: {printable(str(self.error))}"
+        ranks = (f"  {rank}. {100 * t.probability:6.2f}%  {printable(t.label)}  [{t.index}]"
+                 for rank, t in enumerate(self.top, 1))
+        return "\n".join([printable(self.input), *ranks])
 
     def _repr_html_(self) -> str:
         return predictions_html([self])

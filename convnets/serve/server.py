@@ -54,7 +54,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any
 
 from convnets.errors import InvalidArgumentError, MissingDependencyError, ServeError
-from convnets.extras import install_hint
+from convnets.extras import install_hint, serve_convnets
 
 __all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "EXIT_TIMEOUT_S", "Endpoints",
            "TritonServer", "stop_on_signals", "triton_distribution"]
@@ -149,8 +149,9 @@ def triton_distribution() -> _Distribution:
         import pytriton
     except ImportError as e:
         raise MissingDependencyError(f"the Triton Inference Server comes with nvidia-pytriton, which cannot be "
-                                     f"imported ({e}); install the 'serve' extra (Linux): "
-                                     f"{install_hint('serve')}") from e
+                                     f"imported ({e}); install the 'serve' extra (Linux) in an environment of its "
+                                     f"own, as it pins numpy<2: {install_hint('serve')}; then run "
+                                     f"{serve_convnets()} serve") from e
     root = Path(pytriton.__file__).parent
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     # The wheel's layout: pytriton/tritonserver/{bin,backends/python,python_backend_stubs/3.X} and the

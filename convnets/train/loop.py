@@ -157,8 +157,10 @@ def _check_head(model: ResNet, classes: list[str], cfg: TrainConfig) -> None:
 def _prepare_output(out: Path, resuming: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not resuming and (out / CHECKPOINT).exists():
-        raise InvalidArgumentError(f"{out} already holds {CHECKPOINT} of another run; continue it with "
-                                   f"--resume {out / CHECKPOINT} or choose another --output")
+        held = f"{out} already holds {CHECKPOINT} of another run; continue it with"
+        raise InvalidArgumentError(f"{held} resume={str(out / CHECKPOINT)!r} or choose another output directory",
+                                   cli=f"{held} --resume {out / CHECKPOINT} or choose another --output",
+                                   keyword="resume")
 
 
 def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:

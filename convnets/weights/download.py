@@ -5,9 +5,11 @@ upstream's torch.hub already cached there is reused). A download is written to a
 beside its destination and renamed only once it is complete, matches its digest and has been
 checked to be the expected model, so a broken or wrong download never lands in the cache.
 
-Where the manifest has no sha256 (none is known for the NGC files), the digest of the first
-complete download is recorded in ``<file>.sha256`` beside it and the cached copy is verified
-against it on every later load; a file that no longer matches is deleted and downloaded again. A
+Where the manifest has no sha256 (none is known for the NGC files), the first complete download is
+trusted as it is (trust on first use: a mirror or server that sends other weights of the same
+architecture is not detected), and a warning says so, once: its digest is recorded in
+``<file>.sha256`` beside it and the cached copy is verified against it on every later load; a file
+that no longer matches is deleted and downloaded again. A
 lock (``<file>.lock``, deleted when released, see :func:`convnets.fileio.exclusive_lock`) lets
 concurrent processes (DDP ranks, notebooks) share the cache: one downloads, the others wait. A
 failed download leaves nothing in the cache.
@@ -243,7 +245,18 @@ def _download(source: str, dst: Path, entry: WeightsEntry, progress: bool,
             except ConvnetsError as e:
                 raise _FetchError(f"it is not a usable {entry.model} checkpoint: {e}") from e
     _write_record(dst, digest.hexdigest())
-    log.info("cached %s (sha256 %s)", dst, digest.hexdigest())
+    if entry.sha256:
+        log.info("cached %s (sha256 %s)", dst, digest.hexdigest())
+    else:
+        _trusted_on_first_use(dst, f"downloaded from {source}", digest.hexdigest())
+
+
+def _trusted_on_first_use(dst: Path, how: str, digest: str) -> None:
+    """Say, once per file (its record is new), that a file without a published digest was taken as it is."""
+    log.warning("%s (%s) has no published sha256 to check it against, so this first copy is trusted as it is: "
+                "its sha256 %s is recorded in %s and every later load is verified against it. If it did not come "
+                "from NVIDIA's NGC (or a mirror you trust), delete both files", dst.name, how, digest,
+                _record_path(dst))
 
 
 def _check_cached_copy(dst: Path, entry: WeightsEntry, validate: Callable[[Path], None] | None) -> str | None:
@@ -265,6 +278,7 @@ def _check_cached_copy(dst: Path, entry: WeightsEntry, validate: Callable[[Path]
             log.warning("ignoring cached %s, which is not a usable checkpoint: %s", dst, e)
             return f"The file {dst} is in the cache but is not a usable checkpoint ({e}); it was left there and is not used."
         _write_record(dst, digest)
+        _trusted_on_first_use(dst, "found in the cache, put there by hand or by torch.hub", digest)
         return None
     if digest != expected:
         log.warning("cached %s has sha256 %s but %s was recorded; deleting it and downloading it again",

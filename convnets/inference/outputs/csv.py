@@ -1,4 +1,9 @@
-"""``.csv``: ``input, rank, index, label, probability, error``; a row per top-k class, or one with ``error``."""
+"""``.csv``: ``input, rank, index, label, probability, error``; a row per top-k class, or one with ``error``.
+
+Every text field is quoted (:data:`csv.QUOTE_NONNUMERIC`; the numbers are not), so a class name from a
+checkpoint that holds a line break (``\\r`` too, which the csv module does not quote otherwise) or a comma
+stays one field of one record for any CSV reader.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ class Csv(OutputFormat):
         count = 0
         with atomic_output(path) as raw:
             text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-            rows = csv.writer(text, lineterminator="\n")
+            rows = csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
             rows.writerow(COLUMNS)
             for chunk in batched(read_spool(spool), 1024):
                 rows.writerows(row for record in chunk for row in _rows(record))
@@ -72,7 +77,7 @@ def _rows(record: Record) -> list[list[object]]:
     name = encode_name(record["input"])
     if "error" in record:
         return [[name, "", "", "", "", safe_text(record["error"])]]
-    return [[name, rank, t["index"], t["label"], repr(t["probability"]), ""] for rank, t in enumerate(record["top"], 1)]
+    return [[name, rank, t["index"], t["label"], float(t["probability"]), ""] for rank, t in enumerate(record["top"], 1)]
 
 
 FORMAT = Csv()
