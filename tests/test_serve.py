@@ -391,7 +391,7 @@ def test_health_and_metrics(served: Server, photos: list[Path]) -> None:
     assert re.search(r'^nv_inference_exec_count\{model="tiny",version="1"\} [1-9]', text, re.M)
     # The APIs that change the server are closed to clients.
     request = urllib.request.Request(f"http://127.0.0.1:{served.http_port}/v2/repository/index", data=b"{}",
-                                     method="POST")
+                                     method="POST", headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
     assert refused.value.code in (401, 403)
