@@ -12,6 +12,9 @@ fronts check every request before Triton sees it:
   ``Inference-Header-Content-Length`` bytes of a binary request) is nested at most
   :data:`MAX_JSON_DEPTH` levels. Then the request goes to Triton unchanged and its answer back.
   While Triton does not answer (it is restarting), clients get ``503``, readiness included.
+* metrics: the same front, which also moves the requests the model refused
+  (:data:`~convnets.serve.backend.REFUSED_METRIC`) from Triton's ``nv_inference_request_success`` to
+  its ``nv_inference_request_failure{reason="BACKEND"}`` (:func:`count_refusals_as_failures`).
 * gRPC (:class:`GrpcFront`): every method is passed on as bytes; messages above ``max_body_bytes``
   are refused by gRPC itself (``RESOURCE_EXHAUSTED``) from their length prefix.
 """
@@ -30,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "GrpcFront", "HttpFront", "json_too_deep"]
+__all__ = ["MAX_JSON_DEPTH", "GrpcFront", "HttpFront", "count_refusals_as_failures", "json_too_deep"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,32 @@ def json_too_deep(text: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
             return False
         brackets = _INNERMOST.sub(b"", brackets)
     return bool(brackets)
+
+
+_SAMPLE = re.compile(r'^(?P<name>\w+)\{(?P<labels>[^}]*)\} (?P<value>\d+)$', re.M)
+_MODEL_VERSION = re.compile(r'model="(?P<model>(?:[^"\\]|\\.)*)".*version="(?P<version>(?:[^"\\]|\\.)*)"')
+
+
+def count_refusals_as_failures(text: str) -> str:
+    """Triton's Prometheus ``text`` with each model's refused requests (the backend's
+    :data:`~convnets.serve.backend.REFUSED_METRIC`) counted as failures (reason ``BACKEND``), not successes."""
+    from convnets.serve.backend import REFUSED_METRIC
+
+    refused: dict[tuple[str, str], int] = {}
+    for sample in _SAMPLE.finditer(text):
+        key = _MODEL_VERSION.search(sample["labels"])
+        if sample["name"] == REFUSED_METRIC and key:
+            refused[(key["model"], key["version"])] = int(sample["value"])
+
+    def corrected(sample: re.Match[str]) -> str:
+        key = _MODEL_VERSION.search(sample["labels"])
+        count = refused.get((key["model"], key["version"]), 0) if key else 0
+        if sample["name"] == "nv_inference_request_success":
+            count = -count
+        elif not (sample["name"] == "nv_inference_request_failure" and 'reason="BACKEND"' in sample["labels"]):
+            count = 0
+        return f'{sample["name"]}{{{sample["labels"]}}} {int(sample["value"]) + count}' if count else sample[0]
+    return _SAMPLE.sub(corrected, text) if refused else text
 
 
 class _Refused(Exception):
@@ -99,6 +128,8 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             self._answer(503, "the model server is not answering (it is restarting); try again in a few seconds")
             return
+        if self.server.metrics and status == 200 and self.path.split("?")[0] == "/metrics":
+            answer = count_refusals_as_failures(answer.decode("utf-8", errors="replace")).encode()
         self.send_response_only(status, reason)
         for key, value in answer_headers:
             if key.lower() not in _HOP_BY_HOP:
@@ -187,7 +218,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 class HttpFront(ThreadingHTTPServer):
     """An HTTP proxy on ``address`` that checks each request (see the module doc) and passes it to
-    ``127.0.0.1:target_port``; :meth:`start` serves it on a thread of its own.
+    ``127.0.0.1:target_port``; :meth:`start` serves it on a thread of its own. With ``metrics``, Triton's
+    ``/metrics`` text counts refused requests as failures.
 
     Raises:
         OSError: the address cannot be bound.
@@ -197,11 +229,13 @@ class HttpFront(ThreadingHTTPServer):
     allow_reuse_address = True  # Triton binds with SO_REUSEADDR too: a port in TIME_WAIT is usable
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], target_port: int, max_body_bytes: int) -> None:
+    def __init__(self, address: tuple[str, int], target_port: int, max_body_bytes: int, *,
+                 metrics: bool = False) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
         self.target_port = target_port
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -270,9 +304,10 @@ def _grpc_pass_on_handler(channel: Any, method: str, streaming: bool) -> Any:
         try:
             response: bytes = channel.unary_unary(method)(request, metadata=metadata(context),
                                                           timeout=timeout(context))
+            return response
         except grpc.RpcError as e:
-            context.abort(e.code(), e.details() or "")
-        return response
+            context.abort(e.code(), e.details() or "")  # raises
+            raise
 
     def stream(requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
         try:

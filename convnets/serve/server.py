@@ -347,7 +347,8 @@ class TritonServer:
         try:
             self._fronts = [HttpFront((e.host, e.http_port), inner.http_port, self.max_request_bytes),
                             GrpcFront(e.host, e.grpc_port, inner.grpc_port, self.max_request_bytes),
-                            HttpFront((e.host, e.metrics_port), inner.metrics_port, self.max_request_bytes)]
+                            HttpFront((e.host, e.metrics_port), inner.metrics_port, self.max_request_bytes,
+                                      metrics=True)]
         except OSError as error:
             raise InvalidArgumentError(f"--host {e.host}: cannot listen there ({error})") from error
         self._launch()
