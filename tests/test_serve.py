@@ -291,6 +291,9 @@ def test_metadata_and_config_name_the_tensors_and_labels(served: Server) -> None
     assert json.loads(config["parameters"]["labels"]["string_value"]) == NAMES
     assert config["parameters"]["engine"]["string_value"] == "torch"
     assert config["max_batch_size"] == MAX_BATCH and config["dynamic_batching"]["max_queue_delay_microseconds"] == 20000
+    # The checkpoint's file name, never a local path: every client reads the config.
+    assert config["parameters"]["weights"]["string_value"] == "tiny.pth.tar"
+    assert "/" not in json.dumps(config["parameters"]) and "/tmp" not in served.get("/v2/models/tiny/config")[1]
 
 
 def test_eight_concurrent_clients_get_their_own_answers_batched(served: Server, photos: list[Path],
@@ -373,28 +376,41 @@ def test_a_bad_request_batched_with_good_ones_costs_only_itself(served: Server, 
     assert outcomes == [["error 400"] * 4] + [["ok"] * 4] * 4
 
 
+def _outcomes(served: Server) -> tuple[int, int, str]:
+    """/metrics: the model's successful requests, its failed ones (the backend's), and the text."""
+    status, text = served.get("/metrics", served.metrics_port)
+    assert status == 200, text
+    counts = [re.search(pattern, text, re.M) for pattern in (
+        r'^nv_inference_request_success\{model="tiny",version="1"\} (\d+)$',
+        r'^nv_inference_request_failure\{model="tiny",reason="BACKEND",version="1"\} (\d+)$')]
+    assert all(counts), text[:3000]
+    return int(counts[0].group(1)), int(counts[1].group(1)), text  # type: ignore[union-attr]
+
+
 def test_health_and_metrics(served: Server, photos: list[Path]) -> None:
     assert served.get("/v2/health/live")[0] == 200 and served.get("/v2/health/ready")[0] == 200
     assert served.get("/v2/models/tiny/ready")[0] == 200
+    succeeded, failed, _ = _outcomes(served)
     http = served.http()
     http.infer("tiny", [images_input(httpclient, [photos[0].read_bytes()])])
     with pytest.raises(httpclient.InferenceServerException):
         http.infer("tiny", [images_input(httpclient, [b"not an image"])])
     deadline = time.monotonic() + 30
-    while True:  # Triton's Prometheus text counts both requests above (an answer with an error is executed too)
-        status, text = served.get("/metrics", served.metrics_port)
-        success = re.search(r'^nv_inference_request_success\{model="tiny",version="1"\} (\d+)', text, re.M)
-        if status == 200 and success and int(success.group(1)) >= 2:
+    while True:  # the request the model refused counts as a failure, not a success (Triton's own count)
+        now_succeeded, now_failed, text = _outcomes(served)
+        if (now_succeeded - succeeded, now_failed - failed) == (1, 1):
             break
-        assert time.monotonic() < deadline, text[:3000]
+        assert time.monotonic() < deadline, (now_succeeded - succeeded, now_failed - failed)
         time.sleep(1)
     assert re.search(r'^nv_inference_exec_count\{model="tiny",version="1"\} [1-9]', text, re.M)
     # The APIs that change the server are closed to clients.
     request = urllib.request.Request(f"http://127.0.0.1:{served.http_port}/v2/repository/index", data=b"{}",
-                                     method="POST")
+                                     method="POST", headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
     assert refused.value.code in (401, 403)
+    with pytest.raises(grpcclient.InferenceServerException, match="restricted"):
+        served.grpc().get_system_shared_memory_status()
 
 
 def test_the_backend_runs_on_the_server_interpreter_s_libpython(served: Server, serve_python: str) -> None:
@@ -426,6 +442,108 @@ def test_the_serving_page_snippet_classifies_a_jpeg(served: Server, checkpoint: 
     assert main(["predict", "--weights", str(checkpoint), "--engine", "torch", "--json", "examples/rocket.jpg"]) == 0
     (record,) = json.loads(capsys.readouterr().out)
     assert done.stdout.splitlines() == [f"{100 * t['probability']:6.2f}%  {t['label']}" for t in record["top"]]
+
+
+def _post(served: Server, body: bytes, content_type: str | None, port: int | None = None,
+          path: str = "/v2/models/tiny/infer") -> tuple[int, str]:
+    headers = {"Content-Type": content_type} if content_type else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port or served.http_port}{path}", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _rss_mib(served: Server) -> int:
+    process = psutil.Process(served.process.pid)
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) >> 20
+
+
+def test_requests_that_crashed_triton_are_refused_unread(served: Server, photos: list[Path], expected: dict) -> None:
+    """A 4 MiB form body and JSON nested 100,000 levels crashed Triton 2.51; a 1 GiB body was held whole."""
+    status, text = _post(served, b"a=" + bytes(5 << 20), "application/x-www-form-urlencoded")
+    assert status == 415 and "application/json" in text, text
+    deep = b'{"inputs":[{"name":"image","datatype":"BYTES","shape":[1,1],"data":' + b"[" * 100_000 + b"]" * 100_000
+    for port in (served.http_port, served.metrics_port):
+        status, text = _post(served, deep + b"}]}", "application/json", port)
+        assert status == 400 and "nested more than 32 levels" in text, text
+    status, text = _post(served, deep, "application/json", path="/v2/repository/index")  # not closed
+    assert status == 400, text
+    # 1 GiB announced: refused from its Content-Length, after at most a few MiB were read.
+    before = _rss_mib(served)
+    with socket.create_connection(("127.0.0.1", served.http_port), timeout=30) as client:
+        client.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % (1 << 30))
+        sent = 0
+        with pytest.raises(OSError):
+            while sent < 1 << 30:
+                client.sendall(bytes(1 << 20))
+                sent += 1 << 20
+        answer = client.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"larger than the server's limit" in answer, answer
+    assert sent < 64 << 20 and _rss_mib(served) - before < 256
+    # gRPC: refused from the message's length prefix.
+    channel = grpcclient.grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}",
+                                               options=[("grpc.max_send_message_length", -1)])
+    with pytest.raises(grpcclient.grpc.RpcError) as refused:
+        channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(bytes(256 << 20), timeout=60)
+    channel.close()
+    assert refused.value.code() == grpcclient.grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _rss_mib(served) - before < 256
+    # Still the same server, answering.
+    assert served.process.poll() is None and served.get("/v2/health/ready")[0] == 200
+    result = served.http().infer("tiny", [images_input(httpclient, [photos[1].read_bytes()])])
+    assert_answer(*(result.as_numpy(n)[0] for n in ("top_labels", "top_indices", "top_probabilities",
+                                                    "probabilities")), expected[str(photos[1])])
+
+
+def test_a_base64_image_in_plain_json_is_told_to_send_raw_bytes(served: Server) -> None:
+    import base64
+
+    text = base64.b64encode((REPO / "examples" / "rocket.jpg").read_bytes()).decode()
+    body = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]})
+    status, answer = _post(served, body.encode(), "application/json")
+    assert status == 400 and "base64" in answer and "raw bytes" in answer, answer
+
+
+def _triton(served: Server) -> psutil.Process:
+    (triton,) = [p for p in psutil.Process(served.process.pid).children() if "tritonserver" in p.name()]
+    return triton
+
+
+def test_shared_memory_and_command_lines_hold_nothing_for_other_users(served: Server) -> None:
+    triton = _triton(served)
+    # The backend's region lives in a /dev/shm of Triton's own (0700), and is 0600 itself.
+    private = Path(f"/proc/{triton.pid}/root/dev/shm")
+    regions = [p for p in private.iterdir() if p.name.startswith("convnets-")]
+    assert regions and private.stat().st_mode & 0o077 == 0
+    assert all(p.stat().st_mode & 0o077 == 0 for p in regions)
+    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(f"convnets-{served.process.pid}-")]
+    assert "Umask:\t0077" in Path(f"/proc/{triton.pid}/status").read_text()
+    # No token anywhere: the closed APIs ask for a header no client can send.
+    for process in [psutil.Process(served.process.pid), *psutil.Process(served.process.pid).children(recursive=True)]:
+        line = " ".join(process.cmdline())
+        assert not re.search(r"[0-9a-f]{32}", line) and "token" not in line.lower(), line
+
+
+def test_a_dead_backend_or_a_crashed_server_is_restarted(served: Server, photos: list[Path]) -> None:
+    for victim in ("stub", "tritonserver"):
+        triton = _triton(served)
+        process = triton if victim == "tritonserver" else [p for p in triton.children() if "stub" in p.name()][0]
+        os.kill(process.pid, signal.SIGSEGV if victim == "tritonserver" else signal.SIGKILL)
+        start = time.monotonic()
+        while served.get("/v2/health/ready")[0] == 200:
+            assert time.monotonic() - start < 10, f"still ready after the {victim} died"
+            time.sleep(0.1)
+        while served.get("/v2/health/ready")[0] != 200:
+            assert time.monotonic() - start < 60, f"not ready again after the {victim} died"
+            time.sleep(0.2)
+        assert served.process.poll() is None
+        assert served.http().infer("tiny", [images_input(httpclient, [photos[0].read_bytes()])])
+        assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(f"convnets-{served.process.pid}-")]
+    assert "restarting it" in served.stderr.read_text()
+    served.children = [p.pid for p in psutil.Process(served.process.pid).children(recursive=True)]
 
 
 def test_sigterm_stops_the_server_and_every_process_it_started(served: Server) -> None:
@@ -537,6 +655,7 @@ def test_exported_python_backend_repositories_are_served(serve_python: str, chec
 @pytest.mark.parametrize(("args", "message"), [
     (["--weights", "CK", "--repository", "."], "--repository serves the models it holds as they are; drop --weights"),
     (["--name", "a/b"], "--name 'a/b': invalid Triton model name"),
+    (["--name", "x\n"], "--name 'x\\n': invalid Triton model name"),
     (["--repository", "."], "--repository .: not a Triton model repository (no NAME/config.pbtxt in it)"),
 ])
 def test_bad_options_are_one_line_errors(checkpoint: Path, capsys: pytest.CaptureFixture[str], args: list[str],

@@ -27,7 +27,7 @@ from convnets.commands.options import add_image_size_argument, batch_size, non_n
 from convnets.commands.run_options import (add_cache_argument, add_device_argument, add_engine_argument,
                                            add_precision_argument, device_from_args)
 from convnets.constants import DEFAULT_MODEL
-from convnets.errors import InvalidArgumentError, ServeError
+from convnets.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from convnets.serve.repository import ServedModel
@@ -59,7 +59,8 @@ def _port(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     from convnets.runtime import usable_cores  # no PyTorch: os only
-    from convnets.serve.server import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
+    from convnets.serve.server import (DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_MAX_REQUEST_BYTES,
+                                       DEFAULT_METRICS_PORT)
 
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
     model = parser.add_argument_group("served model")
@@ -91,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"KServe v2 gRPC (default {DEFAULT_GRPC_PORT}; 0: any free port)")
     server.add_argument("--metrics-port", type=_port, default=DEFAULT_METRICS_PORT, metavar="PORT",
                         help=f"Prometheus metrics at /metrics (default {DEFAULT_METRICS_PORT}; 0: any free port)")
+    server.add_argument("--max-request-mb", type=positive_int, default=DEFAULT_MAX_REQUEST_BYTES >> 20, metavar="MB",
+                        help="the largest request body (HTTP) or message (gRPC) accepted; a larger one is refused "
+                             f"before it is read (default {DEFAULT_MAX_REQUEST_BYTES >> 20})")
     server.add_argument("--max-batch-size", type=batch_size, default=DEFAULT_MAX_BATCH_SIZE, metavar="N",
                         help="the most images the model runs at once, from one request or several put together "
                              f"by the dynamic batcher; also the most a request may send (default "
@@ -128,13 +132,13 @@ def run(args: argparse.Namespace) -> int:
             names = [served.name]
         stopped = stop_on_signals()
         try:
-            with TritonServer(repository, endpoints, verbose=args.verbose > 0, workspace=workspace) as server:
+            with TritonServer(repository, endpoints, verbose=args.verbose > 0, workspace=workspace,
+                              max_request_bytes=args.max_request_mb << 20) as server:
                 print(_listening(names, server.endpoints), flush=True)
-                status = server.wait()
+                server.wait()  # until a signal; restarts a crashed server, raises ServeError if it cannot
         except stopped as signal_name:
             print(f"convnets serve: stopped ({signal_name})", file=sys.stderr, flush=True)
-            return 0
-    raise ServeError(f"the Triton server stopped on its own (status {status}); run with -v to see its log")
+    return 0
 
 
 def _listening(names: list[str], endpoints: Endpoints) -> str:

@@ -50,12 +50,12 @@ __all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_
 #: (convnets.deploy.triton_python reads them under the same names).
 RUNTIME_PARAMETER, FILE_PARAMETER = "runtime", "model_file"
 
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def check_model_name(name: str) -> str:
     """Return ``name`` if it is usable as a Triton model (directory) name, else raise InvalidArgumentError."""
-    if not _NAME.match(name) or name in (".", ".."):
+    if not _NAME.fullmatch(name) or name in (".", ".."):
         raise InvalidArgumentError(f"invalid Triton model name {name!r}: use letters, digits, '_', '-', '.'")
     return name
 

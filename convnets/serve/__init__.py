@@ -6,7 +6,9 @@
 * :mod:`~convnets.serve.backend`: that model's code, run by Triton's Python backend (encoded images
   in, probabilities and top-k classes out, an error per bad request);
 * :mod:`~convnets.serve.server`: runs the Triton binary that the ``serve`` extra (PyTriton) installs
-  on a repository: ports, readiness, the one line naming the endpoints, signals and clean-up.
+  on a repository, on loopback: ports, readiness, a private ``/dev/shm``, restarts, signals and clean-up;
+* :mod:`~convnets.serve.front`: the HTTP, gRPC and metrics proxies clients reach, which refuse what
+  would crash Triton or fill its memory before it parses anything.
 
 Nothing here imports PyTorch or PyTriton until it is used.
 """

@@ -9,13 +9,20 @@ the model once on the images of the requests that decoded, and answers each requ
 outputs, or with one error (HTTP 400, gRPC ``INVALID_ARGUMENT``) naming the image that could not be
 used and why. So a bad request costs that request, never the others in its batch or the server.
 
+Triton counts a request answered with an error as a success; the backend counts the requests it
+refused in :data:`REFUSED_METRIC` (a Python-backend metric), which the metrics front
+(:func:`convnets.serve.front.count_refusals_as_failures`) moves to Triton's failures.
+
 A model that fails to load writes its message to :data:`LOAD_ERROR_FILE` beside ``served.json``,
 where :mod:`convnets.serve.server` reads it to say why the server did not start.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,12 +34,28 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     import torch
 
-__all__ = ["LOAD_ERROR_FILE", "Classifier", "Decoded", "TritonPythonModel"]
+__all__ = ["LOAD_ERROR_FILE", "REFUSED_METRIC", "Classifier", "Decoded", "TritonPythonModel"]
 
 log = logging.getLogger(__name__)
 
 #: Written into the model's directory when loading fails: the reason, in command-line words.
 LOAD_ERROR_FILE = "load-error.txt"
+#: The counter of requests the model refused, by model and version.
+REFUSED_METRIC = "convnets_inference_request_refused"
+_BASE64 = re.compile(rb"[A-Za-z0-9+/\s]{16,}={0,2}\s*")
+_BASE64_HINT = ("this is base64 text, not an image file: send the file's raw bytes as binary tensor data (what "
+                "tritonclient sends by default); the server does not decode base64")
+
+
+def _is_base64_image(data: bytes) -> bool:
+    """Whether ``data`` is base64 text whose decoded start is an image format the server reads."""
+    if not _BASE64.fullmatch(data):
+        return False
+    try:
+        head = base64.b64decode(b"".join(data[:4096].split())[:4092], validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return head.startswith((b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM", b"RIFF", b"II*\0", b"MM\0*"))
 
 
 @dataclass(frozen=True)
@@ -102,7 +125,8 @@ class Classifier:
                               max_bytes=served.max_image_bytes, workers=served.threads, allow_private=False,
                               fast_decode=served.fast_decode)
         errors = dict(too_large)
-        errors.update({readable[pos]: message_for(error, "cli") for pos, error in batch.errors})
+        errors.update({readable[pos]: _BASE64_HINT if _is_base64_image(bytes(images[readable[pos]])) else
+                       message_for(error, "cli") for pos, error in batch.errors})
         return Decoded(batch.tensor, {readable[pos]: row for row, pos in enumerate(batch.indices)}, errors)
 
     def run(self, batch: torch.Tensor) -> dict[str, npt.NDArray[Any]]:
@@ -132,6 +156,8 @@ class TritonPythonModel:
     """Triton's Python-backend interface (``initialize``, ``execute``, ``finalize``) around :class:`Classifier`."""
 
     classifier: Classifier
+    refused_family: Any = None
+    refused: Any = None  # the REFUSED_METRIC counter of this model
 
     def initialize(self, args: dict[str, str]) -> None:
         """Load the model of ``served.json`` in the model's directory (``args["model_repository"]``)."""
@@ -144,6 +170,12 @@ class TritonPythonModel:
             reason = message_for(e, "cli") if known else f"{type(e).__name__}: {e}"
             (model_dir / LOAD_ERROR_FILE).write_text(reason, encoding="utf-8")
             raise
+        import triton_python_backend_utils as pb_utils
+
+        self.refused_family = pb_utils.MetricFamily(name=REFUSED_METRIC, description="Requests the model refused "
+                                                    "(a bad image, no input)", kind=pb_utils.MetricFamily.COUNTER)
+        self.refused = self.refused_family.Metric(labels={"model": args["model_name"],
+                                                          "version": args["model_version"]})
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """Answer the requests of one batch: outputs for each, or an error for those with a bad image."""
@@ -171,6 +203,7 @@ class TritonPythonModel:
         for span in spans:
             if isinstance(span, str):
                 log.info("request refused: %s", span)
+                self.refused.increment(1)
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(span, pb_utils.TritonError.INVALID_ARG)))
                 continue
@@ -180,4 +213,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
-        """Nothing to release: the process ends."""
+        """Release the counter before its family, as the Python backend asks."""
+        self.refused = self.refused_family = None

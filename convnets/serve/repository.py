@@ -18,8 +18,9 @@ The model's interface (KServe v2 / Open Inference Protocol; N images per request
 * output ``embedding`` (with ``embedding=True``): ``FP32`` ``[N, features]``, the pooled ``layer4``
   features, whose classifier gives the logits.
 
-The config's ``parameters`` name the model, its weights, engine and precision, and hold the class
-names as a JSON list (``labels``), so a client reads them with ``get_model_config``.
+The config's ``parameters`` name the model, its weights (the checkpoint's file name, never its
+directory), engine and precision, and hold the class names as a JSON list (``labels``), so a client
+reads them with ``get_model_config``.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def model_config(served: ServedModel) -> str:
     config.dynamic_batching.max_queue_delay_microseconds = served.max_queue_delay_us
     # One instance: its PyTorch threads use the cores; a second instance would share them with it.
     config.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
-    for key, value in {"model": served.model, "weights": served.weights or
+    # The checkpoint's file name only: the config is every client's to read, the directories are not.
+    for key, value in {"model": served.model, "weights": Path(served.weights).name if served.weights else
                        ("pretrained" if served.pretrained else "random-init"),
                        "engine": served.engine, "precision": served.precision, "image_size": str(served.image_size),
                        "topk": str(served.topk), "labels": json.dumps(served.labels, ensure_ascii=False)}.items():

@@ -9,7 +9,11 @@ of a dynamically formed batch when one of them is bad. A Python-backend reposito
 (:mod:`convnets.serve.repository`, or ``convnets export --triton --triton-backend python``) answers
 each request on its own.
 
-:class:`TritonServer` starts the binary with
+Clients never reach Triton itself: :class:`TritonServer` runs it with HTTP, gRPC and metrics on
+loopback ports of its own, and serves the endpoints asked for with the small proxies of
+:mod:`convnets.serve.front`, which refuse what would crash Triton or fill its memory (bodies above
+``max_request_bytes``, form bodies, compressed bodies, JSON nested too deep) before Triton parses it.
+It starts the binary with
 
 * the interpreter's own ``libpython`` first on ``LD_LIBRARY_PATH``: the backend's stub links
   ``libpython3.X.so`` by name, and would otherwise load the system's copy, which can be another
@@ -17,13 +21,23 @@ each request on its own.
   ``'_thread.RLock' object has no attribute '_recursion_count'``);
 * this interpreter's ``bin`` first on ``PATH``: the stub finds its environment (its
   ``site-packages``) there; it ignores ``PYTHONPATH``;
-* HTTP, gRPC and metrics on the host and ports asked for (port 0: a free port, picked here);
 * readiness only once every model is loaded, and a server that stops if one fails to load;
 * the APIs that change the server (model repository, shared memory, trace, logging settings)
-  closed to clients: they need a random token that only this process knew.
+  closed to every client, with no secret: they ask for a header that neither HTTP/1.1 (a value
+  holding a line feed) nor gRPC (a name with capitals) can carry;
+* a ``/dev/shm`` of its own (a private tmpfs, mode 0700, in a mount namespace of its own; a user
+  namespace first where this user may not mount): the Python backend makes its shared-memory region
+  mode 0644 whatever the umask, so in the system's ``/dev/shm`` other users could read the images
+  clients send. The tmpfs goes with the server's processes, so a crash leaves nothing behind. Where
+  no namespace can be made, the region is made 0600 as soon as it is seen, and removed after a crash;
+* umask 077: any file it makes is its user's only.
 
-It waits until ``/v2/health/ready`` answers, or the server exits (then :class:`ServeError` says why:
-the model's load error, else the server's last error lines). Stopping sends Triton ``SIGINT``: it
+It waits until Triton's ``/v2/health/ready`` answers, or the server exits (then :class:`ServeError`
+says why: the model's load error, else the server's last error lines). :meth:`TritonServer.wait`
+then supervises it: if Triton exits on its own (a crash) or a model's backend process dies, it is
+stopped and started again on the same ports (the fronts answer ``503`` meanwhile, readiness too);
+:data:`MAX_RESTARTS` restarts within :data:`RESTART_WINDOW_S` seconds, or one that fails, end it
+with :class:`ServeError`. Stopping sends Triton ``SIGINT``: it
 finishes the requests in flight, for :data:`EXIT_TIMEOUT_S` seconds at most, unloads the models
 (their stub processes exit) and exits; anything left after that is killed, so every process it
 started is gone and the ports are free. The server is also given ``PR_SET_PDEATHSIG``: if this
@@ -55,9 +69,11 @@ from typing import IO, Any
 
 from convnets.errors import InvalidArgumentError, MissingDependencyError, ServeError
 from convnets.extras import install_hint, serve_convnets
+from convnets.serve.front import GrpcFront, HttpFront
 
-__all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "EXIT_TIMEOUT_S", "Endpoints",
-           "TritonServer", "stop_on_signals", "triton_distribution"]
+__all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "DEFAULT_MAX_REQUEST_BYTES",
+           "EXIT_TIMEOUT_S", "MAX_RESTARTS", "RESTART_WINDOW_S", "Endpoints", "TritonServer", "stop_on_signals",
+           "triton_distribution"]
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +83,14 @@ DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 8000, 8001, 8002
 EXIT_TIMEOUT_S = 5
 #: Seconds allowed for the server to load its models and answer ready.
 STARTUP_TIMEOUT_S = 600.0
-#: What clients cannot call: changing the server's models, shared memory, tracing and logging.
-_RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
-_TOKEN_HEADER = "convnets-admin-token"
+#: The largest request body (HTTP) or message (gRPC) passed on to Triton: the largest image, plus 16 MiB.
+DEFAULT_MAX_REQUEST_BYTES = 80 * 2**20
+#: Restarts allowed within :data:`RESTART_WINDOW_S` seconds before supervision gives up.
+MAX_RESTARTS, RESTART_WINDOW_S = 5, 300.0
+#: What no client can call: changing the server's models, shared memory, tracing and logging. The header
+#: they ask for cannot be sent: gRPC refuses a name with capitals, HTTP/1.1 a value with a line feed.
+_CLOSED_APIS = "model-repository,shared-memory,trace,logging:Convnets-Closed=no\nclient sends this"
+_STUB = "triton_python_backend_stub"
 
 
 @dataclass(frozen=True)
@@ -182,11 +203,50 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> Callable[[], None]:
-    """What the server process runs before exec: ask for SIGTERM when this process dies (Linux's prctl
-    PR_SET_PDEATHSIG). The function is looked up here, before the fork: the child only calls it."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    return lambda: prctl(1, signal.SIGTERM)
+_CLONE_NEWNS, _CLONE_NEWUSER = 0x20000, 0x10000000
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+
+
+def _child_setup() -> Callable[[], None]:
+    """What the server process runs before exec (see the module doc): a private ``/dev/shm`` where it can
+    (best effort: :func:`_private_shm` tells afterwards), SIGTERM when this process dies (prctl
+    PR_SET_PDEATHSIG, set last: entering a user namespace clears it) and umask 077. Everything is
+    looked up here, before the fork: the child only calls it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    unshare, mount, prctl, umask = libc.unshare, libc.mount, libc.prctl, os.umask
+    maps = {"setgroups": b"deny", "uid_map": f"{os.getuid()} {os.getuid()} 1".encode(),
+            "gid_map": f"{os.getgid()} {os.getgid()} 1".encode()}
+
+    def own_user_namespace() -> bool:
+        if unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+            return False
+        for name, text in maps.items():  # this user, mapped to itself
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, text)
+            finally:
+                os.close(fd)
+        return True
+
+    def setup() -> None:
+        if (unshare(_CLONE_NEWNS) == 0 or own_user_namespace()) and mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE,
+                                                                          None) == 0:
+            mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0700")
+        prctl(1, signal.SIGTERM)
+        umask(0o077)
+    return setup
+
+
+def _stubs(pid: int) -> set[int]:
+    """The Python backend's stub processes below ``pid``."""
+    found = set()
+    for child in _descendants(pid):
+        try:
+            if _STUB in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"):
+                found.add(child)
+        except OSError:
+            continue
+    return found
 
 
 def _descendants(pid: int) -> set[int]:
@@ -220,26 +280,33 @@ def _alive(pid: int) -> bool:
 
 
 class TritonServer:
-    """The Triton Inference Server on a model repository, as a context manager (stopped on exit).
+    """The Triton Inference Server on a model repository, behind its fronts, as a context manager (stopped on exit).
 
     Args:
         repository: the model repository (every model in it is loaded).
-        endpoints: where to listen; ports 0 are picked when the server starts.
+        endpoints: where clients reach it; ports 0 are picked when the server starts.
         verbose: Triton's log on this process's stderr (default: in a file, shown when it fails).
         workspace: where the backend directory and the log go (default: a new temporary directory,
             removed when the server stops).
+        max_request_bytes: the largest HTTP body or gRPC message passed on to Triton.
     """
 
     def __init__(self, repository: str | Path, endpoints: Endpoints = Endpoints(), *, verbose: bool = False,
-                 workspace: str | Path | None = None) -> None:
+                 workspace: str | Path | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
         self.repository = Path(repository).resolve()
         self.endpoints = endpoints
         self.verbose = verbose
+        self.max_request_bytes = max_request_bytes
         self._own_workspace = workspace is None
         self.workspace = Path(tempfile.mkdtemp(prefix="convnets-serve-") if workspace is None else workspace)
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._started: set[int] = set()
+        self._stub_pids: set[int] = set()
+        self._inner = Endpoints()
+        self._fronts: list[HttpFront | GrpcFront] = []
+        self._shm_prefix = ""
+        self._restarts: list[float] = []
 
     @property
     def log_path(self) -> Path:
@@ -259,7 +326,7 @@ class TritonServer:
         self.stop()
 
     def start(self) -> None:
-        """Start the server and wait until it is ready (its models loaded).
+        """Start the server and its fronts, and wait until it is ready (its models loaded).
 
         Raises:
             ServeError: the server exited while starting (a model failed to load, ...), or was not
@@ -269,45 +336,82 @@ class TritonServer:
         """
         distribution = triton_distribution()
         self.endpoints = self.endpoints.resolved()
+        # Triton's own endpoints: loopback ports that only the fronts use.
+        self._inner = Endpoints("127.0.0.1", 0, 0, 0).resolved()
         # The backend directory Triton loads: the Python backend with this Python's stub.
         backend = self.workspace / "backends" / "python"
         backend.mkdir(parents=True)
         for source in (*distribution.backend.iterdir(), distribution.stub):
             if source.is_file():
                 shutil.copy2(source, backend / source.name)
-        e = self.endpoints
-        restriction = f"{_RESTRICTED_APIS}:{_TOKEN_HEADER}={secrets.token_hex(16)}"
+        e, inner = self.endpoints, self._inner
+        try:
+            self._fronts = [HttpFront((e.host, e.http_port), inner.http_port, self.max_request_bytes),
+                            GrpcFront(e.host, e.grpc_port, inner.grpc_port, self.max_request_bytes),
+                            HttpFront((e.host, e.metrics_port), inner.metrics_port, self.max_request_bytes,
+                                      metrics=True)]
+        except OSError as error:
+            raise InvalidArgumentError(f"--host {e.host}: cannot listen there ({error})") from error
+        self._launch()
+        for front in self._fronts:
+            front.start()
+
+    def _launch(self) -> None:
+        """Start Triton on its loopback ports and wait until it is ready."""
+        distribution = triton_distribution()
+        inner = self._inner
+        # Shared memory names of its own, so that several servers on one machine do not collide.
+        self._shm_prefix = f"convnets-{os.getpid()}-{secrets.token_hex(4)}-"
         command = [str(distribution.server), f"--model-repository={self.repository}",
-                   f"--backend-directory={backend.parent}", "--model-control-mode=none",
+                   f"--backend-directory={self.workspace / 'backends'}", "--model-control-mode=none",
                    # The configs are complete: no stub process started just to ask model.py for one.
                    "--disable-auto-complete-config",
                    "--strict-readiness=true", "--exit-on-error=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-                   f"--http-address={e.host}", f"--http-port={e.http_port}", f"--grpc-address={e.host}",
-                   f"--grpc-port={e.grpc_port}", f"--metrics-address={e.host}", f"--metrics-port={e.metrics_port}",
-                   "--allow-gpu-metrics=false", f"--http-restricted-api={restriction}",
-                   f"--grpc-restricted-protocol={restriction}",
-                   # Shared memory names of its own, so that several servers on one machine do not collide.
-                   f"--backend-config=python,shm-region-prefix-name=convnets-{os.getpid()}-{secrets.token_hex(4)}-"]
+                   f"--http-address={inner.host}", f"--http-port={inner.http_port}", f"--grpc-address={inner.host}",
+                   f"--grpc-port={inner.grpc_port}", f"--metrics-address={inner.host}",
+                   f"--metrics-port={inner.metrics_port}", "--allow-gpu-metrics=false",
+                   f"--http-restricted-api={_CLOSED_APIS}", f"--grpc-restricted-protocol={_CLOSED_APIS}",
+                   f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}"]
         if self.verbose:
             output: Any = sys.stderr.fileno()  # stdout keeps only the line naming the endpoints
         else:
-            self._log = output = self.log_path.open("wb")
+            if self._log is not None:
+                self._log.close()
+            self._log = output = self.log_path.open("ab")
         log.debug("starting %s", " ".join(command))
         # A session of its own: a terminal's Ctrl-C reaches this process only, which stops the server in order.
         self.process = subprocess.Popen(command, env=_environment(), stdin=subprocess.DEVNULL, stdout=output,
                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_die_with_parent())
+                                        preexec_fn=_child_setup())
         self._wait_ready()
         self._started = _descendants(self.process.pid) | {self.process.pid}
+        self._stub_pids = _stubs(self.process.pid)
+        self._guard_shared_memory()
+
+    def _guard_shared_memory(self) -> None:
+        """Make Triton's shared-memory regions 0600, in the ``/dev/shm`` it sees (see the module doc)."""
+        if self.process is None:
+            return
+        for region in Path(f"/proc/{self.process.pid}/root/dev/shm").glob(f"{self._shm_prefix}*"):
+            try:
+                region.chmod(0o600)
+            except OSError:
+                pass
+
+    def _remove_shared_memory(self) -> None:
+        """Remove what a Triton that shared this machine's ``/dev/shm`` left there."""
+        for region in Path("/dev/shm").glob(f"{self._shm_prefix}*") if self._shm_prefix else ():
+            region.unlink(missing_ok=True)
 
     def _wait_ready(self) -> None:
         assert self.process is not None
-        url = f"http://{self.endpoints.probe_host()}:{self.endpoints.http_port}/v2/health/ready"
+        url = f"http://127.0.0.1:{self._inner.http_port}/v2/health/ready"
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if self.process.poll() is not None:
                 raise ServeError(f"the Triton server exited while starting (status {self.process.returncode}): "
                                  f"{self._failure()}")
+            self._guard_shared_memory()
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
@@ -316,7 +420,7 @@ class TritonServer:
                 pass
             if time.monotonic() > deadline:
                 raise ServeError(f"the Triton server was not ready after {STARTUP_TIMEOUT_S:g} s: {self._failure()}")
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     def _failure(self) -> str:
         """Why the server did not start: a model's load error, else Triton's error lines."""
@@ -337,55 +441,80 @@ class TritonServer:
         return " / ".join(dict.fromkeys(errors)) or "its log says nothing more"
 
     def alive(self) -> bool:
-        """Whether the server process still runs."""
+        """Whether the server process runs."""
         return self.process is not None and self.process.poll() is None
 
-    def wait(self, interval_s: float = 0.5) -> int:
-        """Block until the server exits (or a signal's handler raises, see :func:`stop_on_signals`).
+    def wait(self, interval_s: float = 0.5) -> None:
+        """Supervise the server until a signal's handler raises (see :func:`stop_on_signals`): restart it
+        when it exits on its own or a model's backend process dies.
 
-        Returns:
-            The server's exit status.
+        Raises:
+            ServeError: it stopped more than :data:`MAX_RESTARTS` times in :data:`RESTART_WINDOW_S`
+                seconds, or could not start again.
         """
-        assert self.process is not None
         while True:
+            assert self.process is not None
             try:
-                return self.process.wait(timeout=interval_s)
+                status = self.process.wait(timeout=interval_s)
             except subprocess.TimeoutExpired:
-                continue
+                dead = sorted(pid for pid in self._stub_pids if not _alive(pid))
+                if not dead:
+                    continue
+                why = f"a model's backend process ({', '.join(map(str, dead))}) died"
+            else:
+                why = f"the Triton server stopped on its own (status {status})"
+            now = time.monotonic()
+            self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
+            if len(self._restarts) > MAX_RESTARTS:
+                raise ServeError(f"{why}, the {len(self._restarts)}th time in {RESTART_WINDOW_S:g} s; giving up "
+                                 "(run with -v to see its log)")
+            log.warning("%s; restarting it", why)
+            self._stop_triton()
+            self._launch()
+            log.warning("the Triton server is ready again")
 
     def stop(self) -> None:
-        """Stop the server (SIGINT: Triton finishes requests in flight) and every process it started;
-        then remove the workspace if it made one. Safe to call twice."""
-        process, self.process = self.process, None
-        if process is not None:
-            started = self._started | _descendants(process.pid) | {process.pid}
-            if process.poll() is None:
-                log.debug("stopping the Triton server (SIGINT)")
-                process.send_signal(signal.SIGINT)
-                try:
-                    process.wait(timeout=EXIT_TIMEOUT_S + 10)
-                except subprocess.TimeoutExpired:
-                    log.warning("the Triton server did not stop in %d s; killing it", EXIT_TIMEOUT_S + 10)
-                    process.kill()
-                    process.wait()
-            log.debug("the Triton server exited (status %s)", process.returncode)
-            # Its stub processes exit when their models unload or their parent goes; wait a little, then make sure.
-            deadline = time.monotonic() + 5
-            while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            log.debug("processes left: %s", [pid for pid in started if _alive(pid)])
-            for pid in started:
-                if _alive(pid):
-                    log.warning("killing process %d that the Triton server left", pid)
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        """Stop the fronts, the server (SIGINT: Triton finishes requests in flight) and every process it
+        started; then remove the workspace if it made one. Safe to call twice."""
+        fronts, self._fronts = self._fronts, []
+        for front in fronts:
+            front.stop()
+        self._stop_triton()
         if self._log is not None:
             self._log.close()
             self._log = None
         if self._own_workspace:
             shutil.rmtree(self.workspace, ignore_errors=True)
+
+    def _stop_triton(self) -> None:
+        """Stop Triton and every process it started (see :meth:`stop`), and remove its shared memory."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        started = self._started | _descendants(process.pid) | {process.pid}
+        if process.poll() is None:
+            log.debug("stopping the Triton server (SIGINT)")
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=EXIT_TIMEOUT_S + 10)
+            except subprocess.TimeoutExpired:
+                log.warning("the Triton server did not stop in %d s; killing it", EXIT_TIMEOUT_S + 10)
+                process.kill()
+                process.wait()
+        log.debug("the Triton server exited (status %s)", process.returncode)
+        # Its stub processes exit when their models unload or their parent goes; wait a little, then make sure.
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log.debug("processes left: %s", [pid for pid in started if _alive(pid)])
+        for pid in started:
+            if _alive(pid):
+                log.warning("killing process %d that the Triton server left", pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self._remove_shared_memory()
 
 
 class _Stop(Exception):
