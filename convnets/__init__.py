@@ -39,6 +39,7 @@ from convnets.errors import (
     UnsupportedPrecisionError,
     WeightsUnavailableError,
 )
+from convnets.constants import VERSION
 from convnets.models.specs import ArchSpec, list_models
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from convnets.registry import get_model, load_model
     from convnets.evaluation.loop import evaluate_model
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 #: public name -> module that defines it, imported on first access (PEP 562). Every registered
 #: model's builder (``convnets.resnet50``, ...) comes from :mod:`convnets.builders`.

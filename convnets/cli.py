@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TextIO
 
-from convnets import __version__
+from convnets.constants import VERSION
 from convnets.errors import ConvnetsError, message_for
 
 
@@ -171,7 +171,7 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
                f"{EXIT_TERMINATED} terminated (SIGTERM). A run stopped by a signal stops its workers, keeps what it "
                "wrote (predict and embed: continue it with --resume) and releases its locks")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}",
                         help="print the version of convnets and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 __all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_IMAGE_SIZE",
            "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK", "IMAGE_SUFFIXES", "LAYERS", "MAX_BATCH_SIZE",
-           "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MAX_THREADS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS"]
+           "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MAX_THREADS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS",
+           "VERSION"]
+
+#: This package's version (``convnets.__version__``, ``convnets --version``; setup.py states it too).
+VERSION = "0.1.0"
 
 #: The architecture that ``predict`` and ``embed`` use without ``--model`` or ``--weights``.
 DEFAULT_MODEL = "se_resnext101_32x4d"

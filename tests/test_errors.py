@@ -229,6 +229,11 @@ BUILTIN = {name for name, obj in vars(builtins).items()
 #: Plain built-in raises that remain, per file and type: internal invariants, not input errors.
 #: (AttributeError is not scanned: a module's ``__getattr__`` must raise it.)
 PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
+    ("convnets/deploy/engines/__init__.py", "ValueError"): (
+        1, "check_int8 without held-out images: optimize_for_inference always splits them first"),
+    ("convnets/serve/front.py", "OSError"): (
+        3, "a front that cannot listen (server.py names --host) or reach Triton (answered 502/503 to the client)"),
+    ("convnets/serve/front.py", "AssertionError"): (1, "after the forwarding loop, which returns or raises"),
     ("convnets/weights/safetensors_io.py", "ValueError"): (
         3, "caught in read_safetensors and re-raised as CheckpointError naming the file"),
     ("convnets/weights/load.py", "RuntimeError"): (

@@ -41,7 +41,7 @@ from convnets.deploy.formats import ExportFormat, export_formats, get_format
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint, serve_convnets
 from convnets.fileio import check_destination, write_new
-from convnets.inference.names import printable
+from convnets.text import printable
 
 __all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_version_dir", "triton_config",
            "triton_files", "write_labels", "write_triton_files"]
@@ -231,7 +231,7 @@ def write_labels(model_dir: Path, labels: Sequence[str], *, force: bool = False,
     """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names), as
     :func:`convnets.fileio.write_new` writes (``force``: replace it; ``base``: the repository): a line per
     class, whatever the names hold. Triton reads a line per class, so a name with a line break or another
-    control character is written :func:`~convnets.inference.names.printable` (``"a\\nb"`` as ``a\\nb``); the
+    control character is written :func:`~convnets.text.printable` (``"a\\nb"`` as ``a\\nb``); the
     model config's ``labels`` parameter of ``convnets serve`` keeps the names as they are.
 
     Returns:

@@ -34,7 +34,7 @@ from convnets.constants import REPORT_FILES
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint
 from convnets.fileio import check_destination, write_new
-from convnets.inference.names import printable
+from convnets.text import printable
 
 __all__ = ["CONFUSION", "METRICS", "REPORT", "ClassMetrics", "ConfusedPair", "Counts", "EvalTotals",
            "EvaluationReport", "Metric", "check_report_destination"]

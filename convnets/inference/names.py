@@ -2,7 +2,8 @@
 line breaks included) survives, byte for byte. JSONL escapes lone surrogates, U+0085, U+2028 and U+2029 as
 ``\\uXXXX``; text cells (CSV, Parquet, ``FILE.npy.inputs.txt``) hold :func:`encode_name`'s. Error messages
 are :func:`safe_text`, for people, not reversed. Names shown in a text table or written one per line (class
-names from a checkpoint, input names) are :func:`printable`: data, never terminal control or a line break.
+names from a checkpoint, input names) are :func:`convnets.text.printable`: data, never terminal control or a
+line break.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["decode_name", "encode_name", "escape_json", "printable", "safe_text"]
+__all__ = ["decode_name", "encode_name", "escape_json", "safe_text"]
 
 #: Characters a JSON encoder leaves raw but a file cannot hold, or some readers split lines at.
 _RAW = re.compile(r"[\ud800-\udfff\x85\u2028\u2029]")
@@ -51,13 +52,3 @@ def safe_text(text: str) -> str:
     """``text`` (a message, a name for a terminal) with lone surrogates as ``\\udcXX``: encodable as UTF-8."""
     return _SURROGATE.sub(_escape, text)
 
-
-def printable(text: str) -> str:
-    """``text`` with each character that :meth:`str.isprintable` refuses written as :func:`repr` writes it
-    (``\\x1b``, ``\\n``, ``\\r``, ``\\u2028``, ``\\udcff``): control characters, line and paragraph
-    separators, format characters (bidirectional overrides) and lone surrogates. The result is one line
-    that a terminal shows as it is, and UTF-8 can encode; backslashes are left as they are, so it is for
-    reading, not to be reversed."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

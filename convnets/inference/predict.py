@@ -22,7 +22,8 @@ from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem, iter_inputs
 from convnets.inference.loader import Decoding, Result, map_batches
-from convnets.inference.names import printable, safe_text
+from convnets.inference.names import safe_text
+from convnets.text import printable
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
@@ -53,7 +54,7 @@ class Prediction(Result):
 
     def __str__(self) -> str:
         """The input's name and its classes, one per line, as ``convnets predict`` prints them: names and
-        labels :func:`~convnets.inference.names.printable` (a checkpoint's class name cannot move the cursor,
+        labels :func:`~convnets.text.printable` (a checkpoint's class name cannot move the cursor,
         colour the terminal or add a line)."""
         if not self.ok:
             return f"{printable(self.input)}\n  error: {printable(str(self.error))}"
