@@ -93,9 +93,9 @@ def test_70_inputs_make_a_sheet_of_64_and_one_of_6_in_input_order(tmp_path: Path
     results[65] = Prediction(str(images[65]), [], ImageNotFoundError(f"Cannot load image {images[65]}: gone"))
     stale = tmp_path / "sheet-3.png"  # a third sheet an earlier, longer run left: not one of this run's
     stale.write_bytes(b"old")
-    with pytest.raises(InvalidArgumentError, match="sheet-3.png exists"):  # refused unless overwrite=True
+    with pytest.raises(InvalidArgumentError, match="sheet-3.png exists"):  # refused unless force=True
         write_contact_sheets(iter(results), tmp_path / "sheet.png")
-    paths = write_contact_sheets(iter(results), tmp_path / "sheet.png", overwrite=True)
+    paths = write_contact_sheets(iter(results), tmp_path / "sheet.png", force=True)
     # Never deleted: only the sheets this run writes are replaced.
     assert paths == [tmp_path / "sheet.png", tmp_path / "sheet-2.png"] and stale.read_bytes() == b"old"
     for number, (path, first, count) in enumerate([(paths[0], 0, 64), (paths[1], 64, 6)], 1):
@@ -209,8 +209,8 @@ def test_a_sheet_created_by_someone_else_during_the_run_is_not_overwritten(tmp_p
     assert writer.close() == []
     assert first.read_bytes() == b"theirs" and not second.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "s.png"]  # no temporary file left
-    # With overwrite, the writer's own choice, it is replaced.
-    with ContactSheetWriter(first, per_sheet=2, overwrite=True) as writer:
+    # With force, the writer's own choice, it is replaced.
+    with ContactSheetWriter(first, per_sheet=2, force=True) as writer:
         writer.add(_prediction(images[0]))
     with Image.open(first) as image:
         assert image.format == "PNG"

@@ -55,9 +55,9 @@ def existing_sheets(path: str | os.PathLike[str]) -> list[Path]:
     return ([path] if os.path.lexists(path) else []) + [p for number, p in numbered if number >= 2]
 
 
-def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path", overwrite: bool = False) -> Path:
+def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path", force: bool = False) -> Path:
     """Check, before any work, that sheets can be written at ``path`` (``.png``, in a writable directory, no
-    sheets of it unless ``overwrite``; ``option``: its name in messages); returns it as a :class:`~pathlib.Path`."""
+    sheets of it unless ``force``; ``option``: its name in messages); returns it as a :class:`~pathlib.Path`."""
     path = Path(path)
     python, cli = f"{option}={str(path)!r}", f"--{option} {path}"
 
@@ -72,12 +72,12 @@ def check_sheet_destination(path: str | os.PathLike[str], *, option: str = "path
     problem = directory_problem(path.parent)
     if problem is not None:
         raise refuse(problem, "")
-    existing = [] if overwrite else existing_sheets(path)
+    existing = [] if force else existing_sheets(path)
     if existing:
         names = ", ".join(safe_text(str(p)) for p in existing[:5]) + (", ..." if len(existing) > 5 else "")
         them = "it" if len(existing) == 1 else "them"
         raise refuse(f"{names} {'exists' if len(existing) == 1 else 'exist'}",
-                     "; remove them, choose another name or pass overwrite=True",
+                     "; remove them, choose another name or pass force=True",
                      f"; remove {them} or choose another name")
     return path
 
@@ -96,7 +96,7 @@ class ContactSheetWriter:
     (leaving its ``with`` block without an error, or :meth:`close`, writes the last one; no file is ever deleted).
 
     Args:
-        path, overwrite: as for :func:`check_sheet_destination` (checked at once).
+        path, force: as for :func:`check_sheet_destination` (checked at once).
         thumbnail_size, font_size, gap: in pixels.
         timeout, allow_private: for reading again a URL predicted without a thumbnail.
         interface: the words of the errors on failed inputs' tiles: ``"python"`` or ``"cli"``.
@@ -105,16 +105,16 @@ class ContactSheetWriter:
     def __init__(self, path: str | os.PathLike[str], *, per_sheet: int = SHEET_SIZE, columns: int = 8,
                  thumbnail_size: int = 256, max_classes: int = 10, font_size: int = 14, gap: int = 8,
                  timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True,
-                 interface: Interface = "python", overwrite: bool = False) -> None:
+                 interface: Interface = "python", force: bool = False) -> None:
         for name, value, least in (("per_sheet", per_sheet, 1), ("columns", columns, 1),
                                    ("thumbnail_size", thumbnail_size, 32), ("max_classes", max_classes, 0),
                                    ("font_size", font_size, 6), ("gap", gap, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidArgumentError(f"{name} must be an integer of at least {least}, got {value!r}")
-        self.path = check_sheet_destination(path, overwrite=overwrite)
+        self.path = check_sheet_destination(path, force=force)
         self.per_sheet, self.columns, self.side, self.max_classes, self.gap = (per_sheet, columns, thumbnail_size,
                                                                                max_classes, gap)
-        self.timeout, self.allow_private, self.interface, self.overwrite = timeout, allow_private, interface, overwrite
+        self.timeout, self.allow_private, self.interface, self.force = timeout, allow_private, interface, force
         try:  # Pillow's bundled scalable font (Pillow >= 10.1 with FreeType), else its bitmap font
             self.font: Any = ImageFont.load_default(size=font_size)
         except (TypeError, AttributeError, ImportError, OSError):
@@ -165,12 +165,12 @@ class ContactSheetWriter:
             row, column = divmod(i, columns)
             sheet.paste(tile, (gap + column * (width + gap), gap + row * (height + gap)))
         try:
-            atomic_write(path, lambda f: sheet.save(f, format="PNG"), exclusive=not self.overwrite)
+            atomic_write(path, lambda f: sheet.save(f, format="PNG"), exclusive=not self.force)
         except FileExistsError as e:  # checked free at the start: someone else created it since; theirs stays
             self.abort()
             problem = f"{path} was created by someone else while this run drew it; it is left as it is and this " \
                       "sheet is not written"
-            raise InvalidArgumentError(f"{problem}: pass another path, or overwrite=True", keyword="overwrite",
+            raise InvalidArgumentError(f"{problem}: pass another path, or force=True", keyword="force",
                                        cli=f"--show: {problem}: choose another --show") from e
         self.paths.append(path)
 
@@ -210,7 +210,7 @@ class ContactSheetWriter:
 
 
 _WRITER_OPTIONS = frozenset({"per_sheet", "columns", "thumbnail_size", "max_classes", "font_size", "gap", "timeout",
-                             "allow_private", "interface", "overwrite"})
+                             "allow_private", "interface", "force"})
 
 
 def write_contact_sheets(results: Iterable[Prediction], path: str | os.PathLike[str], **options: Any) -> list[Path]:
