@@ -399,7 +399,8 @@ def test_a_spreadsheets_utf8_csv_with_a_byte_order_mark_is_read(imagenet_like: d
 @pytest.mark.parametrize("command", ["evaluate", "train"])
 def test_class_folders_with_links_to_themselves_are_scanned_once(command: str, tmp_path: Path) -> None:
     """A class folder holding two links to itself: ``os.walk(followlinks=True)`` (torchvision's
-    ``make_dataset``) walked about 2**40 paths until MemoryError; each real directory is scanned once."""
+    ``make_dataset``) walked about 2**40 paths until MemoryError; each real directory is scanned once.
+    A link to the split's folder (or above) counted the other classes' images again, as this class's."""
     rng = np.random.default_rng(0)
     counts = {"cat": 3, "dog": 2}
     for split in ("train", "val"):
@@ -412,6 +413,8 @@ def test_class_folders_with_links_to_themselves_are_scanned_once(command: str, t
         (tmp_path / "data" / split / "cat" / "again").symlink_to(".")
         (tmp_path / "data" / split / "cat" / "more" / "up").symlink_to("..")
         (tmp_path / "data" / split / "dog" / "cats").symlink_to("../cat")  # a link to another class: its files
+        (tmp_path / "data" / split / "cat" / "split").symlink_to("..")  # to the split's folder: not dog's files too
+        (tmp_path / "data" / split / "dog" / "root").symlink_to("../..")  # nor, from data/, the other split's
     arch = json.dumps({**TINY_ARCH, "num_classes": 2})
     # Under a 4 GB address space: a runaway scan ends in MemoryError there, not in the machine's OOM killer.
     limits = {"limit_as": 4 << 30, "timeout": 120, "cwd": tmp_path}
@@ -434,3 +437,5 @@ def test_class_folders_with_links_to_themselves_are_scanned_once(command: str, t
     skipped = [line for line in done.stderr.splitlines() if "already scanned" in line]
     assert any(str(Path("cat") / "again") in line for line in skipped), done.stderr[-2000:]
     assert any(str(Path("more") / "up") in line for line in skipped), done.stderr[-2000:]
+    assert any(str(Path("cat") / "split") in line for line in skipped), done.stderr[-2000:]
+    assert any(str(Path("dog") / "root") in line for line in skipped), done.stderr[-2000:]

@@ -96,7 +96,9 @@ def _folders_once(top: str) -> Iterator[tuple[str, list[str]]]:
             return None
         return info.st_dev, info.st_ino
 
-    seen = {identity(top)}
+    # ``top`` and every folder above it: a link back to one of them (to the split's folder, say) would
+    # scan the other classes' folders as this class's.
+    seen = {identity(top), *(identity(str(up)) for up in Path(os.path.realpath(top)).parents)}
     for folder, subfolders, files in os.walk(top, followlinks=True):
         keep = []
         for name in subfolders:
