@@ -183,3 +183,19 @@ def test_convert_usage_errors(args: list[str], message: str) -> None:
     result = cli_in_process(*args)
     assert result.returncode != 0 and message in result.stderr
 
+
+
+def test_convert_replaces_an_existing_out_file_only_with_force(tmp_path: Path) -> None:
+    src = tmp_path / "tiny.pth"
+    torch.save(_tiny_state(), src)
+    kept = tmp_path / "precious.safetensors"
+    kept.write_bytes(b"the user's own file")
+    link = tmp_path / "out.safetensors"
+    link.symlink_to(kept)
+    for dst in (kept, link):
+        refused = cli_in_process("weights", "convert", str(src), str(dst))
+        assert refused.returncode != 0 and f"{dst} exists" in refused.stderr and "--force" in refused.stderr
+    assert kept.read_bytes() == b"the user's own file"
+    assert cli_in_process("weights", "convert", str(src), str(link), "--force").returncode == 0
+    assert not link.is_symlink() and kept.read_bytes() == b"the user's own file"  # the link replaced, not followed
+    assert set(convnets.load_model(link).state_dict()) == set(convnets.load_model(src).state_dict())

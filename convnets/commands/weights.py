@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from convnets.commands.options import add_json_argument
+from convnets.commands.options import add_force_argument, add_json_argument
 from convnets.constants import MIRROR_ENV
 from convnets.errors import InvalidArgumentError
 
@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fetch: download progress bar on stderr (default: when stderr is a terminal)")
     parser.add_argument("--use-ema", action="store_true",
                         help="convert: take the EMA weights of a training checkpoint")
+    add_force_argument(parser, what="convert's OUT file")
     parser.epilog = f"Cache: torch.hub.get_dir()/checkpoints (set TORCH_HOME to move it). Mirror: ${MIRROR_ENV}."
 
 
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     if len(args.models) != 2:
@@ -76,6 +78,9 @@ def _convert(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"the output file {dst} must end in .safetensors")
     if dst.exists() and src.exists() and dst.resolve() == src.resolve():
         raise InvalidArgumentError(f"convert would overwrite its input {src}; name another output file")
+    if os.path.lexists(dst) and not args.force:
+        raise InvalidArgumentError(f"{dst} exists ({'a symbolic link' if dst.is_symlink() else 'a file'}); pass "
+                                   "--force to replace it, or name another OUT file")
     from convnets.registry import load_model
     from convnets.weights.safetensors_io import save_safetensors
 
