@@ -527,6 +527,19 @@ def test_shared_memory_and_command_lines_hold_nothing_for_other_users(served: Se
         assert not re.search(r"[0-9a-f]{32}", line) and "token" not in line.lower(), line
 
 
+def test_triton_listens_on_no_port_only_on_sockets_other_users_cannot_reach(served: Server) -> None:
+    """Other users of the machine reach only the fronts: Triton's own endpoints are unix sockets in a
+    directory of mode 0700, and it listens on no TCP port at all."""
+    triton = _triton(served)
+    listening = {c.laddr for c in triton.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    assert not listening, listening
+    sockets = [Path(c.laddr) for c in triton.net_connections(kind="unix") if c.laddr and c.status == psutil.CONN_NONE]
+    folders = {s.parent for s in sockets}
+    assert {s.name for s in sockets} >= {"http", "grpc:2", "metrics"} and len(folders) == 1, sockets
+    assert folders.pop().stat().st_mode & 0o777 == 0o700
+    assert served.get("/v2/health/ready")[0] == 200  # through the front
+
+
 def test_a_dead_backend_or_a_crashed_server_is_restarted(served: Server, photos: list[Path]) -> None:
     for victim in ("stub", "tritonserver"):
         triton = _triton(served)

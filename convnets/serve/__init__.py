@@ -6,7 +6,8 @@
 * :mod:`~convnets.serve.backend`: that model's code, run by Triton's Python backend (encoded images
   in, probabilities and top-k classes out, an error per bad request);
 * :mod:`~convnets.serve.server`: runs the Triton binary that the ``serve`` extra (PyTriton) installs
-  on a repository, on loopback: ports, readiness, a private ``/dev/shm``, restarts, signals and clean-up;
+  on a repository, on unix sockets only its user can reach: readiness, a private ``/dev/shm``, restarts,
+  signals and clean-up;
 * :mod:`~convnets.serve.front`: the HTTP, gRPC and metrics proxies clients reach, which refuse what
   would crash Triton or fill its memory before it parses anything.
 

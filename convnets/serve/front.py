@@ -1,9 +1,11 @@
-"""The endpoints clients reach: small HTTP and gRPC proxies in front of Triton's own, which listen on loopback.
+"""The endpoints clients reach: small HTTP and gRPC proxies in front of Triton's own, which are unix sockets.
 
 Triton 2.51 (the one PyTriton 0.7 ships) has no limit of its own on what it parses: one HTTP request
 with ``Content-Type: application/x-www-form-urlencoded`` and a body of 4 MiB, or a JSON body nested
-100,000 levels deep, crashes it, and it reads any body whole (a 1 GiB request kept gigabytes). The
-fronts check every request before Triton sees it:
+100,000 levels deep, crashes it, and it reads any body whole (a 1 GiB request kept gigabytes).
+Triton itself listens on unix sockets only, in a directory only this user can enter (see
+:mod:`convnets.serve.server`): no other user of the machine reaches it around the fronts. The fronts
+check every request before Triton sees it:
 
 * HTTP (:class:`HttpFront`, also in front of the metrics port): a body needs a ``Content-Length``
   (no chunked transfer) of at most ``max_body_bytes``, else ``413`` before a byte of it is read; no
@@ -33,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "GrpcFront", "HttpFront", "count_refusals_as_failures", "json_too_deep"]
+__all__ = ["MAX_JSON_DEPTH", "GrpcFront", "HttpFront", "UnixHTTPConnection", "count_refusals_as_failures",
+           "json_too_deep"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,24 @@ def count_refusals_as_failures(text: str) -> str:
     return _SAMPLE.sub(corrected, text) if refused else text
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection to the server listening on the unix socket ``path`` (Triton's own endpoints)."""
+
+    def __init__(self, path: str, *, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -143,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         """The request to Triton, once more on a new connection if the kept one was closed meanwhile."""
         for attempt in (0, 1):
             if self._upstream is None:
-                self._upstream = http.client.HTTPConnection("127.0.0.1", self.server.target_port, timeout=600)
+                self._upstream = UnixHTTPConnection(self.server.target, timeout=600)
             try:
                 self._upstream.request(self.command, self.path, body=body, headers=headers)
                 response = self._upstream.getresponse()
@@ -218,7 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class HttpFront(ThreadingHTTPServer):
     """An HTTP proxy on ``address`` that checks each request (see the module doc) and passes it to
-    ``127.0.0.1:target_port``; :meth:`start` serves it on a thread of its own. With ``metrics``, Triton's
+    the HTTP server on the unix socket ``target``; :meth:`start` serves it on a thread of its own. With ``metrics``, Triton's
     ``/metrics`` text counts refused requests as failures.
 
     Raises:
@@ -229,11 +250,11 @@ class HttpFront(ThreadingHTTPServer):
     allow_reuse_address = True  # Triton binds with SO_REUSEADDR too: a port in TIME_WAIT is usable
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], target_port: int, max_body_bytes: int, *,
+    def __init__(self, address: tuple[str, int], target: str, max_body_bytes: int, *,
                  metrics: bool = False) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
-        self.target_port = target_port
+        self.target = target
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self._thread: threading.Thread | None = None
@@ -253,19 +274,20 @@ class HttpFront(ThreadingHTTPServer):
 
 
 class GrpcFront:
-    """A gRPC proxy on ``host:port`` that passes every method to ``127.0.0.1:target_port`` as bytes, refusing
+    """A gRPC proxy on ``host:port`` that passes every method to the gRPC server on the unix socket ``target``
+    as bytes, refusing
     messages larger than ``max_message_bytes``.
 
     Raises:
         OSError: the address cannot be bound.
     """
 
-    def __init__(self, host: str, port: int, target_port: int, max_message_bytes: int) -> None:
+    def __init__(self, host: str, port: int, target: str, max_message_bytes: int) -> None:
         # Triton is started by fork: gRPC's fork handlers are not needed there (and would log each time).
         os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
         import grpc
 
-        self._channel = grpc.insecure_channel(f"127.0.0.1:{target_port}", options=[
+        self._channel = grpc.insecure_channel(f"unix:{target}", options=[
             ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         self._server = grpc.server(ThreadPoolExecutor(max_workers=32, thread_name_prefix="convnets-grpc-front"),
                                    handlers=[_GrpcPassOn(self._channel)], options=[

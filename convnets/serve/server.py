@@ -10,7 +10,9 @@ of a dynamically formed batch when one of them is bad. A Python-backend reposito
 each request on its own.
 
 Clients never reach Triton itself: :class:`TritonServer` runs it with HTTP, gRPC and metrics on
-loopback ports of its own, and serves the endpoints asked for with the small proxies of
+unix sockets of its own, in a new directory (mode 0700) that no other user can enter, so no other
+user of the machine can send Triton anything either; it serves the endpoints asked for with the small
+proxies of
 :mod:`convnets.serve.front`, which refuse what would crash Triton or fill its memory (bodies above
 ``max_request_bytes``, form bodies, compressed bodies, JSON nested too deep) before Triton parses it.
 It starts the binary with
@@ -59,17 +61,16 @@ import sys
 import sysconfig
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from http.client import HTTPException
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
 from convnets.errors import InvalidArgumentError, MissingDependencyError, ServeError
 from convnets.extras import install_hint, serve_convnets
-from convnets.serve.front import GrpcFront, HttpFront
+from convnets.serve.front import GrpcFront, HttpFront, UnixHTTPConnection
 
 __all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "DEFAULT_MAX_REQUEST_BYTES",
            "EXIT_TIMEOUT_S", "MAX_RESTARTS", "RESTART_WINDOW_S", "Endpoints", "TritonServer", "stop_on_signals",
@@ -91,6 +92,8 @@ MAX_RESTARTS, RESTART_WINDOW_S = 5, 300.0
 #: they ask for cannot be sent: gRPC refuses a name with capitals, HTTP/1.1 a value with a line feed.
 _CLOSED_APIS = "model-repository,shared-memory,trace,logging:Convnets-Closed=no\nclient sends this"
 _STUB = "triton_python_backend_stub"
+#: The number Triton appends to its gRPC socket's path (``unix:DIR/grpc`` listens at ``DIR/grpc:2``).
+_GRPC_SOCKET_PORT = 2
 
 
 @dataclass(frozen=True)
@@ -303,7 +306,7 @@ class TritonServer:
         self._log: IO[bytes] | None = None
         self._started: set[int] = set()
         self._stub_pids: set[int] = set()
-        self._inner = Endpoints()
+        self._sockets: Path | None = None
         self._fronts: list[HttpFront | GrpcFront] = []
         self._shm_prefix = ""
         self._restarts: list[float] = []
@@ -336,19 +339,20 @@ class TritonServer:
         """
         distribution = triton_distribution()
         self.endpoints = self.endpoints.resolved()
-        # Triton's own endpoints: loopback ports that only the fronts use.
-        self._inner = Endpoints("127.0.0.1", 0, 0, 0).resolved()
+        # Triton's own endpoints: unix sockets in a directory of its own (mkdtemp: 0700), which only the
+        # fronts use; short, for the 107-byte limit of a socket's path.
+        self._sockets = Path(tempfile.mkdtemp(prefix="convnets-triton-"))
         # The backend directory Triton loads: the Python backend with this Python's stub.
         backend = self.workspace / "backends" / "python"
         backend.mkdir(parents=True)
         for source in (*distribution.backend.iterdir(), distribution.stub):
             if source.is_file():
                 shutil.copy2(source, backend / source.name)
-        e, inner = self.endpoints, self._inner
+        e, inner = self.endpoints, self._inner_sockets()
         try:
-            self._fronts = [HttpFront((e.host, e.http_port), inner.http_port, self.max_request_bytes),
-                            GrpcFront(e.host, e.grpc_port, inner.grpc_port, self.max_request_bytes),
-                            HttpFront((e.host, e.metrics_port), inner.metrics_port, self.max_request_bytes,
+            self._fronts = [HttpFront((e.host, e.http_port), inner["http"], self.max_request_bytes),
+                            GrpcFront(e.host, e.grpc_port, inner["grpc"], self.max_request_bytes),
+                            HttpFront((e.host, e.metrics_port), inner["metrics"], self.max_request_bytes,
                                       metrics=True)]
         except OSError as error:
             raise InvalidArgumentError(f"--host {e.host}: cannot listen there ({error})") from error
@@ -356,10 +360,18 @@ class TritonServer:
         for front in self._fronts:
             front.start()
 
+    def _inner_sockets(self) -> dict[str, str]:
+        """The paths of Triton's own HTTP, gRPC and metrics sockets (gRPC's: Triton appends ``:PORT``)."""
+        assert self._sockets is not None
+        return {"http": str(self._sockets / "http"), "grpc": f"{self._sockets / 'grpc'}:{_GRPC_SOCKET_PORT}",
+                "metrics": str(self._sockets / "metrics")}
+
     def _launch(self) -> None:
-        """Start Triton on its loopback ports and wait until it is ready."""
+        """Start Triton on its unix sockets and wait until it is ready."""
         distribution = triton_distribution()
-        inner = self._inner
+        assert self._sockets is not None
+        for stale in self._sockets.iterdir():  # a crashed Triton's sockets: binding them again would fail
+            stale.unlink()
         # Shared memory names of its own, so that several servers on one machine do not collide.
         self._shm_prefix = f"convnets-{os.getpid()}-{secrets.token_hex(4)}-"
         command = [str(distribution.server), f"--model-repository={self.repository}",
@@ -367,9 +379,11 @@ class TritonServer:
                    # The configs are complete: no stub process started just to ask model.py for one.
                    "--disable-auto-complete-config",
                    "--strict-readiness=true", "--exit-on-error=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-                   f"--http-address={inner.host}", f"--http-port={inner.http_port}", f"--grpc-address={inner.host}",
-                   f"--grpc-port={inner.grpc_port}", f"--metrics-address={inner.host}",
-                   f"--metrics-port={inner.metrics_port}", "--allow-gpu-metrics=false",
+                   # unix:PATH (libevhtp's and gRPC's form); the HTTP and metrics ports are then unused.
+                   f"--http-address=unix:{self._sockets / 'http'}", "--http-port=1",
+                   f"--grpc-address=unix:{self._sockets / 'grpc'}", f"--grpc-port={_GRPC_SOCKET_PORT}",
+                   f"--metrics-address=unix:{self._sockets / 'metrics'}", "--metrics-port=3",
+                   "--allow-gpu-metrics=false",
                    f"--http-restricted-api={_CLOSED_APIS}", f"--grpc-restricted-protocol={_CLOSED_APIS}",
                    f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}"]
         if self.verbose:
@@ -405,19 +419,22 @@ class TritonServer:
 
     def _wait_ready(self) -> None:
         assert self.process is not None
-        url = f"http://127.0.0.1:{self._inner.http_port}/v2/health/ready"
+        http = self._inner_sockets()["http"]
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if self.process.poll() is not None:
                 raise ServeError(f"the Triton server exited while starting (status {self.process.returncode}): "
                                  f"{self._failure()}")
             self._guard_shared_memory()
+            connection = UnixHTTPConnection(http, timeout=2)
             try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
+                connection.request("GET", "/v2/health/ready")
+                if connection.getresponse().status == 200:
+                    return
+            except (OSError, HTTPException):
                 pass
+            finally:
+                connection.close()
             if time.monotonic() > deadline:
                 raise ServeError(f"the Triton server was not ready after {STARTUP_TIMEOUT_S:g} s: {self._failure()}")
             time.sleep(0.1)
@@ -483,6 +500,9 @@ class TritonServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
+            self._sockets = None
         if self._own_workspace:
             shutil.rmtree(self.workspace, ignore_errors=True)
 
