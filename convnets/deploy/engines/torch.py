@@ -6,16 +6,20 @@ from their class attributes without importing PyTorch.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, Engine, EngineSettings
-from convnets.runtime import PRECISIONS, check_precision, check_precision_name
+from convnets.runtime import PRECISIONS, check_precision, check_precision_name, cpu_has_amx, cpu_has_bf16
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
 __all__ = ["ENGINE", "TorchEngine"]
+
+log = logging.getLogger(__name__)
+_warned_slow_bf16 = False
 
 
 class TorchEngine(Engine):
@@ -36,8 +40,21 @@ class TorchEngine(Engine):
         # calibration_data: int8 only, which this engine does not run (check refuses it).
         from convnets.deploy.torch_path import optimize_with_torch
 
+        if precision == "bf16" and device.type == "cpu" and cpu_has_bf16() and not cpu_has_amx():
+            _warn_slow_bf16()  # (without native bf16 at all, check_precision has warned already)
+
         return optimize_with_torch(model, check_precision_name(precision), device, compile=compile,
                                    settings=settings)
+
+
+def _warn_slow_bf16() -> None:
+    """Say once per process that bf16 through this engine is slower than fp32 here, and what is faster."""
+    global _warned_slow_bf16
+    if not _warned_slow_bf16:
+        _warned_slow_bf16 = True
+        # In words for both interfaces (precision='fp32' / --precision fp32): build() does not know which.
+        log.warning("bf16 through the torch engine runs slower than fp32 on this CPU (AVX512-BF16 without AMX: "
+                    "ResNeXt101 at about 0.55-0.7x its fp32 speed, and OpenVINO's bf16 no faster); run fp32 for speed")
 
 
 ENGINE = TorchEngine()
