@@ -107,8 +107,8 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | i
     :func:`~convnets.commands.batch_options.prepare_job`); the run's exit status is 1 if any input could
     not be read."""
     with usage_errors():
-        classes = pretrained_classes(args)
-        if args.topk is not None and classes is not None:
+        classes = None if args.topk is None else pretrained_classes(args)  # the manifest only when it is needed
+        if classes is not None:
             resolve_topk(args.topk, classes)
         if args.show is not None:
             from convnets.inference.sheet import check_sheet_destination
