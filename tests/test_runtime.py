@@ -107,7 +107,7 @@ def test_bf16_on_the_torch_engine_without_amx_warns_once_that_fp32_is_faster(
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(text)
     monkeypatch.setattr(runtime, "_CPUINFO", cpuinfo)
-    monkeypatch.setattr(torch_engine, "_warned_slow_bf16", False)
+    torch_engine._warn_slow_bf16.cache_clear()  # as in a new process
     model = convnets.get_model("resnet50", num_classes=4, **TINY).eval()
     with caplog.at_level(logging.WARNING, logger="convnets.deploy.engines.torch"):
         for _ in range(2):

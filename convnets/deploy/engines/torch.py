@@ -6,6 +6,7 @@ from their class attributes without importing PyTorch.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["ENGINE", "TorchEngine"]
 
 log = logging.getLogger(__name__)
-_warned_slow_bf16 = False
 
 
 class TorchEngine(Engine):
@@ -47,14 +47,12 @@ class TorchEngine(Engine):
                                    settings=settings)
 
 
+@functools.cache  # once per process
 def _warn_slow_bf16() -> None:
-    """Say once per process that bf16 through this engine is slower than fp32 here, and what is faster."""
-    global _warned_slow_bf16
-    if not _warned_slow_bf16:
-        _warned_slow_bf16 = True
-        # In words for both interfaces (precision='fp32' / --precision fp32): build() does not know which.
-        log.warning("bf16 through the torch engine runs slower than fp32 on this CPU (AVX512-BF16 without AMX: "
-                    "ResNeXt101 at about 0.55-0.7x its fp32 speed, and OpenVINO's bf16 no faster); run fp32 for speed")
+    """Say that bf16 through this engine is slower than fp32 here, and what is faster."""
+    # In words for both interfaces (precision='fp32' / --precision fp32): build() does not know which.
+    log.warning("bf16 through the torch engine runs slower than fp32 on this CPU (AVX512-BF16 without AMX: "
+                "ResNeXt101 at about 0.55-0.7x its fp32 speed, and OpenVINO's bf16 no faster); run fp32 for speed")
 
 
 ENGINE = TorchEngine()
