@@ -69,6 +69,8 @@ setup(
         "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`, `convnets embed --output FILE.parquet`
         "parquet": ["pyarrow>=14"],
+        # `convnets predict/embed --ray ADDRESS` and convnets.ray (Classifier, Embedder for Dataset.map_batches)
+        "ray": ["ray[data]>=2.40"],
         # The documentation site: `mkdocs build --strict` (mkdocs.yml; ruff formats the signatures;
         # matplotlib draws the benchmark charts, docs/charts.py).
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.6", "mkdocstrings>=1", "mkdocstrings-python>=2", "ruff>=0.5",
@@ -93,6 +95,7 @@ setup(
             "tensorboard>=2.14",  # its EventAccumulator reads the training run's event files back
             "matplotlib>=3.7",
             "pyarrow>=14",
+            "ray[data]>=2.40",  # tests/test_ray.py starts real Ray clusters (two nodes) on this machine
             # The DALI backend's CPU pipelines are tested too; wheels exist for Linux x86-64 only.
             "nvidia-dali-cuda130>=2.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
             # tests/test_notebook.py runs examples/quickstart.ipynb in a kernel.

@@ -244,25 +244,3 @@ def test_spool_torn_tail_is_cut_and_damage_refused(tmp_path: Path) -> None:
 
 def test_embed_is_exported_once() -> None:
     assert json.dumps(convnets.__all__).count('"embed"') == 1 and callable(convnets.embed)
-
-
-def test_parts_merge_batch_by_batch_into_the_single_process_file(tmp_path: Path) -> None:
-    """The shard contract: batch k goes to rank k % world; each rank leaves its part spool; rank 0
-    merging them (batch_size records from part 0, then part 1, ...) gives the single-process file
-    byte for byte, unreadable inputs (no vector) included."""
-    rng = np.random.default_rng(0)
-    records = [{"input": f"img{i}.jpg", "embedding": rng.standard_normal(5).astype(np.float32)} if i % 7 != 3
-               else {"input": f"img{i}.jpg", "error": "Cannot load image"} for i in range(23)]
-    batch_size, world = 4, 2
-    for fmt in ("npy", "parquet"):
-        single, merged = Output.of(tmp_path / f"single.{fmt}", "embeddings"), Output.of(tmp_path / f"merged.{fmt}", "embeddings")
-        write_spool(single.spool(), records)
-        single.finish(world=1, batch_size=batch_size, width=5)
-        for rank in range(world):
-            write_spool(merged.spool(rank, world), [r for i, r in enumerate(records) if i // batch_size % world == rank])
-        merged.finish(world=world, batch_size=batch_size, width=5)
-        assert merged.path.read_bytes() == single.path.read_bytes()
-        assert not any(p.name.endswith(".partial.jsonl") for p in tmp_path.iterdir())
-        if fmt == "npy":
-            assert (tmp_path / "merged.npy.inputs.txt").read_text() == (tmp_path / "single.npy.inputs.txt").read_text()
-            assert np.load(merged.path).shape == (sum("embedding" in r for r in records), 5)

@@ -12,7 +12,7 @@ model, device and precision options are :mod:`convnets.commands.model_options`' 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, batch_size,
                                        non_negative_int, positive_seconds)
@@ -21,13 +21,17 @@ from convnets.commands.path_checks import (check_inputs_are_images, check_inputs
 from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from contextlib import ExitStack
 
+    from convnets.inference.inputs import InputItem
     from convnets.inference.job import BatchJob, JobSettings
+    from convnets.inference.loader import Decoding
+    from convnets.ray import R, Worker
 
 __all__ = ["add_batch_arguments", "add_fast_decode_argument", "add_input_arguments", "add_output_arguments",
-           "add_private_urls_argument", "add_progress_argument", "job_settings", "prepare_job"]
+           "add_private_urls_argument", "add_progress_argument", "add_ray_argument", "check_ray", "job_settings",
+           "prepare_job", "ray_results"]
 
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +140,34 @@ def add_progress_argument(parser: argparse.ArgumentParser) -> None:
                              "and the inputs may fill more than one batch)")
 
 
+def add_ray_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--ray ADDRESS`` (:mod:`convnets.ray`): the model runs on a Ray cluster's actors."""
+    group = parser.add_argument_group("beyond one machine")
+    group.add_argument("--ray", metavar="ADDRESS", default=None,
+                       help="run the model on a Ray cluster (the ray extra): auto (the one `ray start` started "
+                            "here), HOST:PORT, ray://HOST:PORT, or local (a new one on this machine). Each actor "
+                            "loads the model once, one per CPU (per GPU with --device cuda); this process lists the "
+                            "inputs and writes the records as they come back, in the same order, with the same "
+                            "options, formats and --resume as without it. The inputs must be readable where the "
+                            "actors run (a shared folder, or URLs)")
+
+
+def ray_results(args: argparse.Namespace, worker: type[Worker[R]], options: dict[str, Any], items: Iterator[InputItem],
+                *, decoding: Decoding, batch_size: int, on_batch: Callable[[int], None]) -> Iterator[R]:
+    """A batch job's results computed on the Ray cluster of ``--ray`` by ``worker`` (:mod:`convnets.ray`), built
+    with ``options`` (the job's) and the model, run and decoding options; in the inputs' order."""
+    from convnets.commands.run_options import engine_settings_from_args
+    from convnets.ray import connect, iter_results
+
+    connect(args.ray)
+    options = {**options, "device": None if args.device == "auto" else args.device, "precision": args.precision,
+               "engine": args.engine, "compile": args.compile, "cache": args.cache,
+               "settings": engine_settings_from_args(args), "image_size": decoding.preset and decoding.preset.crop_size,
+               "timeout": decoding.timeout, "allow_private": decoding.allow_private,
+               "fast_decode": decoding.fast_decode, "interface": "cli"}
+    return iter_results(worker, options, list(items), batch_size=batch_size, on_batch=on_batch)
+
+
 def job_settings(args: argparse.Namespace) -> JobSettings:
     """The batch job that the options of this module describe.
 
@@ -187,8 +219,37 @@ def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack) -> Ca
         check_inputs_are_images("INPUT", *args.inputs, recursive=args.recursive)
         check_inputs_exist("--from-file", None if args.from_file == "-" else args.from_file)
         check_inputs_exist("--weights", args.weights)
-    destination = claim_output(job, output=args.output, resume=args.resume, batch_size=args.batch_size,
-                               reads_stdin=args.from_file == "-", stack=stack)
+        if args.ray is not None:
+            check_ray(args)
+    destination = claim_output(job, output=args.output, resume=args.resume, stack=stack)
     if destination is None:
         return 0
     return lambda: run_job(job, job_settings(args), destination)
+
+
+def check_ray(args: argparse.Namespace) -> None:
+    """``--ray`` with what it needs: the ``ray`` extra installed, and no option that only a local run has.
+
+    Raises:
+        argparse.ArgumentError: (in :func:`usage_errors`) an option that ``--ray`` cannot honour.
+        MissingDependencyError: the ``ray`` extra is missing.
+    """
+    import importlib.util
+
+    if args.workers is not None:
+        raise argparse.ArgumentError(None, "--workers sets this process's decoding; with --ray the actors decode "
+                                           "(one batch at a time each): drop --workers")
+    if getattr(args, "show", None) is not None:
+        raise argparse.ArgumentError(None, "--show draws contact sheets from the images this process decodes, and "
+                                           "with --ray the cluster decodes them: drop --show, or --ray")
+    if not args.ray.strip():
+        raise argparse.ArgumentError(None, "--ray needs an address: auto, HOST:PORT, ray://HOST:PORT or local")
+    if importlib.util.find_spec("ray") is None:
+        from convnets.errors import MissingDependencyError
+        from convnets.extras import install_hint
+
+        raise MissingDependencyError(f"--ray needs Ray Data, which is not installed; install the 'ray' extra: "
+                                     f"{install_hint('ray')}")
+    from convnets.ray import check_address  # before the model loads: an unreachable cluster fails at once
+
+    check_address(args.ray)

@@ -6,9 +6,8 @@ order); ``--output FILE.parquet`` columns ``input`` and ``embedding``. Records s
 continues with ``--resume`` (see :mod:`convnets.inference.outputs`). Inputs that cannot be read are reported on stderr, get
 no vector and leave the exit status at 1. The inputs, batches, workers and output options are
 ``convnets predict``'s (:mod:`convnets.commands.batch_options`), and so is the run around the model
-(:mod:`convnets.inference.job`, of which this module is a plug-in), sharding under ``torchrun`` included:
-each process embeds its share of the batches into a part spool, and rank 0 merges the parts into
-FILE at the end (:mod:`convnets.inference.shard`).
+(:mod:`convnets.inference.job`, of which this module is a plug-in), ``--ray ADDRESS`` included: the model
+runs on a Ray cluster's actors, this process writes the vectors (:mod:`convnets.ray`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
-                                             add_progress_argument, prepare_job)
+                                             add_progress_argument, add_ray_argument, prepare_job, ray_results)
 from convnets.commands.model_options import add_model_arguments, load_from_args
 from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
                                            add_engine_argument, add_engine_settings_arguments, add_precision_argument,
@@ -65,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         resume_help="continue the FILE.partial.jsonl that a stopped or killed run left: its torn last record is cut "
                     "away and the inputs it records are skipped")
     add_progress_argument(parser)
+    add_ray_argument(parser)
 
 
 def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | int:
@@ -83,27 +83,34 @@ class EmbedJob(BatchJob):
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.net: Any = None
+        self.model: Any = None
 
     def device(self) -> torch.device:
-        return device_from_args(self.args)
+        import torch
+
+        # With --ray the model is read here for its width and preset; the actors load it onto their device.
+        return torch.device("cpu") if self.args.ray is not None else device_from_args(self.args)
 
     def load(self, device: torch.device) -> ResNet:
-        from convnets.inference.embed import features_model
+        from convnets.inference.embed import PooledFeatures
 
-        args = self.args
-        model = load_from_args(args, device=device).model
-        self.net = features_model(model, args.layer, precision=args.precision, device=device, compile=args.compile,
-                                  engine=args.engine, cache=args.cache,
-                                  settings=engine_settings_from_args(args))
-        self.width = self.net.num_features
-        return model
+        self.model = load_from_args(self.args, device=device).model
+        self.width = PooledFeatures(self.model, self.args.layer).num_features
+        return self.model
 
     def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
                 start: int, on_batch: Callable[[int], None]) -> Iterator[Embedding]:
-        from convnets.inference.embed import embed_items
+        from convnets.inference.embed import embed_items, features_model
 
-        return embed_items(self.net, items, normalize=self.args.normalize, batch_size=batch_size, device=device,
+        args = self.args
+        if args.ray is not None:
+            from convnets.ray import Embedder
+
+            return ray_results(args, Embedder, {"model": self.model, "layer": args.layer, "normalize": args.normalize},
+                               items, decoding=decoding, batch_size=batch_size, on_batch=on_batch)
+        net = features_model(self.model, args.layer, precision=args.precision, device=device, compile=args.compile,
+                             engine=args.engine, cache=args.cache, settings=engine_settings_from_args(args))
+        return embed_items(net, items, normalize=self.args.normalize, batch_size=batch_size, device=device,
                            decoding=decoding, start=start, on_batch=on_batch)
 
     def record(self, result: Embedding, error: str) -> Record:

@@ -10,9 +10,8 @@ the exit status at 1; the others are still predicted. Inputs are streamed (``--r
 while the model runs (:mod:`convnets.inference.loader`). The options shared with ``convnets embed`` are in
 :mod:`convnets.commands.batch_options`, and the run around the model (inputs, resume, progress,
 errors, summary) is the batch-job driver's, :mod:`convnets.inference.job`: this module is its plug-in. ``--show FILE.png`` also draws contact sheets, thumbnails with
-their top classes (:mod:`convnets.inference.sheet`). Under ``torchrun`` each process predicts its share of
-the batches into a part spool of ``--output`` (required there) and rank 0 merges the parts into it at
-the end: the file one process writes (see :mod:`convnets.inference.shard`).
+their top classes (:mod:`convnets.inference.sheet`). ``--ray ADDRESS`` runs the model on a Ray cluster's
+actors while this process lists the inputs and writes the records, in the same order (:mod:`convnets.ray`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
-                                             add_progress_argument, prepare_job)
+                                             add_progress_argument, add_ray_argument, prepare_job, ray_results)
 from convnets.commands.model_options import add_model_arguments, load_from_args
 from convnets.commands.options import add_json_argument, positive_int
 from convnets.commands.path_checks import usage_errors
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
     from convnets.inference.loader import Decoding
     from convnets.inference.predict import Prediction
     from convnets.inference.outputs.spool import Record, SpoolWriter
-    from convnets.inference.shard import ShardedRun
     from convnets.inference.sheet import ContactSheetWriter
     from convnets.models.resnet import ResNet
 
@@ -99,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "them exists), each written as soon as its images are predicted; the thumbnails are "
                              "kept as the images are decoded. With --resume: this run's inputs")
     add_progress_argument(parser)
+    add_ray_argument(parser)
 
 
 def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | int:
@@ -136,31 +135,24 @@ class PredictJob(BatchJob):
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.net: Any = None
+        self.model: Any = None
         self.labels: list[str] = []
         self.sheets: ContactSheetWriter | None = None
         self.printed: list[Record] = []  # --json: printed at the end, as one array
 
-    def check(self, run: ShardedRun) -> None:
-        if self.args.show is not None and run.world > 1:  # each rank sees only its shard; one process must draw them all
-            raise InvalidArgumentError("--show draws the contact sheets in one process, not under torchrun; "
-                                       "drop --show here and draw sheets from a single-process run")
-
     def device(self) -> torch.device:
-        return device_from_args(self.args)
+        import torch
+
+        # With --ray the model is read here for its classes and preset; the actors load it onto their device.
+        return torch.device("cpu") if self.args.ray is not None else device_from_args(self.args)
 
     def load(self, device: torch.device) -> ResNet:
-        from convnets.deploy.optimize import optimize_for_inference
         from convnets.inference.predict import class_labels
 
-        args = self.args
-        model = load_from_args(args, device=device).model
-        self.labels = class_labels(model)
-        self.width = resolve_topk(args.topk, len(self.labels))
-        self.net = optimize_for_inference(model, args.precision, device=device, engine=args.engine,
-                                          compile=args.compile, cache=args.cache,
-                                          settings=engine_settings_from_args(args))
-        return model
+        self.model = load_from_args(self.args, device=device).model
+        self.labels = class_labels(self.model)
+        self.width = resolve_topk(self.args.topk, len(self.labels))
+        return self.model
 
     def open(self, stack: ExitStack) -> SpoolWriter | None:
         from convnets.inference.outputs.spool import SpoolWriter
@@ -176,11 +168,20 @@ class PredictJob(BatchJob):
 
     def results(self, items: Iterator[InputItem], *, decoding: Decoding, batch_size: int, device: torch.device,
                 start: int, on_batch: Callable[[int], None]) -> Iterator[Prediction]:
+        from convnets.deploy.optimize import optimize_for_inference
         from convnets.inference.predict import predict_items
 
+        args = self.args
+        if args.ray is not None:
+            from convnets.ray import Classifier
+
+            return ray_results(args, Classifier, {"model": self.model, "topk": self.width}, items, decoding=decoding,
+                               batch_size=batch_size, on_batch=on_batch)
+        net = optimize_for_inference(self.model, args.precision, device=device, engine=args.engine,
+                                     compile=args.compile, cache=args.cache, settings=engine_settings_from_args(args))
         if self.sheets is not None:  # the sheets' thumbnails, kept as the inputs are decoded: read once
             decoding = dataclasses.replace(decoding, thumbnail=self.sheets.side)
-        return predict_items(self.net, items, labels=self.labels, topk=self.width, batch_size=batch_size,
+        return predict_items(net, items, labels=self.labels, topk=self.width, batch_size=batch_size,
                              device=device, decoding=decoding, start=start, on_batch=on_batch)
 
     def record(self, result: Prediction, error: str) -> Record:

@@ -51,6 +51,14 @@ torch 2.14):
   ``disable_telemetry_events()`` is called after the import as well: it is the switch for the
   Windows builds' ETW events (a no-op on Linux). ONNX Runtime has no consent file.
 
+* **Ray** (2.60 here, the ``ray`` extra) reports usage statistics to Anyscale from the head node of a
+  cluster (its dashboard's ``usage_stats_head`` module), enabled by default. A cluster started by
+  this package (``--ray local``, ``convnets.ray.connect("local")``) is started by this process, which
+  passes on its environment: before ``ray`` is imported, ``RAY_USAGE_STATS_ENABLED`` is set to ``0``
+  unless the user set it or opted in with ``ray enable-usage-stats`` (``"usage_stats": true`` in
+  ``~/.ray/config.json``, or ``RAY_USAGE_STATS_CONFIG_PATH``). A cluster the user started
+  (``ray start``) is theirs and follows its own setting; a driver that joins it sends nothing itself.
+
 * **ONNX** and **PyTorch** collect nothing: no telemetry code (``torch._C._log_api_usage_once``
   only calls a handler that a program installs; none is, by default). Nothing to turn off.
 """
@@ -65,8 +73,9 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["ORT_DISABLE_TELEMETRY", "OPENVINO_TELEMETRY", "USES_OPENVINO_TELEMETRY", "import_without_telemetry",
-           "openvino_telemetry_dir", "openvino_telemetry_opted_in"]
+__all__ = ["ORT_DISABLE_TELEMETRY", "OPENVINO_TELEMETRY", "RAY_USAGE_STATS_ENABLED", "USES_OPENVINO_TELEMETRY",
+           "import_without_telemetry", "openvino_telemetry_dir", "openvino_telemetry_opted_in",
+           "ray_usage_stats_opted_in"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +87,9 @@ USES_OPENVINO_TELEMETRY = ("openvino", "nncf")
 
 #: Client-id files (current and legacy name) that ``openvino_telemetry`` reads, errors uncaught, once consent is given.
 _CLIENT_ID_FILES = ("openvino_ga_cid", "openvino_ga_uid")
+
+#: Ray's switch for its usage statistics (``0``: off; ``1``: on), read by the processes of a cluster it starts.
+RAY_USAGE_STATS_ENABLED = "RAY_USAGE_STATS_ENABLED"
 
 #: ONNX Runtime's switch for its telemetry, read when ``onnxruntime`` is imported (``1``/``true``: off; ``0``: on).
 ORT_DISABLE_TELEMETRY = "ORT_DISABLE_TELEMETRY"
@@ -91,7 +103,8 @@ def import_without_telemetry(name: str) -> ModuleType:
 
     OpenVINO / NNCF: ``openvino_telemetry`` is blocked for the process first (decided once, on the
     first such import). ONNX Runtime: :data:`ORT_DISABLE_TELEMETRY` is set to ``1`` first unless the
-    user set it, and its Windows ETW events are disabled after the import. Other modules are
+    user set it, and its Windows ETW events are disabled after the import. Ray:
+    :data:`RAY_USAGE_STATS_ENABLED` is set to ``0`` first unless the user set it or opted in. Other modules are
     imported as they are. See the module documentation for why and how.
 
     Raises:
@@ -102,6 +115,8 @@ def import_without_telemetry(name: str) -> ModuleType:
         _openvino_telemetry_off()
     if top == "onnxruntime" and top not in sys.modules:
         os.environ.setdefault(ORT_DISABLE_TELEMETRY, "1")  # a value the user set is theirs (0: opted in)
+    if top == "ray" and not ray_usage_stats_opted_in():
+        os.environ.setdefault(RAY_USAGE_STATS_ENABLED, "0")
     module = importlib.import_module(name)
     if name == "onnxruntime" and os.environ.get(ORT_DISABLE_TELEMETRY, "").strip().lower() in ("1", "true", "yes"):
         # The same switch for the Windows builds' ETW events (a no-op elsewhere).
@@ -109,6 +124,18 @@ def import_without_telemetry(name: str) -> ModuleType:
         if callable(disable):
             disable()
     return module
+
+
+def ray_usage_stats_opted_in() -> bool:
+    """Whether the user opted in to Ray's usage statistics in its config file (``ray enable-usage-stats``)."""
+    import json
+
+    path = os.environ.get("RAY_USAGE_STATS_CONFIG_PATH") or os.path.expanduser("~/.ray/config.json")
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file).get("usage_stats") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def openvino_telemetry_dir() -> Path | None:

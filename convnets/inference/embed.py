@@ -25,7 +25,7 @@ from convnets.models.resnet import ResNet
 from convnets.preprocessing.presets import EvalPreset
 from convnets.runtime import PrecisionName
 
-__all__ = ["LAYERS", "Embedding", "PooledFeatures", "embed", "embed_items", "features_model"]
+__all__ = ["LAYERS", "Embedding", "PooledFeatures", "embed", "embed_items", "features_model", "pooled_vectors"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,12 @@ def features_model(model: ResNet, layer: str = "layer4", *, precision: Precision
     return optimized
 
 
+def pooled_vectors(features: Tensor, normalize: bool = False) -> npt.NDArray[Any]:
+    """``features`` (``[N, D]``) as float32 NumPy rows, L2-normalised with ``normalize``."""
+    out = features.float()
+    return (nn.functional.normalize(out, dim=1) if normalize else out).cpu().numpy()
+
+
 @dataclass(frozen=True)
 class Embedding(Result):
     """The result for one input: its vector, or why it could not be read."""
@@ -99,12 +105,10 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
         batch_size, device, timeout, workers, start, on_batch, decoding, allow_private: as for
             :func:`convnets.inference.predict.predict_items`.
     """
-    def vectors(batch: Tensor) -> npt.NDArray[Any]:
-        out = features(batch).float()
-        return (nn.functional.normalize(out, dim=1) if normalize else out).cpu().numpy()
     chosen = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private)
-    for name, vector, error, _ in map_batches(vectors, items, batch_size=batch_size, decoding=chosen, device=device,
-                                           start=start, on_batch=on_batch):
+    for name, vector, error, _ in map_batches(lambda batch: pooled_vectors(features(batch), normalize), items,
+                                              batch_size=batch_size, decoding=chosen, device=device, start=start,
+                                              on_batch=on_batch):
         yield Embedding(name, vector, error)
 
 

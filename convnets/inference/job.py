@@ -1,7 +1,8 @@
 """The batch-job driver that ``convnets predict`` and ``convnets embed`` run, a :class:`BatchJob` plug-in each.
 
-:func:`claim_output` locks and checks the output before PyTorch loads; :func:`run_job` reads, shards,
-resumes, decodes, writes and reports. Nothing heavy is imported at module level.
+:func:`claim_output` locks and checks the output before PyTorch loads; :func:`run_job` reads, resumes,
+decodes, writes and reports (a job's :meth:`BatchJob.results` may compute elsewhere: ``--ray`` sends the
+batches to a Ray cluster's actors, :mod:`convnets.ray`). Nothing heavy is imported at module level.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convnets.errors import ConvnetsError, InvalidArgumentError, message_for
-from convnets.inference.shard import ShardedRun
 
 if TYPE_CHECKING:
     import torch
@@ -57,16 +57,17 @@ class BatchJob(ABC):
     unreadable: str = ""
     width: int = 0
 
-    def check(self, run: ShardedRun) -> None:
+    def check(self) -> None:
         """Before PyTorch loads: check the job's own options, so that a wrong one fails at once."""
 
     @abstractmethod
     def device(self) -> torch.device:
-        """The device asked for (under torchrun, :meth:`ShardedRun.join` picks this rank's)."""
+        """Where :meth:`load` puts the model (checked to exist)."""
 
     @abstractmethod
     def load(self, device: torch.device) -> ResNet:
-        """Load the model onto ``device`` and set :attr:`width`; returns the model (for its preset)."""
+        """Load the model onto ``device`` and set :attr:`width`; returns the model (for its preset and classes).
+        What runs it is built by :meth:`results`."""
 
     def open(self, stack: ExitStack) -> SpoolWriter | None:
         """Open what the job writes besides ``--output``; returns where records go without it (default: nowhere)."""
@@ -90,46 +91,40 @@ class BatchJob(ABC):
 
 @dataclass(frozen=True)
 class Destination:
-    """What :func:`claim_output` claimed: this process's share of the run and the output (``None``: none)."""
+    """What :func:`claim_output` claimed: the output (``None``: none)."""
 
-    run: ShardedRun
     output: Output | None
 
 
-def claim_output(job: BatchJob, *, output: str | None, resume: bool, batch_size: int, reads_stdin: bool,
-                 stack: ExitStack) -> Destination | None:
-    """Before PyTorch: this process's shard, the output's locks (held until ``stack`` unwinds) and checks;
-    returns where to write, or ``None`` when there is nothing to do (exit status 0)."""
+def claim_output(job: BatchJob, *, output: str | None, resume: bool, stack: ExitStack) -> Destination | None:
+    """Before PyTorch: the output's lock (held until ``stack`` unwinds) and checks, and the job's; returns
+    where to write, or ``None`` when there is nothing to do (exit status 0)."""
+    from convnets.dist import rank_world
     from convnets.inference.outputs import Output
 
+    if rank_world()[1] > 1:
+        raise InvalidArgumentError(f"convnets {job.command} runs as one process, not under torchrun (which is for "
+                                   "training); to spread it over processes or machines, pass --ray ADDRESS")
     if resume and output is None:
         raise InvalidArgumentError("--resume continues an --output FILE: pass --output too")
-    run = ShardedRun.from_env(output=output, batch_size=batch_size, reads_stdin=reads_stdin)
     target = None if output is None else Output.of(output, job.kind)
     if target is not None:
-        # Held to the end (the merge included): a second run on the same output fails at once.
-        if run.is_main:
-            lock_output(target.path, stack)
-        if run.world > 1:
-            lock_output(target.spool(run.rank, run.world), stack)
-        if not target.claim(resume=resume, world=run.world):
-            if run.is_main:
-                print(f"convnets {job.command}: {output} is complete (no {target.spool().name} to continue); "
-                      "nothing to do", file=sys.stderr)
+        lock_output(target.path, stack)  # held to the end: a second run on the same output fails at once
+        if not target.claim(resume=resume):
+            print(f"convnets {job.command}: {output} is complete (no {target.spool().name} to continue); "
+                  "nothing to do", file=sys.stderr)
             return None
-    job.check(run)
-    return Destination(run, target)
+    job.check()
+    return Destination(target)
 
 
 def run_job(job: BatchJob, settings: JobSettings, destination: Destination | None = None) -> int:
-    """Run a batch job as this process's share of the run (``destination``: :func:`claim_output`'s, else claimed
-    here); returns the exit status, 1 if any input could not be read (now or in the resumed run)."""
+    """Run a batch job (``destination``: :func:`claim_output`'s, else claimed here); returns the exit status,
+    1 if any input could not be read (now or in the resumed run)."""
     if destination is not None:
         return _run_locked(job, settings, destination)
     with ExitStack() as locks:
-        destination = claim_output(job, output=settings.output, resume=settings.resume,
-                                   batch_size=settings.batch_size, reads_stdin=settings.from_file == "-",
-                                   stack=locks)
+        destination = claim_output(job, output=settings.output, resume=settings.resume, stack=locks)
         return 0 if destination is None else _run_locked(job, settings, destination)
 
 
@@ -163,23 +158,22 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
     from convnets.inference.outputs.spool import read_spool
     from convnets.preprocessing.presets import preset_for_model
 
-    run, output = destination.run, destination.output
-    split = None if output is None or not settings.resume else (lambda: output.split(run.world, settings.batch_size))
-    device = run.join(job.device(), first=split)
+    output = destination.output
+    device = job.device()
     model = job.load(device)
     preset = preset_for_model(model).with_crop_size(settings.image_size or model.input_size)
     decoding = settings.decoding.with_preset(preset).for_device(device)
     with ExitStack() as stack:
         writer, found = job.open(stack), None
-        spool = None if output is None else output.spool(run.rank, run.world)
+        spool = None if output is None else output.spool()
         if output is not None and spool is not None:
             writer, found = output.open(spool, resume=settings.resume, width=job.width, stack=stack)
-        items = run.items(iter_inputs(read_sources(settings.inputs, settings.from_file, stack),
-                                      recursive=settings.recursive))
+        items: Iterator[InputItem] = iter_inputs(read_sources(settings.inputs, settings.from_file, stack),
+                                                 recursive=settings.recursive)
         done = found.records if found else 0
         if done and spool is not None:
             items = skip_recorded(items, (r["input"] for r in read_spool(spool, job.kind)), str(spool))
-        total, show = progress(settings, sys.stderr.isatty(), run)
+        total, show = progress(settings, sys.stderr.isatty())
         failed = 0
 
         def on_batch(count: int) -> None:
@@ -198,25 +192,20 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
                 if not result.ok:
                     failed += 1
                     bar.clear()
-                    # One write per line: print() writes the text and its newline separately, and under
-                    # torchrun the ranks share stderr, so their lines would interleave.
                     sys.stderr.write(f"convnets {job.command}: error: {error}\n")
     job.close()
     earlier = found.errors if found else 0
-    # Totals over the ranks (every rank's spool is closed); rank 0 writes --output.
-    failed, earlier, done = run.sum([failed, earlier, done])
-    if output is not None and run.is_main:
-        output.finish(world=run.world, batch_size=settings.batch_size, width=job.width)
-    if (failed or earlier) and run.is_main:
+    if output is not None:
+        output.finish(batch_size=settings.batch_size, width=job.width)
+    if failed or earlier:
         also = f" ({earlier} recorded by the earlier run)" if earlier else ""
         print(f"convnets {job.command}: {failed + earlier} of {done} inputs could not be read{job.unreadable}{also}",
               file=sys.stderr)
-    run.close()
     return 1 if failed or earlier else 0
 
 
-def progress(settings: JobSettings, stderr_is_terminal: bool, run: ShardedRun) -> tuple[int | None, bool]:
-    """``(total, show)``: this rank's number of inputs (``None``: unknown) and whether to show a progress bar.
+def progress(settings: JobSettings, stderr_is_terminal: bool) -> tuple[int | None, bool]:
+    """``(total, show)``: the number of inputs (``None``: unknown) and whether to show a progress bar.
 
     The total is known only when every input is a file or URL (listing a tree twice costs time).
     """
@@ -226,7 +215,7 @@ def progress(settings: JobSettings, stderr_is_terminal: bool, run: ShardedRun) -
         not is_url(i) and os.path.isdir(i) for i in settings.inputs) else len(settings.inputs)
     show = settings.progress if settings.progress is not None else (
         stderr_is_terminal and (total is None or total > settings.batch_size))
-    return run.count(total), show and run.is_main
+    return total, show
 
 
 def skip_recorded(items: Iterator[InputItem], recorded: Iterable[str], output: str) -> Iterator[InputItem]:

@@ -30,7 +30,7 @@ from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 __all__ = ["MAX_ROWS", "Prediction", "Predictions", "TopClass", "class_labels", "iter_inputs", "iter_predict",
-           "predict", "predict_items", "predictions_html", "resolve_decoding"]
+           "predict", "predict_items", "predictions_html", "resolve_decoding", "top_classes"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,13 @@ def _bar(rank: int, label: str, index: int, probability: float) -> str:
             "</tr>")
 
 
+def top_classes(logits: torch.Tensor, labels: Sequence[str], topk: int) -> list[list[TopClass]]:
+    """The ``topk`` most probable classes (softmax of ``logits``, ``[N, classes]``) of each row, named by ``labels``."""
+    probabilities = torch.softmax(logits.float(), dim=1).cpu()
+    values, indices = probabilities.topk(topk, dim=1)
+    return [[TopClass(int(c), labels[int(c)], float(p)) for p, c in zip(v, i)] for v, i in zip(values, indices)]
+
+
 def class_labels(model: ResNet) -> list[str]:
     """Names of the model's outputs: the checkpoint's, ImageNet's for 1000 classes, else indices."""
     if model.class_names is not None:
@@ -198,13 +205,9 @@ def predict_items(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, items:
         labels = class_labels(model)
     topk = min(topk, len(labels))
     names = list(labels)
-
-    def top_classes(batch: torch.Tensor) -> list[list[TopClass]]:
-        probabilities = torch.softmax(model(batch).float(), dim=1).cpu()
-        values, indices = probabilities.topk(topk, dim=1)
-        return [[TopClass(int(c), names[int(c)], float(p)) for p, c in zip(v, i)] for v, i in zip(values, indices)]
     chosen = resolve_decoding(model, decoding, preset=preset, image_size=image_size, resize_size=resize_size,
                               timeout=timeout, workers=workers, allow_private=allow_private)
-    for name, top, error, thumbnail in map_batches(top_classes, items, batch_size=batch_size, decoding=chosen,
-                                                   device=device, start=start, on_batch=on_batch):
+    for name, top, error, thumbnail in map_batches(lambda batch: top_classes(model(batch), names, topk), items,
+                                                   batch_size=batch_size, decoding=chosen, device=device, start=start,
+                                                   on_batch=on_batch):
         yield Prediction(name, top or [], error, thumbnail)

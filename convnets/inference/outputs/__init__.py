@@ -12,16 +12,15 @@ import importlib
 import logging
 import os
 import pkgutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from convnets.errors import InvalidArgumentError
 from convnets.inference.outputs.base import OutputFormat
-from convnets.inference.outputs.spool import (Record, ScanResult, SpoolWriter, check_resumable, open_spool,
-                                              read_spool, scan, spool_path, write_spool)
-from convnets.inference.shard import interleave, shard_items
+from convnets.inference.outputs.spool import (ScanResult, SpoolWriter, check_resumable, open_spool, scan, spool_path,
+                                              write_spool)
 
 __all__ = ["KINDS", "Output", "OutputFormat", "output_formats", "register_format", "suffix_format", "suffixes"]
 
@@ -72,8 +71,8 @@ def suffix_format(path: str | os.PathLike[str], formats: Mapping[str, str], *, o
 class Output:
     """A run's output file of ``kind`` in ``format``, and its spools (build it with :meth:`of`).
 
-    The driver calls :meth:`claim` before the model loads, :meth:`split` (rank 0, ``torchrun --resume``),
-    :meth:`open` for this rank's spool, and :meth:`finish` (rank 0) once every rank has closed its spool.
+    The driver calls :meth:`claim` before the model loads, :meth:`open` for the spool, and :meth:`finish` once
+    it has closed the spool.
     """
 
     path: Path
@@ -89,15 +88,14 @@ class Output:
         fmt.check()
         return cls(Path(path), kind, fmt, option)
 
-    def spool(self, rank: int = 0, world: int = 1) -> Path:
-        """The spool of the run, or of rank ``rank``'s part."""
-        return spool_path(self.path, rank, world)
+    def spool(self) -> Path:
+        """The spool of the run."""
+        return spool_path(self.path)
 
-    def claim(self, *, resume: bool, world: int = 1) -> bool:
+    def claim(self, *, resume: bool) -> bool:
         """Before the run: refuse to overwrite FILE or a spool, or to resume from what is not a regular file;
         ``False``: a resumed FILE is complete (nothing to do)."""
-        spools = [self.spool(), *(self.spool(rank, world) for rank in range(world) if world > 1)]
-        left = [s for s in spools if os.path.lexists(s)]
+        left = [s for s in [self.spool()] if os.path.lexists(s)]
         if not resume and left:
             raise InvalidArgumentError(f"{left[0]} exists: a stopped run left it; pass resume=True to continue it, or "
                                        "delete it", keyword="resume",
@@ -115,25 +113,8 @@ class Output:
             check_resumable(path, option=self.option)
         return bool(left) or readable or not self.path.exists()
 
-    def split(self, world: int, batch_size: int) -> None:
-        """``torchrun --resume`` without parts (rank 0, first): one process's spool or FILE becomes the parts."""
-        spool = self.spool()
-        if any(os.path.lexists(self.spool(rank, world)) for rank in range(world)):
-            return  # the parts are continued
-        if spool.exists():
-            scan(spool, kind=self.kind)  # cut its torn tail
-        elif not (self.path.exists() and self.kind in self.format.readable):
-            return
-
-        def records() -> Iterator[Record]:
-            return read_spool(spool, self.kind) if spool.exists() else self.format.read(self.path, self.kind)
-        counts = [write_spool(self.spool(rank, world), shard_items(records(), rank, world, batch_size))
-                  for rank in range(world)]
-        spool.unlink(missing_ok=True)  # its records are in the parts
-        log.warning("%s: split its %d records into %d parts to resume them", self.path, sum(counts), world)
-
     def open(self, spool: Path, *, resume: bool, width: int, stack: ExitStack) -> tuple[SpoolWriter, ScanResult | None]:
-        """Open this rank's ``spool`` for appending (closed when ``stack`` unwinds): a new one, or with ``resume``
+        """Open the ``spool`` for appending (closed when ``stack`` unwinds): a new one, or with ``resume``
         the one left (or FILE read back), of ``width``; returns the writer and what :func:`scan` found, if resumed."""
         adopt = resume and spool == self.spool() and not spool.exists() and self.path.exists()
         if adopt:
@@ -148,21 +129,9 @@ class Output:
             stack.push(_drop_if_unchanged(spool))
         return stack.enter_context(open_spool(spool, append=found is not None)), found
 
-    def finish(self, *, world: int, batch_size: int, width: int) -> int:
-        """Write FILE from the spool (merging the ranks' parts first), remove the spool; returns the records written."""
+    def finish(self, *, batch_size: int, width: int) -> int:
+        """Write FILE from the spool and remove the spool; returns the records written."""
         spool = self.spool()
-        if world > 1:
-            parts = [self.spool(rank, world) for rank in range(world)]
-            missing = [str(p) for p in parts if not p.exists()]
-            if missing:
-                problem = f"cannot merge {self.path}: {', '.join(missing)} not found; on several machines, "
-                raise InvalidArgumentError(f"{problem}{self.option} must be in a folder that all of them share",
-                                           keyword=self.option,
-                                           cli=f"{problem}--{self.option} must be in a folder that all of them share")
-            batches = interleave([read_spool(p, self.kind) for p in parts], batch_size)
-            write_spool(spool, (record for batch in batches for record in batch))
-            for part in parts:
-                part.unlink()
         count = self.format.write(self.path, spool, kind=self.kind, width=width, batch_size=batch_size)
         spool.unlink()
         log.info("%s: %d records", self.path, count)

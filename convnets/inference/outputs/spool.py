@@ -41,11 +41,10 @@ _WIDTH_WORDS = {"predictions": ("classes per input", "topk", "--topk"),
                 "embeddings": ("values per vector", "layer", "--layer and model")}
 
 
-def spool_path(output: str | os.PathLike[str], rank: int = 0, world: int = 1) -> Path:
-    """The spool of ``output`` (``FILE.partial.jsonl``), or of rank ``rank``'s part of a ``world``-rank run."""
+def spool_path(output: str | os.PathLike[str]) -> Path:
+    """The spool of ``output``: ``FILE.partial.jsonl``."""
     path = Path(output)
-    part = "" if world == 1 else f".part-{rank:05d}-of-{world:05d}"
-    return path.with_name(f"{path.name}{part}.partial.jsonl")
+    return path.with_name(f"{path.name}.partial.jsonl")
 
 
 def dumps(record: Record) -> str:

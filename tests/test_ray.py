@@ -1,0 +1,218 @@
+"""``--ray`` and :mod:`convnets.ray` on a real two-node Ray cluster started on this machine (``ray.cluster_utils``):
+no mock of Ray.
+
+The runs through the cluster are compared with single-process runs of the same command on the same
+folder (subfolders, two unreadable files): the same records in the same order, probabilities within
+1e-5, the same vectors. One run has its busiest actor SIGKILLed while the output is being written:
+Ray restarts it, and the output still holds each input once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY, cli_in_process, run_cli, start_cli
+from PIL import Image
+from strict_skips import require_module
+
+import convnets
+
+ray = require_module("ray", extra="ray")
+psutil = require_module("psutil")
+
+BATCH = 2
+N_GOOD = 200  # + 2 unreadable files, in two subfolders: enough batches for a kill to land mid-run
+
+#: The cluster's processes read it; this module's runs send Ray no usage statistics.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def _write_images(folder: Path, count: int, size: tuple[int, int], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        sub = folder / f"part{i % 2}"
+        sub.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 255, (*size, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(sub / f"img{i:03d}.{'png' if i % 3 else 'jpg'}")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny model's checkpoint, a folder of images with two unreadable files, and the single-process runs."""
+    root = tmp_path_factory.mktemp("ray")
+    torch.manual_seed(0)
+    model = convnets.get_model("resnet50", **TINY["resnet50"])
+    ckpt = root / "tiny.pth.tar"
+    torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict()}, ckpt)
+    images = root / "images"
+    _write_images(images, N_GOOD, (90, 120), seed=0)
+    (images / "part0" / "broken.png").write_bytes(b"not an image")
+    good = (images / "part1" / "img001.png").read_bytes()
+    (images / "part1" / "cut.png").write_bytes(good[: len(good) // 2])
+    args = ["--weights", str(ckpt), "--image-size", "64", "--batch-size", str(BATCH), "--no-progress", "--recursive",
+            "--device", "cpu", "--engine", "torch"]
+    single = root / "single"
+    single.mkdir()
+    runs = [cli_in_process("predict", str(images), *args, "--output", str(single / "p.jsonl")),
+            cli_in_process("embed", str(images), *args, "--output", str(single / "e.npy"))]
+    assert [r.returncode for r in runs] == [1, 1], [r.stderr[-2000:] for r in runs]
+    return {"root": root, "ckpt": ckpt, "images": images, "args": args, "single": single,
+            "errors": _error_lines(runs[0].stderr)}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    """Two nodes of one CPU each, started here and stopped at the end of the module."""
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes.add_node(num_cpus=1)
+    nodes.wait_for_nodes()
+    yield nodes
+    if ray.is_initialized():
+        ray.shutdown()
+    nodes.shutdown()
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("convnets ") and ": error: " in line]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _assert_same_predictions(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    assert [r["input"] for r in got] == [r["input"] for r in want]  # each input once, in the single run's order
+    for g, w in zip(got, want):
+        assert g.get("error") == w.get("error"), g["input"]
+        if "top" in w:
+            assert [(t["index"], t["label"]) for t in g["top"]] == [(t["index"], t["label"]) for t in w["top"]]
+            assert np.allclose([t["probability"] for t in g["top"]], [t["probability"] for t in w["top"]],
+                               rtol=0, atol=1e-5)
+
+
+def _map_workers() -> list[Any]:
+    """The processes of Ray Data's actors (their title is ``ray::MapWorker(MapBatches(...))``)."""
+    return [p for p in psutil.process_iter(["cmdline"]) if any("MapWorker" in part for part in p.info["cmdline"] or [])]
+
+
+def test_predict_on_a_cluster_equals_one_process_though_a_worker_is_killed(data: dict[str, Any], cluster: Any) -> None:
+    """Each input once, in order, the same records: the busiest actor is SIGKILLed once records are being
+    written, Ray restarts it and reruns its batch."""
+    output = data["root"] / "cluster.jsonl"
+    spool = output.with_name(output.name + ".partial.jsonl")
+    run = start_cli("predict", str(data["images"]), *data["args"], "--output", str(output), "--ray", cluster.address,
+                    stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not (spool.exists() and spool.stat().st_size > 0):  # records are being written
+            assert run.poll() is None, (run.communicate()[1] or b"")[-3000:].decode()
+            assert time.monotonic() < deadline, "no record was written"
+            time.sleep(0.005)
+        busiest = max(_map_workers(), key=lambda p: sum(p.cpu_times()[:2]))
+        busiest.send_signal(signal.SIGKILL)
+        killed_mid_run = run.poll() is None
+        stderr = (run.communicate(timeout=240)[1] or b"").decode()
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert killed_mid_run, "the run ended before a worker could be killed"
+    assert run.returncode == 1, stderr[-3000:]  # the two unreadable files
+    _assert_same_predictions(_records(output), _records(data["single"] / "p.jsonl"))
+    assert _error_lines(stderr) == data["errors"] and len(data["errors"]) == 2
+    assert stderr.splitlines()[-1] == f"convnets predict: 2 of {N_GOOD + 2} inputs could not be read"
+    assert not spool.exists() and not output.with_name(output.name + ".lock").exists()
+
+
+def test_embed_on_a_cluster_equals_one_process(data: dict[str, Any], cluster: Any) -> None:
+    output = data["root"] / "cluster.npy"
+    embedded = run_cli("embed", str(data["images"]), *data["args"], "--output", str(output), "--ray", cluster.address,
+                       timeout=240)
+    assert embedded.returncode == 1, embedded.stderr[-3000:]
+    assert _error_lines(embedded.stderr) == [line.replace("predict", "embed", 1) for line in data["errors"]]
+    assert (data["root"] / "cluster.npy.inputs.txt").read_bytes() == (data["single"] / "e.npy.inputs.txt").read_bytes()
+    got, want = np.load(output), np.load(data["single"] / "e.npy")
+    assert got.shape == want.shape == (N_GOOD, 256) and np.allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_python_api_classifies_bytes_and_embeds_arrays(data: dict[str, Any], cluster: Any) -> None:
+    """``read_binary_files`` (bytes, decoded as predict decodes) through :class:`~convnets.ray.Preprocessor` in CPU
+    tasks and :class:`~convnets.ray.Classifier` in actors; :class:`~convnets.ray.Embedder` on ``read_images``'
+    arrays. An unreadable file is a row with its error, not a failed batch."""
+    from convnets.ray import Classifier, Embedder, Preprocessor, pool_options
+
+    few = data["root"] / "few"
+    _write_images(few, 6, (90, 120), seed=2)
+    (few / "broken.png").write_bytes(b"not an image")
+    single = [cli_in_process("predict", str(few), *data["args"], "--output", str(data["root"] / "few.jsonl")),
+              cli_in_process("embed", str(few), *data["args"], "--output", str(data["root"] / "few.npy"))]
+    assert [r.returncode for r in single] == [1, 1], [r.stderr[-2000:] for r in single]
+    want = {r["input"]: r for r in _records(data["root"] / "few.jsonl")}
+    vectors = dict(zip((data["root"] / "few.npy.inputs.txt").read_text().splitlines(), np.load(data["root"] / "few.npy")))
+    model = convnets.load_model(data["ckpt"])
+    kwargs = {"model": model, "image_size": 64, "device": "cpu", "engine": "torch"}
+    ray.init(address=cluster.address, logging_level="WARNING")
+    try:
+        # The GPU pattern, on CPUs: decoding in tasks (one CPU left for them), the model in the actors.
+        encoded = ray.data.read_binary_files(str(few), include_paths=True)
+        staged = encoded.map_batches(Preprocessor(model, image_size=64), batch_size=BATCH, num_cpus=1)
+        rows = staged.map_batches(Classifier, fn_constructor_kwargs=kwargs, batch_size=BATCH,
+                                  **pool_options("cpu", cpus=1)).take_all()
+        assert sorted(row["path"] for row in rows) == sorted(want)  # each file once
+        for row in rows:
+            _check_row(row, want[row["path"]])
+        arrays = ray.data.read_images(sorted(vectors), include_paths=True, mode="RGB")  # Ray's reader fails on broken.png
+        embedded = arrays.map_batches(Embedder, fn_constructor_kwargs=kwargs, batch_size=BATCH,
+                                      **pool_options("cpu")).take_all()
+    finally:
+        ray.shutdown()
+    assert sorted(r["path"] for r in embedded) == sorted(vectors)
+    for row in embedded:  # PNGs and JPEGs without EXIF: Ray's decoder gives PIL's pixels
+        assert row["error"] == "" and np.allclose(row["embedding"], vectors[row["path"]], rtol=0, atol=1e-5)
+
+
+def _check_row(row: dict[str, Any], expected: dict[str, Any]) -> None:
+    if "error" in expected:  # the message names the bytes, not the file: Ray read them
+        assert row["error"].startswith("Cannot load image ")
+        assert list(row["top_indices"]) == [-1] * len(row["top_indices"]) and len(row["top_labels"]) == 0
+        return
+    assert row["error"] == ""
+    assert list(row["top_indices"]) == [t["index"] for t in expected["top"]]
+    assert list(row["top_labels"]) == [t["label"] for t in expected["top"]]
+    assert np.allclose(row["top_probabilities"], [t["probability"] for t in expected["top"]], rtol=0, atol=1e-5)
+
+
+def test_unreachable_address_is_one_line(closed_port_url: str) -> None:
+    assert not ray.is_initialized()  # else --ray would use this process's connection
+    port = closed_port_url.rsplit(":", 1)[1].strip("/")
+    started = time.monotonic()
+    proc = cli_in_process("predict", "examples/", "--random-init", "--ray", f"127.0.0.1:{port}")
+    assert proc.returncode == 2 and time.monotonic() - started < 15  # before the model loads
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"convnets predict: error: --ray 127.0.0.1:{port}: "
+                                                            "nothing answers there")
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--workers", "2"], "--workers sets this process's decoding"),
+    (["--show", "sheet.png"], "--show draws contact sheets"),
+])
+def test_options_a_cluster_cannot_honour_are_refused(tmp_path: Path, options: list[str], message: str) -> None:
+    proc = cli_in_process("predict", "examples/", "--random-init", "--ray", "auto",
+                          *[str(tmp_path / o) if o.endswith(".png") else o for o in options])
+    assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_predict_under_torchrun_points_to_ray() -> None:
+    proc = cli_in_process("embed", "examples/", "--random-init", "--output", "x.npy",
+                          env={"RANK": "0", "WORLD_SIZE": "2"})
+    assert proc.returncode != 0 and "not under torchrun" in proc.stderr and "--ray ADDRESS" in proc.stderr
