@@ -106,7 +106,19 @@ def _device(device: torch.device | str | None) -> torch.device:
 
 
 class Worker(Generic[R]):
-    """The base of :class:`Classifier` and :class:`Embedder`: the model, loaded once per actor, and decoding."""
+    """The base of :class:`Classifier` and :class:`Embedder`: the model, loaded once per actor, and decoding.
+
+    Args:
+        model: a registered model's name (NVIDIA's weights with ``pretrained``, else random ones) or a convnets
+            ResNet (sent to every actor: no weights file is needed where they run).
+        weights: a checkpoint to load instead (its architecture is the file's).
+        pretrained: NVIDIA's weights for a model given by name.
+        device: where the model runs (default: CUDA when this actor has a GPU, else the CPU).
+        precision, engine, compile, cache, settings: as for :func:`convnets.optimize_for_inference`.
+        image_size: the center crop (default: the model's input size).
+        timeout, allow_private, fast_decode: as for :class:`convnets.inference.loader.Decoding`.
+        interface: the words of the ``error`` messages: Python's or the command line's.
+    """
 
     def __init__(self, model: ResNet | str = DEFAULT_MODEL, *, weights: str | os.PathLike[str] | None = None,
                  pretrained: bool = True, device: torch.device | str | None = None,
@@ -142,14 +154,9 @@ class Classifier(Worker[Prediction]):
     """A callable class for ``Dataset.map_batches``: the top classes of each image.
 
     Args:
-        model: a registered model's name (NVIDIA's weights with ``pretrained``) or a convnets ResNet.
-        weights: a checkpoint to load instead (its architecture is the file's).
+        model: as for :class:`Worker`.
         topk: classes per image, at most the model's.
-        device: where the model runs (default: CUDA when this actor has a GPU, else the CPU).
-        precision, engine, compile, cache, settings: as for :func:`convnets.optimize_for_inference`.
-        image_size: the center crop (default: the model's input size).
-        timeout, allow_private, fast_decode: as for :class:`convnets.inference.loader.Decoding`.
-        interface: the words of the ``error`` messages: Python's or the command line's.
+        **options: :class:`Worker`'s other keywords.
 
     Returns (from a call):
         ``path``/``input`` (as given), ``top_indices`` (int64, rows x ``topk``; -1 where the row failed),
@@ -193,10 +200,10 @@ class Embedder(Worker[Embedding]):
     """A callable class for ``Dataset.map_batches``: one vector per image, the pooled output of a stage.
 
     Args:
-        model, weights, device, precision, engine, compile, cache, settings, image_size, timeout,
-            allow_private, fast_decode, interface: as for :class:`Classifier`.
+        model: as for :class:`Worker`.
         layer: ``"layer1"`` .. ``"layer4"`` (default: the classifier's input).
         normalize: L2-normalise each vector.
+        **options: :class:`Worker`'s other keywords.
 
     Returns (from a call):
         ``path``/``input`` (as given), ``embedding`` (float32, rows x D; NaN where the row failed) and ``error``.
