@@ -347,6 +347,17 @@ def render_serve(r: Mapping[str, Any]) -> str:
                     "lrrrrr") + verdict)
 
 
+def render_ray(r: Mapping[str, Any]) -> str:
+    rows = [[f"`{row['variant']}`", f"{row['img_per_s']:.2f}", f"{row['seconds']:.0f}",
+             f"{row['first_record_s']:.1f}", f"{row['after_first_img_per_s']:.2f}"] for row in r["rows"]]
+    verdict = "met" if r["ratio"] >= r["target_ratio"] else "not met"
+    return (f"{r['model']}, {r['images']} JPEGs of {r['image_size']}, batch {r['batch_size']}, "
+            f"{r['rounds']} round(s):\n\n"
+            + table(["run", "img/s", "seconds", "first record after (s)", "img/s after it"], rows, "lrrrr")
+            + f"\n\n`--ray local` / `predict`: {r['ratio']:.2f}x (target at least {r['target_ratio']}x: {verdict}); "
+              f"the same top-5 for every image: {'yes' if r['same_top5'] else 'no'}.")
+
+
 #: results name (``benchmarks/results/NAME.json``) -> (renderer of its ``results``, the command that makes it)
 RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_first_prediction": (render_first_prediction, "python benchmarks/bench_first_prediction.py"),
@@ -366,6 +377,7 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
     "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),
     "bench_serve": (render_serve, "python benchmarks/bench_serve.py"),
+    "bench_ray": (render_ray, "python benchmarks/bench_ray.py"),
     "bench_train": (render_train, "python benchmarks/bench_train.py"),
     "bench_train_cuda": (render_train, "python benchmarks/bench_train.py --device cuda"),
 }

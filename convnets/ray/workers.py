@@ -5,6 +5,7 @@ return: :mod:`convnets.ray`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -101,6 +102,16 @@ def _load(model: ResNet | str, weights: str | os.PathLike[str] | None, pretraine
                         pretrained=pretrained).model
 
 
+def _actor_cpus() -> int | None:
+    """The CPUs that Ray gave this actor; ``None`` outside a Ray worker, or for an actor that asked for none."""
+    import sys
+
+    if "ray" not in sys.modules or not sys.modules["ray"].is_initialized():
+        return None
+    cpus = sys.modules["ray"].get_runtime_context().get_assigned_resources().get("CPU")
+    return max(1, int(cpus)) if cpus else None
+
+
 def _device(device: torch.device | str | None) -> torch.device:
     return torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
 
@@ -128,6 +139,8 @@ class Worker(Generic[R]):
                  interface: Interface = "python") -> None:
         self.model = _load(model, weights, pretrained)
         self.device = _device(device)
+        if settings.threads is None and (cpus := _actor_cpus()):  # OpenVINO and ONNX Runtime would take every core
+            settings = dataclasses.replace(settings, threads=cpus)
         self.precision, self.engine, self.compile, self.cache, self.settings = precision, engine, compile, cache, settings
         preset = preset_for_model(self.model).with_crop_size(image_size or self.model.input_size)
         self.decode = _Decode(preset, timeout=timeout, allow_private=allow_private, fast_decode=fast_decode,
