@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -84,14 +85,14 @@ def pil_crop(image: Image.Image, preset: EvalPreset) -> torch.Tensor:
     return F.pil_to_tensor(resize_and_crop(image, preset))
 
 
-def load_for_device(source: str | os.PathLike[str], preset: EvalPreset, *, timeout: float = DEFAULT_TIMEOUT,
+def load_for_device(source: str | os.PathLike[str] | bytes, preset: EvalPreset, *, timeout: float = DEFAULT_TIMEOUT,
                     max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int | None = None, allow_private: bool = True,
                     draft: int | None = None,
                     on_image: Callable[[Image.Image], None] | None = None) -> torch.Tensor:
     """One input read for the device path (on a loading thread or worker process).
 
     Args:
-        source: a local path or an http(s) URL.
+        source: a local path, an http(s) URL or encoded bytes.
         preset: the resize and crop of inputs that go the CPU path.
         timeout, max_bytes, max_pixels, allow_private: as for :func:`~convnets.preprocessing.pipeline.load_image`.
         draft: the ``fast_decode`` draft size of the inputs that go the CPU path; ``None``: exact.
@@ -104,7 +105,10 @@ def load_for_device(source: str | os.PathLike[str], preset: EvalPreset, *, timeo
     Raises:
         ImageLoadError: or a subclass: what the CPU path raises for ``source``.
     """
-    data = read_input(source, timeout=timeout, max_bytes=max_bytes, allow_private=allow_private)
+    if isinstance(source, bytes):
+        data = source
+    else:
+        data = read_input(source, timeout=timeout, max_bytes=max_bytes, allow_private=allow_private)
     try:
         header = Image.open(io.BytesIO(data))
         device_jpeg = is_device_jpeg(header)
@@ -129,18 +133,23 @@ def decode_jpegs(encoded: Sequence[torch.Tensor], device: torch.device | str) ->
 
     if not encoded:
         return []
-    try:
-        return list(decode_jpeg(list(encoded), mode=ImageReadMode.RGB, device=device))
-    except RuntimeError as batch_error:
-        log.debug("decode_jpeg refused a batch (%s); decoding its images one by one", batch_error)
-    decoded: list[torch.Tensor | None] = []
-    for data in encoded:
+    with warnings.catch_warnings():
+        # torchvision 0.29 deprecates its image codecs for TorchCodec's (not installed here, and without a
+        # batched nvJPEG decoder of images yet); the warning would come once per batch.
+        warnings.filterwarnings("ignore", message=".*image decoding and encoding capabilities of TorchVision",
+                                category=DeprecationWarning)
         try:
-            decoded.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
-        except RuntimeError as error:
-            log.debug("decode_jpeg refused an image (%s); it goes the CPU path", error)
-            decoded.append(None)
-    return decoded
+            return list(decode_jpeg(list(encoded), mode=ImageReadMode.RGB, device=device))
+        except RuntimeError as batch_error:
+            log.debug("decode_jpeg refused a batch (%s); decoding its images one by one", batch_error)
+        decoded: list[torch.Tensor | None] = []
+        for data in encoded:
+            try:
+                decoded.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+            except RuntimeError as error:
+                log.debug("decode_jpeg refused an image (%s); it goes the CPU path", error)
+                decoded.append(None)
+        return decoded
 
 
 def resize_and_crop_tensor(image: torch.Tensor, preset: EvalPreset) -> torch.Tensor:
@@ -159,7 +168,7 @@ def resize_and_crop_tensor(image: torch.Tensor, preset: EvalPreset) -> torch.Ten
     return crop.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def crops_on_device(loaded: Sequence[torch.Tensor], sources: Sequence[str], preset: EvalPreset,
+def crops_on_device(loaded: Sequence[torch.Tensor], sources: Sequence[str | bytes], preset: EvalPreset,
                     device: torch.device | str, *, max_pixels: int | None = None, draft: int | None = None,
                     on_image: Callable[[int, torch.Tensor | Image.Image], None] | None = None,
                     ) -> list[torch.Tensor | ImageLoadError]:
@@ -212,7 +221,7 @@ def thumbnail_of_tensor(image: torch.Tensor, size: int) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def load_batch_for_device(sources: Sequence[str], preset: EvalPreset, *, workers: int | None = None,
+def load_batch_for_device(sources: Sequence[str | bytes], preset: EvalPreset, *, workers: int | None = None,
                           timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True, draft: int | None = None,
                           on_image: Callable[[int, Image.Image], None] | None = None,
                           ) -> list[torch.Tensor | ImageLoadError]:

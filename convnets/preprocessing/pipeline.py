@@ -88,13 +88,13 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
                                                    allow_private=allow_private, draft=draft, resize=resize))
 
 
-def load_encoded_image(data: bytes, source: str | os.PathLike[str], *, max_pixels: int | None = None,
+def load_encoded_image(data: bytes, source: str | os.PathLike[str] | bytes, *, max_pixels: int | None = None,
                        draft: int | None = None, resize: int | None = None) -> Image.Image:
     """:func:`load_image` of bytes already read from ``source`` (a path or URL): the same image, the same errors.
 
     Args:
         data: what :func:`~convnets.preprocessing.io.read_input` read from ``source``.
-        source: the input, named in errors.
+        source: the input (a path, URL or the bytes themselves), named in errors.
         max_pixels, draft, resize: as for :func:`load_image`.
 
     Returns:
