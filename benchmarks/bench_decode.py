@@ -104,12 +104,12 @@ def example_jpegs(folder: Path) -> list[Path]:
 
 
 def agreement(net: torch.nn.Module, paths: list[Path], preset: object, device: torch.device,
-              batch_size: int) -> dict[str, object]:
+              batch_size: int, workers: int) -> dict[str, object]:
     """The device path's preprocessed batches and logits against the Pillow path's on ``paths``."""
     items = [(str(p), None) for p in paths]
     tensors, logits = {}, {}
     for mode in ("cpu", "device"):
-        decoding = Decoding(preset, workers=0, decode=mode).for_device(device)  # type: ignore[arg-type]
+        decoding = Decoding(preset, workers=workers, decode=mode).for_device(device)  # type: ignore[arg-type]
         batches = list(iter_batches(items, batch_size=batch_size, decoding=decoding, device=device))
         assert all(not b.errors for b in batches), [b.errors for b in batches]
         tensors[mode] = torch.cat([b.tensor.float() for b in batches])
@@ -218,9 +218,12 @@ def main() -> int:
     warmup_s = time.perf_counter() - warm
     log.info("model ready (warm-up %.1f s)", warmup_s)
 
-    agree = {"examples": agreement(net, example_jpegs(args.folder / "examples"), preset, device, args.batch_size)}
+    # Not compiled: the agreement's batches are of other sizes, each a recompilation of the compiled model.
+    eager = convnets.optimize_for_inference(model, precision, device, compile=False) if compile else net
+    agree = {"examples": agreement(eager, example_jpegs(args.folder / "examples"), preset, device, args.batch_size,
+                                   workers)}
     for name, paths in sets.items():
-        agree[name] = agreement(net, paths[:args.agreement_images], preset, device, args.batch_size)
+        agree[name] = agreement(eager, paths[:args.agreement_images], preset, device, args.batch_size, workers)
     log.info("agreement: %s", agree)
     speeds = {name: throughput(net, paths[0].parent, len(paths), preset, batch_size=args.batch_size, workers=workers,
                                rounds=args.rounds, device=device) for name, paths in sets.items()}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, TINY, cli_in_process, randomize_bn
-from PIL import Image
+from PIL import Image, ImageOps
 from processing_support import reference
 
 import convnets
@@ -50,13 +50,16 @@ def twelve_megapixels() -> Image.Image:
 
 
 def photo_jpegs(folder: Path, *, large: bool = True) -> list[Path]:
-    """The package's photos as baseline JPEGs (the two PNGs re-encoded at quality 92), and a 12 MP one."""
+    """The package's photos as baseline JPEGs (the two PNGs re-encoded at quality 92), one mirrored, a 12 MP one."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for source in sorted(PHOTOS.glob("*.*g")):
         path = folder / f"{source.stem}.jpg"
         path.write_bytes(source.read_bytes() if source.suffix == ".jpg" else jpeg(Image.open(source)))
         paths.append(path)
+    # The rocket mirrored: two JPEGs of one size, which the device path resizes together.
+    paths.append(folder / "rocket_mirrored.jpg")
+    paths[-1].write_bytes(jpeg(ImageOps.mirror(Image.open(PHOTOS / "rocket.jpg"))))
     if large:
         paths.append(folder / "large_12mp.jpg")
         paths[-1].write_bytes(jpeg(twelve_megapixels(), quality=90))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -231,18 +232,61 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding |
     pin = device.type == "cuda"
     chunks = iter_chunks(items, batch_size, start)
     decoder = _Decoder(decoding)
+    batches: Iterator[DecodedBatch]
     if workers == 0:
-        for chunk in chunks:
-            batch = decoder.__getitems__(chunk)
-            yield finish((batch.pin_memory() if pin and batch.loaded is None else batch).to(device), decoding, device)
+        batches = map(decoder.__getitems__, chunks)
+        if pin:  # (the device path's batches stay where they are: see DecodedBatch.pin_memory)
+            batches = (batch.pin_memory() for batch in batches)
+    else:
+        # The chunks are the batch sampler (DataLoader pulls PREFETCH * workers ahead); the decoder returns the batch.
+        batches = iter(torch.utils.data.DataLoader(decoder, batch_sampler=chunks,  # type: ignore[arg-type]
+                                                   num_workers=workers, collate_fn=_identity, pin_memory=pin,
+                                                   prefetch_factor=PREFETCH, worker_init_fn=init_worker))
+        log.debug("decoding in %d worker processes", workers)
+    if decoding.decode == "device":
+        yield from _finished_ahead(batches, decoding, device)
         return
-    # The chunks are the batch sampler (DataLoader pulls PREFETCH * workers ahead); the decoder returns the batch.
-    loader: Any = torch.utils.data.DataLoader(decoder, batch_sampler=chunks,  # type: ignore[arg-type]
-                                              num_workers=workers, collate_fn=_identity, pin_memory=pin,
-                                              prefetch_factor=PREFETCH, worker_init_fn=init_worker)
-    log.debug("decoding in %d worker processes", workers)
-    for batch in loader:
-        yield finish(batch.to(device), decoding, device)
+    for batch in batches:
+        yield batch.to(device)
+
+
+def _finished_ahead(batches: Iterator[DecodedBatch], decoding: Decoding,
+                    device: torch.device) -> Iterator[DecodedBatch]:
+    """:func:`finish` of each batch on a thread of its own, one batch ahead of the caller, so that the next batch
+    is decoded while the model runs on this one (on a GPU in a stream of its own, which the caller's stream waits
+    for before it reads the batch)."""
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def work(batch: DecodedBatch) -> tuple[DecodedBatch, Any]:
+        if stream is None:
+            return finish(batch, decoding, device), None
+        with torch.cuda.stream(stream):
+            done = finish(batch, decoding, device)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return done, event
+
+    def ready(future: Future[tuple[DecodedBatch, Any]]) -> DecodedBatch:
+        done, event = future.result()
+        if event is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_event(event)
+            done.tensor.record_stream(current)  # its memory is not reused before the caller's work on it ends
+        return done
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="convnets-device-decode") as pool:
+        pending: Future[tuple[DecodedBatch, Any]] | None = None
+        try:
+            for batch in batches:
+                upcoming = pool.submit(work, batch)
+                if pending is not None:
+                    yield ready(pending)
+                pending = upcoming
+            if pending is not None:
+                yield ready(pending)
+        finally:
+            if pending is not None:
+                pending.cancel()
 
 
 def map_batches(compute: Callable[[torch.Tensor], Iterable[T]], items: Iterable[Item], *, batch_size: int,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -48,6 +49,9 @@ __all__ = ["DECODES", "crops_on_device", "decode_jpegs", "is_device_jpeg", "load
            "resize_and_crop_tensor", "resolve_decode", "thumbnail_of_tensor"]
 
 log = logging.getLogger(__name__)
+
+#: The most float32 values resized at once (images of one size are stacked up to this).
+_GROUP_VALUES = 1 << 26
 
 # Pillow's NEAREST samples pixel centres: torch's "nearest-exact", not its legacy "nearest".
 _TENSOR_INTERPOLATION = {"nearest": InterpolationMode.NEAREST_EXACT, "bilinear": InterpolationMode.BILINEAR,
@@ -153,14 +157,15 @@ def decode_jpegs(encoded: Sequence[torch.Tensor], device: torch.device | str) ->
 
 
 def resize_and_crop_tensor(image: torch.Tensor, preset: EvalPreset) -> torch.Tensor:
-    """:func:`~convnets.preprocessing.transforms.resize_and_crop` of a uint8 ``[3, H, W]`` tensor, on its device.
+    """:func:`~convnets.preprocessing.transforms.resize_and_crop` of a uint8 ``[3, H, W]`` tensor (or a batch
+    ``[N, 3, H, W]`` of one size), on its device.
 
     The shorter side resized to ``preset.resize_size`` (antialiased, the preset's interpolation; the
     longer side as torchvision computes it for PIL images too), computed in float32 and rounded to uint8 as
     Pillow rounds, then the centre crop.
 
     Returns:
-        uint8 ``[3, crop, crop]`` on the device of ``image``.
+        uint8 ``[3, crop, crop]`` (``[N, 3, crop, crop]``) on the device of ``image``.
     """
     resized = F.resize(image.float(), [preset.resize_size], interpolation=_TENSOR_INTERPOLATION[preset.interpolation],
                        antialias=True)
@@ -188,10 +193,11 @@ def crops_on_device(loaded: Sequence[torch.Tensor], sources: Sequence[str | byte
     """
     encoded = [i for i, tensor in enumerate(loaded) if tensor.dim() == 1]
     decoded = dict(zip(encoded, decode_jpegs([loaded[i] for i in encoded], device)))
-    crops: list[torch.Tensor | ImageLoadError] = []
+    crops: dict[int, torch.Tensor | ImageLoadError] = {}
+    same_size: dict[tuple[int, ...], list[int]] = {}
     for i, tensor in enumerate(loaded):
         if i not in decoded:  # the CPU path's crop
-            crops.append(tensor.to(device, non_blocking=tensor.is_pinned()))
+            crops[i] = tensor.to(device, non_blocking=tensor.is_pinned())
             continue
         image = decoded[i]
         if image is None:  # refused by decode_jpeg: Pillow decodes it, or says why not
@@ -199,16 +205,24 @@ def crops_on_device(loaded: Sequence[torch.Tensor], sources: Sequence[str | byte
                 pil = load_encoded_image(tensor.numpy().tobytes(), sources[i], max_pixels=max_pixels, draft=draft,
                                          resize=preset.resize_size)
             except ImageLoadError as error:
-                crops.append(error)
+                crops[i] = error
                 continue
             if on_image is not None:
                 on_image(i, pil)
-            crops.append(pil_crop(pil, preset).to(device))
+            crops[i] = pil_crop(pil, preset).to(device)
             continue
         if on_image is not None:
             on_image(i, image)
-        crops.append(resize_and_crop_tensor(image, preset))
-    return crops
+        same_size.setdefault(tuple(image.shape), []).append(i)
+    for shape, positions in same_size.items():
+        # Images of one size are resized together (a few kernels for the batch rather than per image), in
+        # groups of at most _GROUP_VALUES float32 values (256 MB): 12-megapixel photos go one by one.
+        group = max(1, _GROUP_VALUES // math.prod(shape))
+        for start in range(0, len(positions), group):
+            chunk = positions[start:start + group]
+            images = torch.stack([decoded[i] for i in chunk])  # type: ignore[misc]
+            crops.update(zip(chunk, resize_and_crop_tensor(images, preset)))
+    return [crops[i] for i in range(len(loaded))]
 
 
 def thumbnail_of_tensor(image: torch.Tensor, size: int) -> Image.Image:
