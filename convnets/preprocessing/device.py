@@ -113,12 +113,12 @@ def load_for_device(source: str | os.PathLike[str] | bytes, preset: EvalPreset, 
         data = source
     else:
         data = read_input(source, timeout=timeout, max_bytes=max_bytes, allow_private=allow_private)
+    header: Image.Image | None
     try:
         header = Image.open(io.BytesIO(data))
-        device_jpeg = is_device_jpeg(header)
     except Exception:  # noqa: BLE001 - not an image Pillow knows: the CPU path says why, in its words
-        device_jpeg = False
-    if device_jpeg:
+        header = None
+    if header is not None and is_device_jpeg(header):
         check_size(header, describe_input(source), max_pixels, preset.resize_size)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
     image = load_encoded_image(data, source, max_pixels=max_pixels, draft=draft, resize=preset.resize_size)
