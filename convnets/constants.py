@@ -7,7 +7,7 @@ anything.
 
 from __future__ import annotations
 
-__all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_IMAGE_SIZE",
+__all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DECODES", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_IMAGE_SIZE",
            "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK", "IMAGE_SUFFIXES", "LAYERS", "MAX_BATCH_SIZE",
            "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MAX_THREADS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS",
            "VERSION"]
@@ -39,6 +39,11 @@ MAX_THREADS = 1024
 
 #: Seconds allowed for each image download (connecting included) unless ``timeout=`` / ``--timeout``.
 DEFAULT_TIMEOUT = 30.0
+
+#: Where JPEGs are decoded (``--decode``, ``decode=``): ``auto`` (on the model's device when it is a CUDA GPU,
+#: else on the CPU), ``cpu`` (Pillow, the exact upstream path), ``device`` (``torchvision.io.decode_jpeg`` and
+#: tensor preprocessing on the model's device, on the CPU too; see convnets/preprocessing/device.py).
+DECODES = ("auto", "cpu", "device")
 
 #: Classes per image that ``convnets predict`` shows unless ``--topk`` (fewer if the model has fewer).
 DEFAULT_TOPK = 5

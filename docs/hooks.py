@@ -221,6 +221,25 @@ def render_fast_decode(r: Mapping[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def render_decode(r: Mapping[str, Any]) -> str:
+    rows = [[row["set"], row["variant"], f"{row['img_per_s']:.1f}", *_ratio(row["vs_model_only"],
+                                                                           *row["vs_model_only_min_max"])]
+            for row in r["rows"]]
+    sizes = ", ".join(f"{name} {w}x{h} ({r['images'][name]} JPEGs)" for name, (w, h) in r["sizes"].items())
+    compiled = " compiled" if r["compile"] else ""
+    verdicts = "; ".join(f"{name}: {v['device_vs_model_only']:.2f}x model only (target {v['target']}: "
+                         f"{'met' if v['met'] else 'not met'})" for name, v in r["verdicts"].items())
+    agreement = table(["photos", "images", "top-1 agreement", "min cosine", "max abs diff", "mean abs diff"],
+                      [[name, str(a["images"]), f"{100 * a['top1_agreement']:.1f} %", f"{a['min_cosine']:.5f}",
+                        f"{a['max_abs_diff']:.3f}", f"{a['mean_abs_diff']:.4f}"] for name, a in r["agreement"].items()],
+                      "lrrrrr")
+    return (f"{r['model']} {r['precision']}{compiled}, batch {r['batch_size']}, {r['workers']} workers; {sizes}; "
+            f"median of {r['rounds']} interleaved rounds:\n\n"
+            + table(["set", "variant", "img/s", "vs model only", "rounds"], rows, "llrrr")
+            + f"\n\nDevice decode: {verdicts}.\n\nThe device path against the Pillow path (logits of the same "
+              f"model; pixels in normalised units):\n\n" + agreement)
+
+
 def render_cli(r: Mapping[str, Any]) -> str:
     rows = [[f"`{row['case']}`", f"{row['median_s']:.3f}", f"{row['ratio_to_reference']:.2f}"] for row in r["rows"]]
     verdict = "meets" if r["slowest_ratio"] < r["target_ratio"] else "misses"
@@ -364,6 +383,8 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_fast_decode": (render_fast_decode, "python benchmarks/bench_fast_decode.py"),
     "bench_fast_decode_cuda": (render_fast_decode, "python benchmarks/bench_fast_decode.py --device cuda"),
     "bench_cli": (render_cli, "python benchmarks/bench_cli.py"),
+    "bench_decode": (render_decode, "python benchmarks/bench_decode.py --device cpu"),
+    "bench_decode_cuda": (render_decode, "python benchmarks/bench_decode.py --device cuda"),
     "bench_engines": (render_engines, "python benchmarks/bench_engines.py"),
     "bench_engines_int8": (render_engines, "python benchmarks/bench_engines.py --int8"),
     "bench_engines_settings": (render_engines, "python benchmarks/bench_engines.py --settings"),

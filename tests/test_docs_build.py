@@ -140,6 +140,23 @@ ENGINES = {"mode": "engines", "models": ["resnext101_32x4d"], "batch_sizes": ["1
 TRAIN_ROW = {"model": "resnext101_32x4d", "device": "cpu", "batch_size": 32, "image_size": 128, "steps": 8,
              "step_ms": [411.0, 412.5], "mean_ms": 411.75}
 
+def _decode_row(name: str, variant: str, img_per_s: float, ratio: float, lo: float, hi: float) -> dict[str, Any]:
+    return {"set": name, "image_mb": 3.4, "variant": variant, "img_per_s": img_per_s, "all_rounds": [img_per_s] * 3,
+            "vs_model_only": ratio, "vs_model_only_min_max": [lo, hi]}
+
+
+DECODE = {"model": "se_resnext101_32x4d", "precision": "fp16", "compile": True, "device": "cuda", "batch_size": 64,
+          "workers": 15, "rounds": 3, "quick": False, "crop_size": 224, "warmup_s": 12.5,
+          "sizes": {"12mp": [4032, 3024], "imagenet": [500, 375]}, "images": {"12mp": 128, "imagenet": 1024},
+          "rows": [_decode_row("12mp", "model only", 111.8, 1.0, 1.0, 1.0),
+                   _decode_row("12mp", "predict --decode device", 61.5, 0.55, 0.52, 0.58)],
+          "verdicts": {"12mp": {"target": 0.5, "device_vs_model_only": 0.55, "cpu_vs_model_only": 0.05, "met": True},
+                       "imagenet": {"target": 0.8, "device_vs_model_only": 0.62, "cpu_vs_model_only": 0.4,
+                                    "met": False}},
+          "agreement": {"12mp": {"images": 32, "top1_agreement": 0.96875, "min_cosine": 0.998123, "mean_cosine": 0.9995,
+                                 "max_abs_diff": 0.1051, "mean_abs_diff": 0.00312}},
+          "seconds": 181.0}  # invented numbers: the shape bench_decode.py saves
+
 #: Per results name: what its script's ``results.save`` writes as ``results`` (shape and keys as the
 #: script writes them; test_samples_have_the_keys_each_script_saves checks the keys), and lines the
 #: rendered Markdown must contain, numbers formatted as the script prints them.
@@ -172,6 +189,10 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
          "speedup": [2.381, 2.39, 2.363], "speedup_median": 2.381},
         ["| exact | 41.20 | 41.20, 40.80, 41.90 |", "| fast | 98.10 | 98.10, 97.50, 99.00 |",
          "Speed-up fast / exact: 2.38x (2.36-2.39)."]),
+    "bench_decode": (DECODE, ["| 12mp | predict --decode device | 61.5 | 0.55x | 0.52-0.58 |",
+                              "12mp: 0.55x model only (target 0.5: met)", "imagenet: 0.62x model only (target 0.8: not met)",
+                              "| 12mp | 32 | 96.9 % | 0.99812 | 0.105 | 0.0031 |"]),
+    "bench_decode_cuda": (DECODE, ["se_resnext101_32x4d fp16 compiled, batch 64, 15 workers; 12mp 4032x3024 (128 JPEGs)"]),
     "bench_cli": (
         {"rounds": 7, "reference": "import torch", "target_ratio": 0.5, "slowest_ratio": 0.2712,
          "rows": [{"case": "convnets --help", "median_s": 0.0912, "ratio_to_reference": 0.2712,

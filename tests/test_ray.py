@@ -205,6 +205,7 @@ def test_unreachable_address_is_one_line(closed_port_url: str) -> None:
 @pytest.mark.parametrize("options, message", [
     (["--workers", "2"], "--workers sets this process's decoding"),
     (["--show", "sheet.png"], "--show draws contact sheets"),
+    (["--decode", "device"], "--decode device decodes on this process's device"),
 ])
 def test_options_a_cluster_cannot_honour_are_refused(tmp_path: Path, options: list[str], message: str) -> None:
     proc = cli_in_process("predict", "examples/", "--random-init", "--ray", "auto",

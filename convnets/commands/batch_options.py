@@ -18,7 +18,7 @@ from convnets.commands.options import (Parser, add_image_size_argument, add_outp
                                        non_negative_int, positive_seconds)
 from convnets.commands.path_checks import (check_inputs_are_images, check_inputs_exist, check_output_file,
                                            usage_errors)
-from convnets.constants import DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
+from convnets.constants import DECODES, DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from convnets.inference.loader import Decoding
     from convnets.ray import R, Worker
 
-__all__ = ["add_batch_arguments", "add_fast_decode_argument", "add_input_arguments", "add_output_arguments",
-           "add_private_urls_argument", "add_progress_argument", "add_ray_argument", "check_ray", "job_settings",
-           "prepare_job", "ray_results"]
+__all__ = ["add_batch_arguments", "add_decode_argument", "add_fast_decode_argument", "add_input_arguments",
+           "add_output_arguments", "add_private_urls_argument", "add_progress_argument", "add_ray_argument", "check_ray",
+           "job_settings", "prepare_job", "ray_results"]
 
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +61,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: int = 16) -> None:
     """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``,
-    ``--deny-private-urls``, ``--fast-decode``."""
+    ``--deny-private-urls``, ``--fast-decode``, ``--decode``."""
     from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
 
     group = parser.add_argument_group("batches")
@@ -81,6 +81,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
                             f"{DEFAULT_TIMEOUT:g})")
     add_private_urls_argument(group)
     add_fast_decode_argument(group)
+    add_decode_argument(group)
 
 
 def add_private_urls_argument(parser: Parser) -> None:
@@ -99,6 +100,17 @@ def add_fast_decode_argument(parser: Parser) -> None:
                             "least twice the resize size), then resize as usual: preprocessing 12-megapixel photos takes "
                             "2.3-2.9x less CPU time, pixels 0.005 apart on average (0.07 at most, normalised); other "
                             "images are unaffected (default: exact, upstream preprocessing)")
+
+
+def add_decode_argument(parser: Parser) -> None:
+    """Add ``--decode {auto,cpu,device}`` (``predict``, ``embed``, ``evaluate``): :class:`~convnets.inference.loader.Decoding`'s
+    ``decode`` (:mod:`convnets.preprocessing.device`)."""
+    parser.add_argument("--decode", choices=DECODES, default="auto",
+                        help="where JPEGs are decoded and preprocessed: 'device' reads the files on the CPU workers, then "
+                             "decodes each batch's JPEGs on the model's device (nvJPEG on a GPU, torchvision's decoder "
+                             "on the CPU) and resizes, crops and normalises them there, close to the 'cpu' path (Pillow, "
+                             "upstream's exact numbers); PNG, WebP, greyscale, CMYK, progressive and EXIF-rotated JPEGs "
+                             "go the 'cpu' path per image. 'auto' (default): 'device' with a CUDA --device, else 'cpu'")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, *, kind: str, what: str, resume_help: str,
@@ -182,7 +194,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     from convnets.inference.loader import Decoding
 
     decoding = Decoding(timeout=args.timeout, workers=args.workers, allow_private=args.allow_private,
-                        fast_decode=args.fast_decode)
+                        fast_decode=args.fast_decode, decode=args.decode)
     return JobSettings(inputs=args.inputs, decoding=decoding,
                        recursive=args.recursive, from_file=args.from_file, output=args.output, resume=args.resume,
                        batch_size=args.batch_size, image_size=args.image_size, progress=args.progress)
@@ -239,6 +251,9 @@ def check_ray(args: argparse.Namespace) -> None:
     if args.workers is not None:
         raise argparse.ArgumentError(None, "--workers sets this process's decoding; with --ray the actors decode "
                                            "(one batch at a time each): drop --workers")
+    if getattr(args, "decode", "auto") == "device":
+        raise argparse.ArgumentError(None, "--decode device decodes on this process's device, and with --ray the "
+                                           "actors decode (with Pillow): drop --decode device, or --ray")
     if getattr(args, "show", None) is not None:
         raise argparse.ArgumentError(None, "--show draws contact sheets from the images this process decodes, and "
                                            "with --ray the cluster decodes them: drop --show, or --ray")

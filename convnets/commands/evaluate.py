@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from convnets.commands.batch_options import add_fast_decode_argument
+from convnets.commands.batch_options import add_decode_argument, add_fast_decode_argument
 from convnets.commands.model_options import add_model_arguments, load_from_args
 from convnets.commands.options import add_force_argument, add_output_argument, batch_size, non_negative_int
 from convnets.commands.path_checks import check_inputs_exist, check_output_directory, usage_errors
@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                       help="progress bar on stderr (default: when stderr is a terminal)")
     add_fast_decode_argument(data)
+    add_decode_argument(data)
     add_model_arguments(parser, default_weights="pretrained")
     run = parser.add_argument_group("precision, device and engine")
     add_device_argument(run)
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                             workers=args.workers, device=device, precision=args.precision,
                             memory_format=args.memory_format, progress=progress, fast_decode=args.fast_decode,
                             engine=args.engine, compile=args.compile, cache=args.cache,
-                            settings=engine_settings_from_args(args))
+                            settings=engine_settings_from_args(args), decode=args.decode)
     report.source.update(model=loaded.name, weights=loaded.weights)
     print(report.table(), flush=True)
     if args.output is not None:

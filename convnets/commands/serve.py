@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from convnets.commands.batch_options import add_fast_decode_argument
+from convnets.commands.batch_options import add_decode_argument, add_fast_decode_argument
 from convnets.commands.model_options import add_model_arguments, load_from_args
 from convnets.commands.options import add_image_size_argument, batch_size, non_negative_int, positive_int
 from convnets.commands.run_options import (add_cache_argument, add_device_argument, add_engine_argument,
@@ -83,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help="center-crop size; the shorter side is resized to PX*256/224 first (default: what "
                                  "the weights were trained for, 224 for the NGC weights)")
     add_fast_decode_argument(model)
+    add_decode_argument(model)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
@@ -154,6 +155,7 @@ _MODEL_OPTIONS = ("model", "weights", "name", "embedding", "image_size", "fast_d
 def _check_repository(args: argparse.Namespace) -> Path:
     """``--repository DIR``, checked: a directory with at least one model, and no model options."""
     given = [f"--{o.replace('_', '-')}" for o in _MODEL_OPTIONS if getattr(args, o)]
+    given += ["--decode"] if args.decode != "auto" else []
     if given:
         raise InvalidArgumentError(f"--repository serves the models it holds as they are; drop {', '.join(given)}")
     repository = Path(args.repository)
@@ -204,7 +206,7 @@ def _served_model(args: argparse.Namespace) -> ServedModel:
         image_size=args.image_size or model.input_size,
         # The engine auto picked: the server builds that one (from the cache), without checking again.
         engine=str(getattr(net, "engine", args.engine)), precision=args.precision, device=str(device),
-        cache=args.cache, fast_decode=args.fast_decode, topk=args.topk, embedding=args.embedding,
+        cache=args.cache, fast_decode=args.fast_decode, decode=args.decode, topk=args.topk, embedding=args.embedding,
         threads=args.threads or usable_cores(), max_batch_size=args.max_batch_size,
         max_queue_delay_us=round(args.max_queue_delay_ms * 1000), max_image_bytes=DEFAULT_MAX_BYTES,
         labels=tuple(labels), num_features=int(getattr(model, "num_features", 0)))

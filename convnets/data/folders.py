@@ -39,7 +39,8 @@ from convnets.data.batches import Batch, DataSource, sample_seed
 from convnets.constants import BACKENDS
 from convnets.runtime import init_worker
 
-__all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "class_samples", "eval_loader",
+__all__ = ["BACKENDS", "Batch", "DataSource", "IMAGENET_MEAN", "IMAGENET_STD", "class_samples", "decode_on_device",
+           "eval_loader",
            "make_data", "sample_seed", "scan_split", "train_transform", "val_transform"]
 
 log = logging.getLogger(__name__)
@@ -335,8 +336,54 @@ def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_sampl
     return DataSource(classes, steps, train_epoch, lambda: val_loader, len(train_samples), len(val_samples))
 
 
+class _EncodedFolderDataset(ImageFolderDataset):
+    """Evaluation samples for the device path: ``((tensor, path), class, unreadable)``, the tensor an encoded JPEG
+    or the CPU path's uint8 crop (:func:`~convnets.preprocessing.device.load_for_device`)."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], preset: EvalPreset, draft: int | None) -> None:
+        super().__init__(samples, val_transform(preset), substitute=False, draft=draft, resize=preset.resize_size)
+        self.preset = preset
+
+    def __getitem__(self, key: int | tuple[int, int]) -> Any:
+        from convnets.preprocessing.device import load_for_device
+
+        index = key[0] if isinstance(key, tuple) else key
+        path, target = self.samples[index]
+        try:
+            return (load_for_device(path, self.preset, draft=self.draft), path), target, 0
+        except ImageLoadError as e:
+            _warn_unreadable(path, e)
+            return None, target, 1
+
+
+def _collate_loaded(batch: Sequence[tuple[tuple[Tensor, str] | None, int, int]]) -> Any:
+    """The device path's batch: ``([(tensor, path), ...], targets, unreadable)``, decoded by :func:`decode_on_device`."""
+    kept = [(x, y) for x, y, _ in batch if x is not None]
+    return [x for x, _ in kept], torch.tensor([y for _, y in kept], dtype=torch.long), sum(u for _, _, u in batch)
+
+
+def decode_on_device(batches: Iterable[Any], preset: EvalPreset, device: torch.device,
+                     fast_decode: bool = False) -> Iterator[Batch]:
+    """The device path's evaluation batches (``eval_loader(..., decode="device")``) as uint8 batches on ``device``:
+    JPEGs decoded, resized and cropped there (:func:`~convnets.preprocessing.device.crops_on_device`); a JPEG that
+    neither path decodes is dropped and counted as unreadable, as on the CPU path."""
+    from convnets.preprocessing.device import crops_on_device
+
+    for loaded, targets, unreadable in batches:
+        paths = [path for _, path in loaded]
+        crops = crops_on_device([tensor for tensor, _ in loaded], paths, preset, device,
+                                draft=fast_decode_draft(preset) if fast_decode else None)
+        kept = [i for i, crop in enumerate(crops) if isinstance(crop, Tensor)]
+        for path, crop in zip(paths, crops):
+            if isinstance(crop, ImageLoadError):
+                _warn_unreadable(path, crop)
+        images = (torch.stack([crops[i] for i in kept]) if kept  # type: ignore[misc]
+                  else torch.empty(0, dtype=torch.uint8, device=device))
+        yield images, targets[kept], unreadable + len(crops) - len(kept)
+
+
 def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch_size: int, workers: int,
-                ctx: DistContext, fast_decode: bool = False) -> DataLoader[Any]:
+                ctx: DistContext, fast_decode: bool = False, decode: str = "cpu") -> DataLoader[Any]:
     """Evaluation batches of ``samples`` for this process: uint8, resized and cropped as ``preset`` says.
 
     Every rank takes every ``world_size``-th image, without ``DistributedSampler``'s padding, so
@@ -351,11 +398,17 @@ def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch
         ctx: this process's place in the job.
         fast_decode: decode large JPEGs at a reduced DCT scale first, as ``prepare_batch(fast_decode=True)``
             does (same pixels); default: exact.
+        decode: ``"cpu"`` (Pillow); ``"device"``: the workers only read the files (and decode what goes the CPU
+            path), the batches are for :func:`decode_on_device` (:mod:`convnets.preprocessing.device`).
     """
-    dataset = ImageFolderDataset(samples, val_transform(preset), substitute=False,
-                                 draft=fast_decode_draft(preset) if fast_decode else None, resize=preset.resize_size)
+    draft = fast_decode_draft(preset) if fast_decode else None
+    device_path = decode == "device"
+    dataset = (_EncodedFolderDataset(samples, preset, draft) if device_path else
+               ImageFolderDataset(samples, val_transform(preset), substitute=False, draft=draft,
+                                  resize=preset.resize_size))
     return DataLoader(dataset, sampler=list(range(ctx.rank, len(dataset), ctx.world_size)), batch_size=batch_size,
-                      num_workers=workers, collate_fn=collate, pin_memory=ctx.device.type == "cuda",
+                      num_workers=workers, collate_fn=_collate_loaded if device_path else collate,
+                      pin_memory=ctx.device.type == "cuda" and not device_path,
                       persistent_workers=workers > 0, worker_init_fn=init_worker)
 
 

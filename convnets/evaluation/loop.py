@@ -30,10 +30,11 @@ from torch import nn
 from convnets import dist
 from convnets.dist import DistContext
 from convnets.errors import DataError, InvalidArgumentError
+from convnets.preprocessing.device import resolve_decode
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes, get_imgnet_synsets
 from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_for_model
 from convnets.data.batches import Batch
-from convnets.data.folders import eval_loader, to_device
+from convnets.data.folders import decode_on_device, eval_loader, to_device
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.evaluation.data import EvalSamples, find_eval_samples
 # EvalTotals is what accumulate returns: re-exported so its callers need one import.
@@ -151,7 +152,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
                    precision: str = "fp32", memory_format: str | None = None, progress: bool = False,
                    fast_decode: bool = False, engine: str | None = None, compile: bool = False,
                    cache: bool = True, settings: EngineSettings = DEFAULT_SETTINGS,
-                   force: bool = False) -> EvaluationReport:
+                   force: bool = False, decode: str = "auto") -> EvaluationReport:
     """Evaluate a model on a labelled image set and (with ``output``) write its report.
 
     Example::
@@ -184,6 +185,8 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         cache: with an engine other than torch: use the engine cache (see ``optimize_for_inference``).
         settings: with an engine: how it runs (threads, ...; see ``optimize_for_inference``).
         force: replace the report files of an earlier evaluation in ``output``.
+        decode: where JPEGs are decoded: ``"auto"`` (on ``device`` when it is a CUDA GPU, else with Pillow),
+            ``"cpu"`` or ``"device"`` (as for :func:`convnets.predict`). Recorded in the report's ``source``.
 
     Returns:
         The report.
@@ -202,6 +205,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         if not isinstance(value, int) or value < (1 if name == "batch_size" else 0):
             raise InvalidArgumentError(f"{name} must be a {'positive' if name == 'batch_size' else 'non-negative'} "
                                        f"integer, got {value!r}")
+    resolve_decode(decode, "cpu")  # a bad value refused before the model loads
     if precision not in PRECISIONS:
         raise InvalidArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if engine is None and settings != DEFAULT_SETTINGS:
@@ -210,6 +214,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
     start = time.perf_counter()
     net, model_name, weights = _resolve_model(model)
     dev = resolve_device(device, option="device")
+    decode = resolve_decode(decode, dev)
     amp = precision != "fp32"
     run = resolve_precision(dev, amp=amp, amp_dtype=precision if amp else None, memory_format=memory_format,
                             option="precision")
@@ -226,8 +231,10 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
 
         runner = optimize_for_inference(net.eval(), precision, device=dev, engine=engine, compile=compile,
                                         cache=cache, settings=settings)
-    batches = eval_loader(found.samples, preset, batch_size=batch_size, workers=workers, ctx=ctx,
-                          fast_decode=fast_decode)
+    batches: Iterable[Batch] = eval_loader(found.samples, preset, batch_size=batch_size, workers=workers, ctx=ctx,
+                                           fast_decode=fast_decode, decode=decode)
+    if decode == "device":
+        batches = decode_on_device(batches, preset, dev, fast_decode)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -241,7 +248,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
     source = {"data": str(data), "layout": found.layout, "images_dir": str(found.images),
               "labels_file": None if found.labels_file is None else str(found.labels_file),
               "unlabelled_images": found.skipped, "model": model_name, "weights": weights,
-              "preset": asdict(preset), "fast_decode": fast_decode, "precision": precision, "device": str(dev),
+              "preset": asdict(preset), "fast_decode": fast_decode, "decode": decode, "precision": precision, "device": str(dev),
               "engine": getattr(runner, "engine", None),
               "seconds": round(time.perf_counter() - start, 3)}
     report = EvaluationReport.from_totals(totals, keys, names, source)

@@ -95,17 +95,19 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
                 preset: EvalPreset | None = None, normalize: bool = False, batch_size: int = 32,
                 device: torch.device | str = "cpu", timeout: float = DEFAULT_TIMEOUT, workers: int | None = 0,
                 start: int = 0, on_batch: Callable[[int], None] | None = None,
-                decoding: Decoding | None = None, allow_private: bool = True) -> Iterator[Embedding]:
+                decoding: Decoding | None = None, allow_private: bool = True,
+                decode: str = "auto") -> Iterator[Embedding]:
     """Embed expanded inputs (:func:`convnets.inference.inputs.iter_inputs`), one :class:`Embedding` each, in order.
 
     Args:
         features: from a normalised batch to ``[N, D]`` features (e.g. :func:`features_model`).
         preset: the preprocessing (required unless ``decoding`` holds it).
         normalize: divide each vector by its L2 norm.
-        batch_size, device, timeout, workers, start, on_batch, decoding, allow_private: as for
+        batch_size, device, timeout, workers, start, on_batch, decoding, allow_private, decode: as for
             :func:`convnets.inference.predict.predict_items`.
     """
-    chosen = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private)
+    chosen = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private,
+                                  decode=decode)
     for name, vector, error, _ in map_batches(lambda batch: pooled_vectors(features(batch), normalize), items,
                                               batch_size=batch_size, decoding=chosen, device=device, start=start,
                                               on_batch=on_batch):
@@ -118,7 +120,7 @@ def embed(model: ResNet, inputs: Iterable[str], *, layer: str = "layer4", normal
           settings: EngineSettings = DEFAULT_SETTINGS, recursive: bool = False, image_size: int | None = None,
           resize_size: int | None = None, preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT,
           on_error: Literal["skip", "raise"] = "skip", allow_private: bool = True,
-          fast_decode: bool = False) -> Iterator[tuple[str, npt.NDArray[Any]]]:
+          fast_decode: bool = False, decode: str = "auto") -> Iterator[tuple[str, npt.NDArray[Any]]]:
     """Embed images: yields ``(input, float32 vector)`` per readable input, in input order.
 
     Args:
@@ -128,7 +130,7 @@ def embed(model: ResNet, inputs: Iterable[str], *, layer: str = "layer4", normal
         normalize: L2-normalise each vector.
         precision, device, compile, engine, cache, settings: as for :func:`features_model`.
         on_error: an unreadable input is logged and skipped (``"skip"``) or raises (``"raise"``).
-        batch_size, workers, recursive, image_size, resize_size, preset, timeout, allow_private, fast_decode:
+        batch_size, workers, recursive, image_size, resize_size, preset, timeout, allow_private, fast_decode, decode:
             as for :func:`convnets.inference.predict.predict_items` and :class:`~convnets.inference.loader.Decoding`.
 
     """
@@ -137,7 +139,8 @@ def embed(model: ResNet, inputs: Iterable[str], *, layer: str = "layer4", normal
     net: Any = features_model(model, layer, precision=precision, device=device, compile=compile, engine=engine,
                               cache=cache, settings=settings)
     chosen = resolve_decoding(model, None, preset=preset, image_size=image_size, resize_size=resize_size,
-                              timeout=timeout, workers=workers, allow_private=allow_private, fast_decode=fast_decode)
+                              timeout=timeout, workers=workers, allow_private=allow_private, fast_decode=fast_decode,
+                              decode=decode)
     for result in embed_items(net, iter_inputs(inputs, recursive=recursive), normalize=normalize,
                               batch_size=batch_size, device=net.device, decoding=chosen):
         if result.error is not None:

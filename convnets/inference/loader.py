@@ -3,13 +3,16 @@
 :func:`map_batches` is the loop predict and embed share. Batches keep an uninterrupted run's boundaries
 (:func:`iter_chunks`) and are decoded here, on threads (``workers=0``), or whole in the processes of a
 :class:`~torch.utils.data.DataLoader`: the same tensors, bit for bit, in input order, at most
-``PREFETCH * workers`` batches ahead (so a slow ``--from-file -`` pipe delays finished batches).
+``PREFETCH * workers`` batches ahead (so a slow ``--from-file -`` pipe delays finished batches). On the device
+path (``Decoding.decode="device"``) they only read the inputs and decode what must go the CPU path; the main
+process decodes the JPEGs of each batch on the model's device (:func:`finish`, :mod:`convnets.preprocessing.device`).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -17,15 +20,17 @@ from typing import Any, TypeVar
 import torch
 from PIL import Image
 
-from convnets.constants import DEFAULT_TIMEOUT
+from convnets.constants import DECODES, DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem as Item
 from convnets.preprocessing.io import is_url
-from convnets.preprocessing.pipeline import prepare_batch, thumbnail_of
+from convnets.preprocessing.pipeline import fast_decode_draft, prepare_batch, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset
+from convnets.preprocessing.transforms import normalize_uint8
 from convnets.runtime import check_workers, init_worker
 
-__all__ = ["PREFETCH", "DecodedBatch", "Decoding", "Result", "decode", "iter_batches", "iter_chunks", "map_batches"]
+__all__ = ["PREFETCH", "DecodedBatch", "Decoding", "Result", "decode", "finish", "iter_batches", "iter_chunks",
+           "map_batches"]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +46,11 @@ class Decoding:
         timeout: total seconds allowed for each URL download.
         workers: decoding processes (0: here, on threads); ``None``: :func:`convnets.runtime.default_workers`.
         allow_private: download URLs from loopback, private or link-local addresses.
-        fast_decode: decode large JPEGs at a reduced DCT scale first.
+        fast_decode: decode large JPEGs at a reduced DCT scale first (on the CPU path).
         thumbnail: also keep each decoded input as a thumbnail fitting this square (``predict --show``).
+        decode: where JPEGs are decoded, one of :data:`~convnets.constants.DECODES`: ``"cpu"`` (Pillow),
+            ``"device"`` (:mod:`convnets.preprocessing.device`: read here, decoded and preprocessed on the
+            model's device, batched), ``"auto"``: the device on CUDA, else the CPU (:meth:`for_device`).
     """
 
     preset: EvalPreset | None = None
@@ -51,16 +59,26 @@ class Decoding:
     allow_private: bool = True
     fast_decode: bool = False
     thumbnail: int | None = None
+    decode: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.decode not in DECODES:
+            raise InvalidArgumentError(f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}",
+                                       keyword="decode")
 
     def with_preset(self, preset: EvalPreset) -> Decoding:
         """This decoding with ``preset`` (the model's, sized as asked)."""
         return replace(self, preset=preset)
 
     def for_device(self, device: torch.device | str) -> Decoding:
-        """This decoding with ``workers`` set: the default for ``device`` when it was ``None``."""
+        """This decoding for a model on ``device``: ``workers`` set (the device's default when it was ``None``),
+        ``decode`` resolved to ``"cpu"`` or ``"device"``."""
+        from convnets.preprocessing.device import resolve_decode
         from convnets.runtime import default_workers
 
-        return self if self.workers is not None else replace(self, workers=default_workers(torch.device(device).type))
+        kind = torch.device(device).type
+        workers = self.workers if self.workers is not None else default_workers(kind)
+        return replace(self, workers=workers, decode=resolve_decode(self.decode, device))
 
 
 class Result:
@@ -98,14 +116,18 @@ class DecodedBatch:
     rows: list[int]
     errors: dict[int, ImageLoadError]
     thumbnails: dict[int, Image.Image] = field(default_factory=dict)
+    #: the device path's rows, read but not yet decoded (encoded JPEGs or CPU-path uint8 crops; see
+    #: :func:`convnets.preprocessing.device.load_for_device`); ``tensor`` is empty until :func:`finish` decodes them
+    loaded: list[torch.Tensor] | None = None
 
     def pin_memory(self) -> DecodedBatch:
-        """The batch with its tensor in page-locked memory."""
-        return replace(self, tensor=self.tensor.pin_memory())
+        """The batch with its tensor in page-locked memory (the device path's encoded inputs stay where they are:
+        the decoder reads them on the CPU)."""
+        return self if self.loaded is not None else replace(self, tensor=self.tensor.pin_memory())
 
     def to(self, device: torch.device) -> DecodedBatch:
         """The batch with its tensor on ``device`` (non-blocking from pinned memory)."""
-        if self.tensor.device == device:
+        if self.tensor.device == device or self.loaded is not None:
             return self
         return replace(self, tensor=self.tensor.to(device, non_blocking=self.tensor.is_pinned()))
 
@@ -134,16 +156,59 @@ def decode(chunk: list[Item], decoding: Decoding, *, in_worker: bool = False) ->
     threads = 1 if in_worker and not any(is_url(name) for name in names) else None
     thumbnails: dict[int, Image.Image] = {}
     size = decoding.thumbnail
+    errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
 
     def keep(pos: int, image: Image.Image) -> None:  # the image the tensor is made from: read once
         if size:
             thumbnails[readable[pos]] = thumbnail_of(image, size)
+    if decoding.decode == "device":
+        assert decoding.preset is not None
+        from convnets.preprocessing.device import load_batch_for_device
+
+        loaded = load_batch_for_device(names, decoding.preset, workers=threads, timeout=decoding.timeout,
+                                       allow_private=decoding.allow_private, draft=_draft(decoding),
+                                       on_image=keep if size else None)
+        errors.update({readable[pos]: x for pos, x in enumerate(loaded) if isinstance(x, ImageLoadError)})
+        rows = [(readable[pos], x) for pos, x in enumerate(loaded) if not isinstance(x, ImageLoadError)]
+        return DecodedBatch(chunk, torch.empty(0), [row for row, _ in rows], errors, thumbnails,
+                            loaded=[x for _, x in rows])
     batch = prepare_batch(names, on_error="collect", preset=decoding.preset, timeout=decoding.timeout,
                           workers=threads, allow_private=decoding.allow_private, fast_decode=decoding.fast_decode,
                           on_image=keep if size else None)
-    errors = {i: error for i, (_, error) in enumerate(chunk) if error is not None}
     errors.update({readable[pos]: error for pos, error in batch.errors})
     return DecodedBatch(chunk, batch.tensor, [readable[pos] for pos in batch.indices], errors, thumbnails)
+
+
+def _draft(decoding: Decoding) -> int | None:
+    return fast_decode_draft(decoding.preset) if decoding.fast_decode and decoding.preset is not None else None
+
+
+def finish(batch: DecodedBatch, decoding: Decoding, device: torch.device) -> DecodedBatch:
+    """A batch of the device path decoded, resized, cropped and normalised on ``device`` (the CPU path's
+    batches are returned as they are); a JPEG neither path decodes becomes an error of the batch."""
+    if batch.loaded is None:
+        return batch
+    assert decoding.preset is not None
+    from convnets.preprocessing.device import crops_on_device, thumbnail_of_tensor
+
+    size = decoding.thumbnail
+    thumbnails = dict(batch.thumbnails)
+
+    def keep(pos: int, image: torch.Tensor | Image.Image) -> None:
+        if size:
+            row = batch.rows[pos]
+            thumbnails[row] = (thumbnail_of(image, size) if isinstance(image, Image.Image)
+                               else thumbnail_of_tensor(image, size))
+    crops = crops_on_device(batch.loaded, [batch.items[row][0] for row in batch.rows], decoding.preset, device,
+                            draft=_draft(decoding), on_image=keep if size else None)
+    errors = dict(batch.errors)
+    errors.update({row: crop for row, crop in zip(batch.rows, crops) if isinstance(crop, ImageLoadError)})
+    kept = [(row, crop) for row, crop in zip(batch.rows, crops) if isinstance(crop, torch.Tensor)]
+    size_ = decoding.preset.crop_size
+    pixels = (torch.stack([crop for _, crop in kept]) if kept
+              else torch.empty((0, 3, size_, size_), dtype=torch.uint8, device=device))
+    return replace(batch, tensor=normalize_uint8(pixels, decoding.preset), rows=[row for row, _ in kept],
+                   errors=errors, thumbnails=thumbnails, loaded=None)
 
 
 def _identity(batch: Any) -> Any:
@@ -167,18 +232,61 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding |
     pin = device.type == "cuda"
     chunks = iter_chunks(items, batch_size, start)
     decoder = _Decoder(decoding)
+    batches: Iterator[DecodedBatch]
     if workers == 0:
-        for chunk in chunks:
-            batch = decoder.__getitems__(chunk)
-            yield (batch.pin_memory() if pin else batch).to(device)
+        batches = map(decoder.__getitems__, chunks)
+        if pin:  # (the device path's batches stay where they are: see DecodedBatch.pin_memory)
+            batches = (batch.pin_memory() for batch in batches)
+    else:
+        # The chunks are the batch sampler (DataLoader pulls PREFETCH * workers ahead); the decoder returns the batch.
+        batches = iter(torch.utils.data.DataLoader(decoder, batch_sampler=chunks,  # type: ignore[arg-type]
+                                                   num_workers=workers, collate_fn=_identity, pin_memory=pin,
+                                                   prefetch_factor=PREFETCH, worker_init_fn=init_worker))
+        log.debug("decoding in %d worker processes", workers)
+    if decoding.decode == "device":
+        yield from _finished_ahead(batches, decoding, device)
         return
-    # The chunks are the batch sampler (DataLoader pulls PREFETCH * workers ahead); the decoder returns the batch.
-    loader: Any = torch.utils.data.DataLoader(decoder, batch_sampler=chunks,  # type: ignore[arg-type]
-                                              num_workers=workers, collate_fn=_identity, pin_memory=pin,
-                                              prefetch_factor=PREFETCH, worker_init_fn=init_worker)
-    log.debug("decoding in %d worker processes", workers)
-    for batch in loader:
+    for batch in batches:
         yield batch.to(device)
+
+
+def _finished_ahead(batches: Iterator[DecodedBatch], decoding: Decoding,
+                    device: torch.device) -> Iterator[DecodedBatch]:
+    """:func:`finish` of each batch on a thread of its own, one batch ahead of the caller, so that the next batch
+    is decoded while the model runs on this one (on a GPU in a stream of its own, which the caller's stream waits
+    for before it reads the batch)."""
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def work(batch: DecodedBatch) -> tuple[DecodedBatch, Any]:
+        if stream is None:
+            return finish(batch, decoding, device), None
+        with torch.cuda.stream(stream):
+            done = finish(batch, decoding, device)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return done, event
+
+    def ready(future: Future[tuple[DecodedBatch, Any]]) -> DecodedBatch:
+        done, event = future.result()
+        if event is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_event(event)
+            done.tensor.record_stream(current)  # its memory is not reused before the caller's work on it ends
+        return done
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="convnets-device-decode") as pool:
+        pending: Future[tuple[DecodedBatch, Any]] | None = None
+        try:
+            for batch in batches:
+                upcoming = pool.submit(work, batch)
+                if pending is not None:
+                    yield ready(pending)
+                pending = upcoming
+            if pending is not None:
+                yield ready(pending)
+        finally:
+            if pending is not None:
+                pending.cancel()
 
 
 def map_batches(compute: Callable[[torch.Tensor], Iterable[T]], items: Iterable[Item], *, batch_size: int,

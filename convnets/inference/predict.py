@@ -143,10 +143,11 @@ def class_labels(model: ResNet) -> list[str]:
 
 def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
                      image_size: int | None = None, resize_size: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-                     workers: int | None = 0, allow_private: bool = True, fast_decode: bool = False) -> Decoding:
+                     workers: int | None = 0, allow_private: bool = True, fast_decode: bool = False,
+                     decode: str = "auto") -> Decoding:
     """``decoding``, or one of the separate options; a missing preset is ``model``'s, the sizes given applied."""
     decoding = decoding or Decoding(preset=preset, timeout=timeout, workers=workers, allow_private=allow_private,
-                                    fast_decode=fast_decode)
+                                    fast_decode=fast_decode, decode=decode)
     if decoding.preset is not None and image_size is None and resize_size is None:
         return decoding
     preset = decoding.preset if decoding.preset is not None else preset_for_model(model)
@@ -185,7 +186,8 @@ def predict_items(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, items:
                   device: torch.device | str = "cpu", image_size: int | None = None, resize_size: int | None = None,
                   preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT,
                   on_batch: Callable[[int], None] | None = None, start: int = 0, workers: int | None = 0,
-                  decoding: Decoding | None = None, allow_private: bool = True) -> Iterator[Prediction]:
+                  decoding: Decoding | None = None, allow_private: bool = True,
+                  decode: str = "auto") -> Iterator[Prediction]:
     """:func:`iter_predict` for ``(input, error)`` items already expanded by :func:`iter_inputs`.
 
     Args:
@@ -195,7 +197,11 @@ def predict_items(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, items:
         start: inputs of the whole run before ``items``: batches keep the uninterrupted run's boundaries.
         workers: decoding processes (same tensors, same order); 0: decode here; ``None``: the device's default.
         preset, timeout, allow_private: as for :class:`~convnets.inference.loader.Decoding`.
-        decoding: a :class:`~convnets.inference.loader.Decoding`, replacing preset, timeout, workers, allow_private.
+        decoding: a :class:`~convnets.inference.loader.Decoding`, replacing preset, timeout, workers, allow_private,
+            decode.
+        decode: where JPEGs are decoded: ``"auto"`` (on ``device`` when it is a CUDA GPU, else with Pillow),
+            ``"cpu"`` (Pillow, upstream's numbers) or ``"device"`` (``torchvision.io.decode_jpeg`` and tensor
+            preprocessing on ``device``, the CPU included; other images go the CPU path, per image).
     """
     if not isinstance(topk, int) or topk < 1:
         raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
@@ -206,7 +212,7 @@ def predict_items(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, items:
     topk = min(topk, len(labels))
     names = list(labels)
     chosen = resolve_decoding(model, decoding, preset=preset, image_size=image_size, resize_size=resize_size,
-                              timeout=timeout, workers=workers, allow_private=allow_private)
+                              timeout=timeout, workers=workers, allow_private=allow_private, decode=decode)
     for name, top, error, thumbnail in map_batches(lambda batch: top_classes(model(batch), names, topk), items,
                                                    batch_size=batch_size, decoding=chosen, device=device, start=start,
                                                    on_batch=on_batch):

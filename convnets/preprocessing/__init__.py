@@ -9,6 +9,8 @@ Modules, in import order (each imports only those before it):
 * :mod:`~convnets.preprocessing.io`: open an image from a path, URL, bytes or PIL image, safely.
 * :mod:`~convnets.preprocessing.transforms`: EXIF / mode normalisation and the eval transform.
 * :mod:`~convnets.preprocessing.pipeline`: many inputs into one batch, concurrently.
+* :mod:`~convnets.preprocessing.device`: the device path (``--decode device``): JPEGs decoded and
+  preprocessed as tensors on the model's device, the rest through ``pipeline``.
 * :mod:`~convnets.preprocessing.classes`, :mod:`~convnets.preprocessing.results`: ImageNet class
   names (bundled TSV) and top-k picking.
 

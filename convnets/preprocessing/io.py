@@ -19,7 +19,8 @@ import stat
 import struct
 import time
 from pathlib import Path
-from typing import BinaryIO, Union
+from collections.abc import Callable
+from typing import BinaryIO, TypeVar, Union
 
 import requests
 import urllib3
@@ -42,13 +43,18 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "ImageInput",
     "check_resize",
+    "check_size",
     "describe_input",
     "download",
     "is_url",
+    "open_encoded",
     "open_image",
+    "read_input",
 ]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: What :func:`open_image` accepts: a local path, an ``http(s)://`` URL, encoded bytes or a PIL image.
 ImageInput = Union[str, os.PathLike[str], bytes, bytearray, Image.Image]
@@ -261,21 +267,36 @@ def check_resize(width: int, height: int, resize: int, label: str, max_pixels: i
                            keyword="max_pixels")
 
 
+def check_size(image: Image.Image, label: str, max_pixels: int | None = None, resize: int | None = None) -> None:
+    """Refuse an opened (not yet decoded) image with more pixels than the limit, or too thin to resize.
+
+    Args:
+        image: an image whose header has been read (``Image.open``).
+        label: the input's name for the message (:func:`describe_input`).
+        max_pixels: the limit; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
+        resize: the length its shorter side will be resized to (:func:`check_resize`); ``None``: not checked.
+
+    Raises:
+        ImageDecodeError: the image, or the resized image, would exceed the limit.
+    """
+    limit = _pixel_limit(max_pixels)
+    if limit is not None and image.width * image.height > limit:
+        problem = (f"Cannot load image {label}: {image.width}x{image.height} = "
+                   f"{image.width * image.height} pixels is more than the limit of {limit} (a possible "
+                   f"decompression bomb).")
+        raise ImageDecodeError(f"{problem} Pass a larger max_pixels if the image is trusted.", cli=problem,
+                               keyword="max_pixels")
+    if resize is not None:
+        check_resize(image.width, image.height, resize, label, max_pixels)
+
+
 def _decode(fp: BinaryIO, label: str, max_pixels: int | None, draft: int | None = None,
             resize: int | None = None) -> Image.Image:
     """Decode the first frame of an encoded image, checking its size (and resized size) before decoding pixels."""
     try:
         image = Image.open(fp)
         # Image.open reads only the header, so the pixel count is known before any decoding.
-        limit = _pixel_limit(max_pixels)
-        if limit is not None and image.width * image.height > limit:
-            problem = (f"Cannot load image {label}: {image.width}x{image.height} = "
-                       f"{image.width * image.height} pixels is more than the limit of {limit} (a possible "
-                       f"decompression bomb).")
-            raise ImageDecodeError(f"{problem} Pass a larger max_pixels if the image is trusted.", cli=problem,
-                                   keyword="max_pixels")
-        if resize is not None:
-            check_resize(image.width, image.height, resize, label, max_pixels)
+        check_size(image, label, max_pixels, resize)
         _draft(image, draft)
         image.load()
     except ImageLoadError:
@@ -294,8 +315,8 @@ def _decode(fp: BinaryIO, label: str, max_pixels: int | None, draft: int | None 
     return image
 
 
-def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None,
-               draft: int | None = None, resize: int | None = None) -> Image.Image:
+def _open_path(path: str | os.PathLike[str], label: str, read: Callable[[BinaryIO], _T]) -> _T:
+    """``read`` applied to the opened regular file ``path``; every failure to open or read it is an ImageLoadError."""
     try:
         # O_NONBLOCK: opening a FIFO for reading would wait for a writer forever; opened this way it
         # returns at once and is refused below (for regular files the flag changes nothing).
@@ -307,7 +328,7 @@ def _open_path(path: str | os.PathLike[str], label: str, max_pixels: int | None,
             os.set_blocking(fd, True)
             if os.fstat(fp.fileno()).st_size == 0:
                 raise ImageDecodeError(f"Cannot load image {label}: the file is empty (0 bytes).")
-            return _decode(fp, label, max_pixels, draft, resize)
+            return read(fp)
     except FileNotFoundError as exc:
         raise ImageNotFoundError(
             f"Cannot load image {label}: no such file (working directory: {os.getcwd()!r}). Check "
@@ -376,7 +397,55 @@ def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
     if isinstance(source, (str, os.PathLike)):
         if os.fspath(source) == "":
             raise ImageNotFoundError("Cannot load image '': the path is empty.")
-        return _open_path(Path(source), label, max_pixels, draft, resize)
+        return _open_path(Path(source), label, lambda fp: _decode(fp, label, max_pixels, draft, resize))
     raise InvalidArgumentTypeError(
         f"Cannot load image {label}: expected a path, an http(s) URL, bytes or a PIL image, got "
         f"{type(source).__name__}.")
+
+
+def read_input(source: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
+               allow_private: bool = True) -> bytes:
+    """The encoded bytes of a local path or an ``http(s)://`` URL, undecoded (the device path decodes them).
+
+    Reading fails exactly as :func:`open_image` does for the same input (missing file, directory, pipe,
+    empty file, download errors).
+
+    Args:
+        source: a local path or an http(s) URL.
+        timeout, max_bytes, allow_private: as for :func:`open_image`.
+
+    Returns:
+        The file's (or the response's) bytes, never empty.
+
+    Raises:
+        ImageNotFoundError, ImageDownloadError, ImageDecodeError, ImageLoadError: as :func:`open_image`.
+    """
+    label = describe_input(source)
+    if isinstance(source, str) and is_url(source):
+        data = download(source, timeout=timeout, max_bytes=max_bytes, allow_private=allow_private)
+        if not data:
+            raise ImageDownloadError(f"Cannot load image {label}: the server sent an empty body.")
+        return data
+    if os.fspath(source) == "":
+        raise ImageNotFoundError("Cannot load image '': the path is empty.")
+    return _open_path(Path(source), label, lambda fp: fp.read())
+
+
+def open_encoded(data: bytes, label: str, *, max_pixels: int | None = None, draft: int | None = None,
+                 resize: int | None = None) -> Image.Image:
+    """Decode bytes that :func:`read_input` read, failing as :func:`open_image` fails for the input ``label`` names.
+
+    Args:
+        data: the encoded image.
+        label: the input's name in messages (:func:`describe_input` of the path or URL).
+        max_pixels, draft, resize: as for :func:`open_image`.
+
+    Returns:
+        The decoded (first frame of the) image.
+
+    Raises:
+        ImageDecodeError: data that is not an image, corrupt, truncated or too large.
+    """
+    if not data:
+        raise ImageDecodeError(f"Cannot load image {label}: the data is empty.")
+    return _decode(io.BytesIO(data), label, max_pixels, draft, resize)

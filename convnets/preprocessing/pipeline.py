@@ -27,11 +27,11 @@ from convnets.errors import (ConvnetsError, ImageDecodeError, ImageLoadError, In
                              InvalidArgumentTypeError, message_for)
 from convnets.runtime import usable_cores
 
-from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, is_url, open_image
+from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, is_url, open_encoded, open_image
 from .presets import DEFAULT_PRESET, EvalPreset
 from .transforms import preprocess_image, to_rgb
 
-__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_image", "load_thumbnail",
+__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_encoded_image", "load_image", "load_thumbnail",
            "prepare_batch", "prepare_input_from_uri", "thumbnail_of"]
 
 logger = logging.getLogger(__name__)
@@ -84,9 +84,33 @@ def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_byte
             (``MemoryError`` included); see ``open_image``.
         InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
     """
+    return _upright_rgb(source, lambda: open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels,
+                                                   allow_private=allow_private, draft=draft, resize=resize))
+
+
+def load_encoded_image(data: bytes, source: str | os.PathLike[str] | bytes, *, max_pixels: int | None = None,
+                       draft: int | None = None, resize: int | None = None) -> Image.Image:
+    """:func:`load_image` of bytes already read from ``source`` (a path or URL): the same image, the same errors.
+
+    Args:
+        data: what :func:`~convnets.preprocessing.io.read_input` read from ``source``.
+        source: the input (a path, URL or the bytes themselves), named in errors.
+        max_pixels, draft, resize: as for :func:`load_image`.
+
+    Returns:
+        An RGB image with the EXIF orientation applied.
+
+    Raises:
+        ImageLoadError: or a subclass, as :func:`load_image` raises for ``source``.
+    """
+    return _upright_rgb(source, lambda: open_encoded(data, describe_input(source), max_pixels=max_pixels, draft=draft,
+                                                     resize=resize))
+
+
+def _upright_rgb(source: ImageInput, opener: Callable[[], Image.Image]) -> Image.Image:
+    """``to_rgb`` of the image ``opener`` decodes from ``source``, every failure an error naming ``source``."""
     try:
-        image = open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels,
-                           allow_private=allow_private, draft=draft, resize=resize)
+        image = opener()
     except ConvnetsError:
         raise
     except Exception as exc:  # noqa: BLE001 - see _input_error

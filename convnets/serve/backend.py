@@ -100,6 +100,9 @@ class Classifier:
                              image_size=served.image_size).model
         self.labels = [label.encode("utf-8") for label in class_labels(model)]
         self.preset = preset_for_model(model).with_crop_size(served.image_size)
+        from convnets.preprocessing.device import resolve_decode
+
+        self.decode_path = resolve_decode(served.decode, self.device)
         self.net: Any = None
         self.features: Any = None
         if served.embedding:
@@ -119,6 +122,8 @@ class Classifier:
         too_large = {i: f"{len(data)} bytes is more than the server's limit of {served.max_image_bytes} bytes "
                         "per image" for i, data in enumerate(images) if len(data) > served.max_image_bytes}
         readable = [i for i in range(len(images)) if i not in too_large]
+        if self.decode_path == "device":
+            return self._decode_on_device([bytes(images[i]) for i in readable], readable, too_large)
         # Bytes only, never a path or a URL: what clients send cannot make the server read files or
         # fetch from the network (allow_private=False all the same).
         batch = prepare_batch([bytes(images[i]) for i in readable], on_error="collect", preset=self.preset,
@@ -128,6 +133,33 @@ class Classifier:
         errors.update({readable[pos]: _BASE64_HINT if _is_base64_image(bytes(images[readable[pos]])) else
                        message_for(error, "cli") for pos, error in batch.errors})
         return Decoded(batch.tensor, {readable[pos]: row for row, pos in enumerate(batch.indices)}, errors)
+
+    def _decode_on_device(self, images: list[bytes], readable: list[int], errors: dict[int, str]) -> Decoded:
+        """:meth:`decode` on the device path (:mod:`convnets.preprocessing.device`): headers read on ``threads``
+        threads, the JPEGs of the whole batch decoded on the model's device at once, others on the CPU."""
+        import torch
+
+        from convnets.errors import ImageLoadError
+        from convnets.preprocessing.device import crops_on_device, load_batch_for_device
+        from convnets.preprocessing.pipeline import fast_decode_draft
+        from convnets.preprocessing.transforms import normalize_uint8
+
+        draft = fast_decode_draft(self.preset) if self.served.fast_decode else None
+        loaded = load_batch_for_device(images, self.preset, workers=self.served.threads, allow_private=False,
+                                       draft=draft)
+        ok = [pos for pos, x in enumerate(loaded) if isinstance(x, torch.Tensor)]
+        crops = dict(zip(ok, crops_on_device([loaded[pos] for pos in ok], [images[pos] for pos in ok],  # type: ignore[misc]
+                                             self.preset, self.device, draft=draft)))
+        results = {pos: crops.get(pos, loaded[pos]) for pos in range(len(images))}
+        errors = dict(errors)
+        errors.update({readable[pos]: _BASE64_HINT if _is_base64_image(images[pos]) else message_for(x, "cli")
+                       for pos, x in results.items() if isinstance(x, ImageLoadError)})
+        good = [pos for pos, x in results.items() if isinstance(x, torch.Tensor)]
+        size = self.preset.crop_size
+        pixels = (torch.stack([results[pos] for pos in good]) if good  # type: ignore[misc]
+                  else torch.empty((0, 3, size, size), dtype=torch.uint8, device=self.device))
+        return Decoded(normalize_uint8(pixels, self.preset), {readable[pos]: row for row, pos in enumerate(good)},
+                       errors)
 
     def run(self, batch: torch.Tensor) -> dict[str, npt.NDArray[Any]]:
         """The outputs for a batch of preprocessed images (every row)."""

@@ -75,6 +75,7 @@ class ServedModel:
         image_size: the center crop (the resize scales with it, as ``convnets predict`` does).
         engine, precision, device, cache: as for :func:`convnets.optimize_for_inference`.
         fast_decode: decode large JPEGs at a reduced DCT scale first (``--fast-decode``).
+        decode: where JPEGs are decoded (``--decode``): ``auto``, ``cpu`` or ``device``, as for ``convnets predict``.
         topk: classes in the ``top_*`` outputs.
         embedding: also output the pooled ``layer4`` features.
         threads: PyTorch's intra-op threads and the decoding threads of the model instance.
@@ -104,6 +105,7 @@ class ServedModel:
     cache: bool = True
     fast_decode: bool = False
     embedding: bool = False
+    decode: str = "auto"
 
     def outputs(self) -> tuple[str, ...]:
         """The output tensors this model has."""
