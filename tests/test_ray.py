@@ -217,3 +217,14 @@ def test_predict_under_torchrun_points_to_ray() -> None:
     proc = cli_in_process("embed", "examples/", "--random-init", "--output", "x.npy",
                           env={"RANK": "0", "WORLD_SIZE": "2"})
     assert proc.returncode != 0 and "not under torchrun" in proc.stderr and "--ray ADDRESS" in proc.stderr
+
+
+def test_a_missing_ray_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    proc = cli_in_process("predict", "examples/", "--random-init", "--ray", "local")
+    assert proc.returncode == 1
+    (line,) = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert "install the 'ray' extra" in line and ".[ray]" in line
