@@ -113,6 +113,7 @@ def main() -> int:
 
     from convnets.deploy.benchmark import environment
 
+    load_before = os.getloadavg()[0]
     images = make_images(args.folder / "images", args.images)
     checkpoint = make_checkpoint(args.folder / f"{args.model}.pth.tar", args.model)
     base = [sys.executable, "-m", "convnets", "predict", str(images[0].parent), "--weights", str(checkpoint),
@@ -147,7 +148,8 @@ def main() -> int:
           file=sys.stderr)
     results.save(args.json, environment("cpu"), {
         "images": args.images, "model": args.model, "batch_size": args.batch_size, "rounds": args.rounds,
-        "image_size": "500x375 JPEG", "rows": rows, "ratio": ratio, "target_ratio": TARGET, "same_top5": same})
+        "image_size": "500x375 JPEG", "rows": rows, "ratio": ratio, "target_ratio": TARGET, "same_top5": same,
+        "load_average": [load_before, os.getloadavg()[0]]})
     return 0
 
 

@@ -370,8 +370,9 @@ def render_ray(r: Mapping[str, Any]) -> str:
     rows = [[f"`{row['variant']}`", f"{row['img_per_s']:.2f}", f"{row['seconds']:.0f}",
              f"{row['first_record_s']:.1f}", f"{row['after_first_img_per_s']:.2f}"] for row in r["rows"]]
     verdict = "met" if r["ratio"] >= r["target_ratio"] else "not met"
+    load = ", ".join(f"{v:.1f}" for v in r["load_average"])
     return (f"{r['model']}, {r['images']} JPEGs of {r['image_size']}, batch {r['batch_size']}, "
-            f"{r['rounds']} round(s):\n\n"
+            f"{r['rounds']} round(s) (load average before and after: {load}):\n\n"
             + table(["run", "img/s", "seconds", "first record after (s)", "img/s after it"], rows, "lrrrr")
             + f"\n\n`--ray local` / `predict`: {r['ratio']:.2f}x (target at least {r['target_ratio']}x: {verdict}); "
               f"the same top-5 for every image: {'yes' if r['same_top5'] else 'no'}.")
