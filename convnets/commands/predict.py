@@ -138,6 +138,7 @@ class PredictJob(BatchJob):
         self.args = args
         self.net: Any = None
         self.labels: list[str] = []
+        self.thresholds: list[float] | None = None
         self.sheets: ContactSheetWriter | None = None
         self.printed: list[Record] = []  # --json: printed at the end, as one array
 
@@ -156,6 +157,8 @@ class PredictJob(BatchJob):
         args = self.args
         model = load_from_args(args, device=device).model
         self.labels = class_labels(model)
+        # The optimized runner is no ResNet: the multi-label thresholds are read here, off the model.
+        self.thresholds = (model.thresholds or [0.5] * model.num_classes) if model.multilabel else None
         self.width = resolve_topk(args.topk, len(self.labels))
         self.net = optimize_for_inference(model, args.precision, device=device, engine=args.engine,
                                           compile=args.compile, cache=args.cache,
@@ -181,14 +184,18 @@ class PredictJob(BatchJob):
         if self.sheets is not None:  # the sheets' thumbnails, kept as the inputs are decoded: read once
             decoding = dataclasses.replace(decoding, thumbnail=self.sheets.side)
         return predict_items(self.net, items, labels=self.labels, topk=self.width, batch_size=batch_size,
-                             device=device, decoding=decoding, start=start, on_batch=on_batch)
+                             device=device, decoding=decoding, start=start, on_batch=on_batch,
+                             thresholds=self.thresholds)
 
     def record(self, result: Prediction, error: str) -> Record:
         """The record of one result (see :mod:`convnets.inference.outputs.spool`)."""
         if not result.ok:
             return {"input": result.input, "error": error}
-        return {"input": result.input,
-                "top": [{"index": t.index, "label": t.label, "probability": t.probability} for t in result.top]}
+        record: Record = {"input": result.input, "top": [{"index": t.index, "label": t.label,
+                                                           "probability": t.probability} for t in result.top]}
+        if result.labels is not None:  # a multi-label model: the classes above their thresholds
+            record["labels"] = list(result.labels)
+        return record
 
     def show(self, result: Prediction, record: Record) -> None:
         if self.sheets is not None:

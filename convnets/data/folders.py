@@ -1,8 +1,9 @@
 """Data backends: ``pytorch`` (ImageFolder + DataLoader), ``dali-cpu`` / ``dali-gpu`` and ``synthetic``.
 
 Every backend yields batches ``(images, targets, unreadable)``: images either uint8 (normalised
-later on the device, which moves 4x fewer bytes) or already-normalised float, class indices, and
-the number of image files that could not be read for this batch.
+later on the device, which moves 4x fewer bytes) or already-normalised float, class indices (or,
+with a multi-label CSV, float multi-hot rows: :mod:`convnets.data.multilabel`), and the number of
+image files that could not be read for this batch.
 
 Exact resume: the training order is a permutation seeded by ``(seed, epoch)`` and each sample's
 augmentation is seeded by ``(seed, epoch, index)``, so what an epoch sees does not depend on what
@@ -16,6 +17,7 @@ dropped, so that accuracy is measured on real images only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -35,7 +37,7 @@ from convnets.errors import DataError, ImageLoadError, InvalidArgumentError
 from convnets.preprocessing.pipeline import fast_decode_draft, load_image
 from convnets.preprocessing.presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
 from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
-from convnets.data.batches import Batch, DataSource, sample_seed
+from convnets.data.batches import Batch, DataSource, Target, sample_seed
 from convnets.constants import BACKENDS
 from convnets.runtime import init_worker
 
@@ -170,11 +172,11 @@ def _warn_unreadable(path: str, error: Exception) -> None:
         log.warning("skipping unreadable image %s: %s", path, error)
 
 
-class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
+class ImageFolderDataset(Dataset[tuple[Tensor | None, Target, int]]):
     """ImageFolder samples that survive unreadable files; training items are ``(index, seed)``.
 
     Args:
-        samples: ``(path, class index)`` pairs from :func:`scan_split`.
+        samples: ``(path, class index)`` pairs from :func:`scan_split` (or ``(path, multi-hot target)``).
         transform: PIL image -> uint8 tensor.
         substitute: replace an unreadable image with the next readable one (training) instead of
             returning ``None`` (validation).
@@ -184,7 +186,7 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
             pixel limit is unreadable (see :func:`~convnets.preprocessing.pipeline.load_image`).
     """
 
-    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable[[Image.Image], Tensor],
+    def __init__(self, samples: Sequence[tuple[str, Target]], transform: Callable[[Image.Image], Tensor],
                  substitute: bool, draft: int | None = None, resize: int | None = None) -> None:
         self.samples = list(samples)
         self.transform = transform
@@ -205,7 +207,7 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
             _warn_unreadable(path, e)
             return None
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor | None, int, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor | None, Target, int]:
         index, seed = key if isinstance(key, tuple) else (key, None)
         unreadable = 0
         for attempt in range(MAX_SUBSTITUTES if self.substitute else 1):
@@ -226,8 +228,9 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
             return self.transform(image), self.samples[i][1], unreadable
 
 
-def collate(batch: Sequence[tuple[Tensor | None, int, int]]) -> Batch:
-    """Stack the readable samples; the third element counts unreadable files."""
+def collate(batch: Sequence[tuple[Tensor | None, Target, int]]) -> Batch:
+    """Stack the readable samples (class indices: int64 ``[N]``; multi-hot targets: float32 ``[N, C]``); the
+    third element counts unreadable files."""
     kept = [(x, y) for x, y, _ in batch if x is not None]
     unreadable = sum(u for _, _, u in batch)
     if not kept:
@@ -276,7 +279,7 @@ def _check_batches(num: int, batch_size: int, ctx: DistContext, what: str) -> in
 
 
 def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: int, workers: int,
-              seed: int, ctx: DistContext, train: bool = True) -> DataSource:
+              seed: int, ctx: DistContext, train: bool = True, labels: Path | None = None) -> DataSource:
     """Build the data source of ``backend`` for this process.
 
     Args:
@@ -288,6 +291,8 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
         seed: base seed of order and augmentation.
         ctx: this process's place in the job.
         train: also set up the training split (``False`` for ``--evaluate``).
+        labels: a multi-label CSV (:mod:`convnets.data.multilabel`): its images, splits and classes
+            instead of class folders; targets are multi-hot (``pytorch`` backend only).
 
     Raises:
         DataError: missing or empty directories, differing classes.
@@ -301,6 +306,9 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
         raise DataError(f"--data DIR is required with --data-backend {backend}")
     if not root.is_dir():
         raise DataError(f"data directory {root} does not exist")
+    if labels is not None:
+        return _multilabel(backend, root, labels, batch_size=batch_size, image_size=image_size, workers=workers,
+                           seed=seed, ctx=ctx, train=train)
     train_classes, train_samples = scan_split(root, "train") if train else ([], [])
     val_classes, val_samples = scan_split(root, "val")
     if train:
@@ -316,7 +324,21 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
                           on_gpu=backend == "dali-gpu")
 
 
-def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_samples: list[tuple[str, int]],
+def _multilabel(backend: str, root: Path, labels: Path, *, batch_size: int, image_size: int, workers: int, seed: int,
+                ctx: DistContext, train: bool) -> DataSource:
+    from convnets.data.multilabel import multilabel_set
+
+    if backend != "pytorch":
+        raise DataError(f"--labels (multi-label training) reads its images with --data-backend pytorch, not {backend}")
+    found = multilabel_set(root, labels)
+    train_samples = found.train if train else []
+    steps = _check_batches(len(train_samples), batch_size, ctx, f"the train split of {labels}") if train else 0
+    source = _pytorch(found.classes, train_samples, found.val, steps, batch_size=batch_size, image_size=image_size,
+                      workers=workers, seed=seed, ctx=ctx)
+    return dataclasses.replace(source, multilabel=True)
+
+
+def _pytorch(classes: list[str], train_samples: Sequence[tuple[str, Target]], val_samples: Sequence[tuple[str, Target]],
              steps: int, *, batch_size: int, image_size: int, workers: int, seed: int,
              ctx: DistContext) -> DataSource:
     loader_kwargs: dict[str, Any] = dict(batch_size=batch_size, num_workers=workers, collate_fn=collate,
@@ -335,7 +357,7 @@ def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_sampl
     return DataSource(classes, steps, train_epoch, lambda: val_loader, len(train_samples), len(val_samples))
 
 
-def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch_size: int, workers: int,
+def eval_loader(samples: Sequence[tuple[str, Target]], preset: EvalPreset, *, batch_size: int, workers: int,
                 ctx: DistContext, fast_decode: bool = False) -> DataLoader[Any]:
     """Evaluation batches of ``samples`` for this process: uint8, resized and cropped as ``preset`` says.
 
@@ -344,7 +366,7 @@ def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch
     and counted (see :func:`collate`).
 
     Args:
-        samples: ``(path, class index)`` pairs.
+        samples: ``(path, class index)`` pairs (or ``(path, multi-hot target)``).
         preset: the evaluation resize and crop (normalise later with :func:`to_device`).
         batch_size: images per batch.
         workers: loader processes.

@@ -57,6 +57,8 @@ class EvalTotals:
         images: images evaluated.
         unreadable: image files that could not be read (left out).
         confusion: ``[true, predicted]`` counts, when asked for.
+        scores, targets: multi-label batches (multi-hot targets): every image's sigmoid probabilities
+            and its multi-hot target, ``[images, classes]`` (all ranks'); top-1 and top-5 are then 0.
     """
 
     loss_sum: float
@@ -65,6 +67,8 @@ class EvalTotals:
     images: int
     unreadable: int
     confusion: npt.NDArray[Any] | None = None
+    scores: npt.NDArray[Any] | None = None
+    targets: npt.NDArray[Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,11 @@ class ResNet(nn.Module):
         #: Center-crop size the weights were trained for (a training checkpoint records it);
         #: ``convnets predict`` preprocesses to it.
         self.input_size: int = 224
+        #: A multi-label classifier (``convnets train --multilabel``): a sigmoid per class, and the labels
+        #: whose probability reaches their ``thresholds`` entry, instead of a softmax over the classes.
+        self.multilabel: bool = False
+        #: The per-class decision thresholds of a multi-label classifier (chosen on its validation set).
+        self.thresholds: list[float] | None = None
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         self._init_weights(conv_init, last_bn_0_init)
         set_frozen_modes(self, frozen_stages=frozen_stages, norm_eval=norm_eval)
