@@ -296,5 +296,5 @@ def plot_class_ap(report: MultiLabelReport, path: str | os.PathLike[str], *, for
     ax.set_xlim(0, 1)
     ax.set_title(f"mAP {report.metrics['mAP']:.3f}, macro F1 {report.metrics['macro_f1']:.3f} on {report.images} "
                  "images", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # outside: no bar hidden
     return write_new(Path(path), lambda f: fig.savefig(f, format="png"), force=force)
