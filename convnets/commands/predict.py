@@ -2,7 +2,8 @@
 
 Prints a table, or with ``--json`` exactly one JSON array on stdout: one object per image in
 input order, ``{"input": ..., "top": [{"index", "label", "probability"}, ...]}``; ``--jsonl`` streams
-one such object per line instead. ``--output FILE`` writes records to a file (``.jsonl``, ``.csv``,
+one such object per line instead. A multi-label model (``train --multilabel``) gives sigmoid
+probabilities, and each object adds ``"labels"``: the classes at or above their thresholds. ``--output FILE`` writes records to a file (``.jsonl``, ``.csv``,
 ``.parquet``: see :mod:`convnets.inference.outputs`) from the spool that grows as batches finish, and
 ``--resume`` continues the spool that a killed run left. Inputs that cannot be read are reported on stderr, one line each, and leave
 the exit status at 1; the others are still predicted. Inputs are streamed (``--recursive`` trees,
