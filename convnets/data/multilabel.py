@@ -2,7 +2,8 @@
 
 The CSV (UTF-8, a header line) has the columns ``path`` and ``labels`` and optionally ``split``:
 
-* ``path``: the image, relative to ``--data DIR`` (or absolute);
+* ``path``: the image, relative to ``--data DIR`` (or, when it is not there, to the CSV's folder; or
+  absolute);
 * ``labels``: its labels separated by ``;`` (spaces around them ignored; empty: an image with none of
   the labels);
 * ``split``: ``train`` or ``val``; without this column the first folder of ``path`` is the split
@@ -77,6 +78,8 @@ def read_labels_csv(data: str | os.PathLike[str], labels: str | os.PathLike[str]
                     parts = PurePosixPath(name.replace(os.sep, "/")).parts
                     split = parts[0] if len(parts) > 1 and parts[0] in SPLITS else None
                 path = data / name
+                if not path.is_file() and (labels.parent / name).is_file():
+                    path = labels.parent / name  # a CSV beside its images, --data elsewhere
                 if not path.is_file():
                     raise DataError(f"{option} {labels}, line {number}: {path} is not a file (paths are relative to "
                                     "--data)")

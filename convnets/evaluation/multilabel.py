@@ -231,7 +231,8 @@ class MultiLabelReport:
         """A readable summary: totals, the headline figures, the classes (the ``max_classes`` of lowest AP
         when there are more)."""
         s = self.source
-        lines = [f"{self.images} images (multi-label, {s.get('labels_file', '?')}), {s.get('model', 'model')} "
+        rows = f"the {s['split']} rows of" if s.get("split") else "the rows of"
+        lines = [f"{self.images} images (multi-label: {rows} {s.get('labels_file', '?')}), {s.get('model', 'model')} "
                  f"[{s.get('weights', '?')}], {s.get('precision', '?')} on {s.get('device', '?')}"
                  + (f" ({s['engine']})" if s.get("engine") else "")]
         if self.unreadable:
