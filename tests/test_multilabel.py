@@ -201,7 +201,15 @@ def test_embed_and_the_serve_backend_answer_as_predict(run: Run) -> None:
                          engine="torch", precision="fp32", device="cpu", topk=2, threads=1, max_batch_size=8,
                          max_queue_delay_us=0, max_image_bytes=2**20, labels=tuple(model.class_names),
                          num_features=model.num_features, thresholds=tuple(model.thresholds))
-    assert served.outputs()[-1] == "labels"
+    assert served.outputs()[-1] == "labels" and ServedModel.from_json(served.to_json()) == served
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from convnets.serve.repository import model_config
+
+    config = text_format.Parse(model_config(served), model_config_pb2.ModelConfig())
+    assert [(o.name, list(o.dims)) for o in config.output][-1] == ("labels", [4])
+    assert json.loads(config.parameters["thresholds"].string_value) == pytest.approx(model.thresholds)
     classifier = Classifier(served)
     decoded = classifier.decode([p.read_bytes() for p in val])
     outputs = classifier.run(decoded.tensor)
