@@ -244,6 +244,9 @@ def test_a_resumed_multilabel_run_ends_as_an_uninterrupted_one(tmp_path: Path, m
         assert torch.load(tmp_path / "broken" / "checkpoint.pth.tar", weights_only=True)["epoch"] == 1
         torch.manual_seed(99)  # as a new process: other global states
         fit(TrainConfig(output=tmp_path / "broken", resume=tmp_path / "broken" / "checkpoint.pth.tar", **common))
+        # train --evaluate: the checkpoint's weights and EMA validated again, as the run's last epoch did.
+        only = fit(TrainConfig(evaluate=True, resume=tmp_path / "whole" / "checkpoint.pth.tar",
+                               **{k: v for k, v in common.items() if k not in ("epochs", "mixup", "ema", "lr")}))
     finally:
         torch.set_num_threads(threads)
     a = torch.load(tmp_path / "whole" / "checkpoint.pth.tar", weights_only=True)
@@ -256,6 +259,10 @@ def test_a_resumed_multilabel_run_ends_as_an_uninterrupted_one(tmp_path: Path, m
     timing = {"img_per_s", "epoch_seconds"}
     assert [{k: v for k, v in r.items() if k not in timing} for r in b["history"]] == \
         [{k: v for k, v in r.items() if k not in timing} for r in a["history"]]
+    last = a["history"][-1]
+    for key in ("val_mAP", "val_f1", "ema_val_mAP", "ema_val_f1"):
+        assert only.metrics[key] == pytest.approx(last[key], abs=1e-9), key
+    assert "mAP" in only.line()
 
 
 # --- the figures, against scikit-learn ---------------------------------------------------------------
