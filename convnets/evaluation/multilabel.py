@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from convnets.errors import InvalidArgumentError, MissingDependencyError
+from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint
 from convnets.fileio import check_destination, write_new
+from convnets.evaluation.report import MetricAttributes
 from convnets.text import printable
 
 __all__ = ["AP_CHART", "DEFAULT_THRESHOLD", "MULTILABEL_FILES", "MultiLabelClass", "MultiLabelReport",
@@ -155,7 +156,7 @@ HEADLINE = (("mAP", "mAP {:.4f}"), ("micro_AP", "micro-AP {:.4f}"), ("macro_prec
 
 
 @dataclass
-class MultiLabelReport:
+class MultiLabelReport(MetricAttributes):
     """What ``convnets evaluate`` measured on a multi-label model (see the module docstring).
 
     Each headline figure is also an attribute: ``report.mAP``, ``report.micro_f1``, ...
@@ -172,12 +173,6 @@ class MultiLabelReport:
     metrics: dict[str, float]
     classes: list[MultiLabelClass]
     source: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> float:
-        metrics = self.__dict__.get("metrics", {})
-        if name in metrics:
-            return float(metrics[name])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_scores(cls, scores: npt.ArrayLike, targets: npt.ArrayLike, thresholds: npt.ArrayLike,
@@ -279,16 +274,10 @@ def plot_class_ap(report: MultiLabelReport, path: str | os.PathLike[str], *, for
         MissingDependencyError: matplotlib is not installed.
         InvalidArgumentError: ``path`` exists (without ``force``).
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        raise MissingDependencyError(
-            f"matplotlib is needed to draw {Path(path).name} but cannot be imported ({e}); install the 'plots' "
-            f"extra: {install_hint('plots')}") from e
+    from convnets.evaluation.confusion import agg_figure
+
     shown = sorted(report.classes, key=lambda c: (c.ap, c.index))[:60][::-1]
-    fig = Figure(figsize=(7, 1.4 + 0.3 * len(shown)), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = agg_figure(Path(path).name, figsize=(7, 1.4 + 0.3 * len(shown)), dpi=100)
     ax = fig.subplots()
     y = np.arange(len(shown))
     ax.barh(y + 0.2, [c.ap for c in shown], height=0.4, label="AP", color="#4c78a8")

@@ -37,7 +37,7 @@ from convnets.fileio import check_destination, write_new
 from convnets.text import printable
 
 __all__ = ["CONFUSION", "METRICS", "REPORT", "ClassMetrics", "ConfusedPair", "Counts", "EvalTotals",
-           "EvaluationReport", "Metric", "check_report_destination"]
+           "EvaluationReport", "Metric", "MetricAttributes", "check_report_destination"]
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,20 @@ class ConfusedPair:
     fraction: float
 
 
+class MetricAttributes:
+    """Each entry of a report's ``metrics`` dict is also an attribute (``report.top1``, ``report.mAP``)."""
+
+    def __getattr__(self, name: str) -> float:
+        # Only reached when ordinary lookup fails. Read __dict__ directly: during copy/unpickling
+        # ``metrics`` is not set yet, and ``self.metrics`` would recurse here.
+        metrics = self.__dict__.get("metrics", {})
+        if name in metrics:
+            return float(metrics[name])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
 @dataclass
-class EvaluationReport:
+class EvaluationReport(MetricAttributes):
     """What :func:`~convnets.evaluation.loop.evaluate_model` measured (conventions: the module docstring).
 
     Each metric of :data:`METRICS` is also an attribute: ``report.top1``, ``report.macro_f1``, ...
@@ -195,14 +207,6 @@ class EvaluationReport:
     confusion: npt.NDArray[Any]
     confused_pairs: list[ConfusedPair]
     source: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> float:
-        # Only reached when ordinary lookup fails. Read __dict__ directly: during copy/unpickling
-        # ``metrics`` is not set yet, and ``self.metrics`` would recurse here.
-        metrics = self.__dict__.get("metrics", {})
-        if name in metrics:
-            return float(metrics[name])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_totals(cls, totals: EvalTotals, keys: list[str], names: list[str],
