@@ -68,7 +68,8 @@ COMMANDS: dict[str, Command] = {
     "embed": Command("convnets.commands.embed",
                      "write one vector per image (a stage's pooled features) to .npy or .parquet, resumable"),
     "train": Command("convnets.commands.train",
-                     "fine-tune a model on an ImageFolder data set (NVIDIA's recipe; DDP under torchrun)"),
+                     "fine-tune a model on an ImageFolder data set, or multi-label from a labels CSV (NVIDIA's "
+                     "recipe; DDP under torchrun)"),
     "export": Command("convnets.commands.export",
                       "export a model to ONNX, OpenVINO IR, AOTInductor, ... (verified against PyTorch), "
                       "optionally as a Triton repository"),
@@ -79,7 +80,7 @@ COMMANDS: dict[str, Command] = {
                        "safetensors"),
     "evaluate": Command("convnets.commands.evaluate",
                         "top-1/top-5, per-class precision/recall/F1 and the confusion matrix on a labelled image set "
-                        "(class folders or ImageNet's validation layouts)"),
+                        "(class folders or ImageNet's validation layouts); mAP and F1 of a multi-label model"),
     "cache": Command("convnets.commands.cache",
                      "list, trim or clear the engine cache (graphs converted for ONNX Runtime / OpenVINO, "
                      "and auto's checks)"),

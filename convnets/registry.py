@@ -192,6 +192,12 @@ def _apply_metadata(model: ResNet, record: ModelRecord) -> None:
         model.class_names = list(record.class_names)
     if record.image_size is not None:
         model.input_size = record.image_size
+    if record.multilabel:
+        model.multilabel = True
+        thresholds = record.thresholds
+        # A file without (fitting) thresholds: the sigmoid's natural cut.
+        model.thresholds = list(thresholds) if thresholds is not None and len(thresholds) == model.num_classes \
+            else [0.5] * model.num_classes
 
 
 _BUILDER_DOC = """

@@ -4,7 +4,9 @@ The evaluation loop of ``convnets train --evaluate`` (:func:`convnets.evaluation
 with the model run by ``--engine`` (default ``auto``, as for ``predict``; its graph comes from the
 engine cache from the second run on), on class folders or ImageNet's flat validation images with
 Kaggle's or the devkit's labels (see :mod:`convnets.evaluation.data`). Prints a table;
-``--output DIR`` also writes ``DIR/report.json`` and ``DIR/confusion.png``.
+``--output DIR`` also writes ``DIR/report.json`` and ``DIR/confusion.png``. A multi-label model
+(``train --multilabel``) is evaluated on the images of ``--labels FILE.csv`` (its ``val`` rows, or all):
+mAP, micro-AP, per-class AP and precision / recall / F1 at its thresholds, and ``DIR/ap.png``.
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ data layouts (detected):
                            (DIR may be the Kaggle download itself: ILSVRC/Data/CLS-LOC/val is found)
   DIR/ILSVRC2012_val_*.JPEG + the devkit: ILSVRC2012_devkit_t12.tar.gz, torchvision's meta.bin or the
                            extracted ILSVRC2012_devkit_t12/data/ (ground truth + meta.mat), in or above DIR
+  DIR + --labels FILE.csv  a multi-label model (train --multilabel): the CSV's path (relative to DIR), labels
+                           (separated by ';'), optional split; its val rows (all rows without a val split)
 examples:
   convnets evaluate --data imagenet/val --model se_resnext101_32x4d --pretrained --output report/
   convnets evaluate --data runs/a/data/val --weights runs/a/model_best.pth.tar --output runs/a/eval
+  convnets evaluate --data DIR --labels DIR/labels.csv --weights runs/ml/model_best.pth.tar --output runs/ml/eval
   convnets evaluate --data photos/val --model se_resnext101_32x4d --pretrained --fast-decode
                            top-1 with --fast-decode: compare with the same command without it
 """
@@ -50,9 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--data", required=True, metavar="DIR", help="the labelled images (layouts below)")
     data.add_argument("--labels", metavar="FILE", default=None,
                       help="the labels file of flat ImageNet images (LOC_val_solution.csv, the devkit's .tar.gz or "
-                           "data/ILSVRC2012_validation_ground_truth.txt, meta.bin); default: searched for")
+                           "data/ILSVRC2012_validation_ground_truth.txt, meta.bin); default: searched for. A "
+                           "multi-label model's: the CSV of path, labels, split it was trained with (required)")
     add_output_argument(data, metavar="DIR", help="directory (created) that gets report.json and confusion.png "
-                                                   "(matplotlib)")
+                                                   "(matplotlib; a multi-label model: ap.png)")
     add_force_argument(data, what="report.json and confusion.png in DIR")
     data.add_argument("--batch-size", type=batch_size, default=64, metavar="B",
                       help="images per forward pass (default 64)")

@@ -2,7 +2,8 @@
 
 Prints a table, or with ``--json`` exactly one JSON array on stdout: one object per image in
 input order, ``{"input": ..., "top": [{"index", "label", "probability"}, ...]}``; ``--jsonl`` streams
-one such object per line instead. ``--output FILE`` writes records to a file (``.jsonl``, ``.csv``,
+one such object per line instead. A multi-label model (``train --multilabel``) gives sigmoid
+probabilities, and each object adds ``"labels"``: the classes at or above their thresholds. ``--output FILE`` writes records to a file (``.jsonl``, ``.csv``,
 ``.parquet``: see :mod:`convnets.inference.outputs`) from the spool that grows as batches finish, and
 ``--resume`` continues the spool that a killed run left. Inputs that cannot be read are reported on stderr, one line each, and leave
 the exit status at 1; the others are still predicted. Inputs are streamed (``--recursive`` trees,
@@ -137,6 +138,7 @@ class PredictJob(BatchJob):
         self.args = args
         self.model: Any = None
         self.labels: list[str] = []
+        self.thresholds: list[float] | None = None
         self.sheets: ContactSheetWriter | None = None
         self.printed: list[Record] = []  # --json: printed at the end, as one array
 
@@ -151,6 +153,8 @@ class PredictJob(BatchJob):
 
         self.model = load_from_args(self.args, device=device).model
         self.labels = class_labels(self.model)
+        # The optimized runner is no ResNet: the multi-label thresholds are read here, off the model.
+        self.thresholds = self.model.decision_thresholds()
         self.width = resolve_topk(self.args.topk, len(self.labels))
         return self.model
 
@@ -182,14 +186,18 @@ class PredictJob(BatchJob):
         if self.sheets is not None:  # the sheets' thumbnails, kept as the inputs are decoded: read once
             decoding = dataclasses.replace(decoding, thumbnail=self.sheets.side)
         return predict_items(net, items, labels=self.labels, topk=self.width, batch_size=batch_size,
-                             device=device, decoding=decoding, start=start, on_batch=on_batch)
+                             device=device, decoding=decoding, start=start, on_batch=on_batch,
+                             thresholds=self.thresholds)
 
     def record(self, result: Prediction, error: str) -> Record:
         """The record of one result (see :mod:`convnets.inference.outputs.spool`)."""
         if not result.ok:
             return {"input": result.input, "error": error}
-        return {"input": result.input,
-                "top": [{"index": t.index, "label": t.label, "probability": t.probability} for t in result.top]}
+        record: Record = {"input": result.input, "top": [{"index": t.index, "label": t.label,
+                                                           "probability": t.probability} for t in result.top]}
+        if result.labels is not None:  # a multi-label model: the classes above their thresholds
+            record["labels"] = list(result.labels)
+        return record
 
     def show(self, result: Prediction, record: Record) -> None:
         if self.sheets is not None:

@@ -209,7 +209,8 @@ def _served_model(args: argparse.Namespace) -> ServedModel:
         cache=args.cache, fast_decode=args.fast_decode, decode=args.decode, topk=args.topk, embedding=args.embedding,
         threads=args.threads or usable_cores(), max_batch_size=args.max_batch_size,
         max_queue_delay_us=round(args.max_queue_delay_ms * 1000), max_image_bytes=DEFAULT_MAX_BYTES,
-        labels=tuple(labels), num_features=int(getattr(model, "num_features", 0)))
+        labels=tuple(labels), num_features=int(getattr(model, "num_features", 0)),
+        thresholds=None if (cuts := model.decision_thresholds()) is None else tuple(cuts))
     del net, model, loaded
     gc.collect()  # the server's own copy is loaded in its process; this one is not needed any more
     return served

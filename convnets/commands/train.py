@@ -28,8 +28,10 @@ examples:
   convnets train --data DIR --output runs/tiny --model resnet50 \\
       --arch-kwargs '{"layers": [1, 1, 1, 1], "widths": [16, 32, 64, 128]}' --image-size 64
   convnets train --data DIR --output runs/a --resume runs/a/checkpoint.pth.tar
+  convnets train --data DIR --labels DIR/labels.csv --multilabel --output runs/ml --pretrained --epochs 10
   torchrun --nproc_per_node 8 -m convnets.train --data DIR --output runs/a --pretrained --amp
---data DIR holds train/<class>/* and val/<class>/*. --output DIR gets checkpoint.pth.tar (every epoch),
+--data DIR holds train/<class>/* and val/<class>/*, or with --multilabel the images that --labels FILE.csv
+lists (columns path, labels separated by ';', optional split; the classes are the sorted set of labels). --output DIR gets checkpoint.pth.tar (every epoch),
 model_best.pth.tar, model_best.safetensors and metrics.jsonl; convnets.load_model of either rebuilds the model.
 Also tensorboard/ (event files; tensorboard --logdir DIR) and, at the end, curves.png (convnets plot DIR
 redraws it), when the tensorboard / matplotlib packages are installed.
@@ -163,6 +165,7 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
     can be written (usage errors, see :mod:`convnets.cli`); returns the run."""
     with path_checks.usage_errors():
         path_checks.check_inputs_exist("--data", args.data)
+        path_checks.check_inputs_exist("--labels", args.labels)
         path_checks.check_inputs_exist("--weights", args.pretrained_from_file)
         path_checks.check_inputs_exist("--resume", args.resume)
         if args.output is not None:

@@ -13,11 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-__all__ = ["Batch", "DataSource", "sample_seed"]
+__all__ = ["Batch", "DataSource", "Target", "sample_seed"]
 
-#: ``(images, targets, unreadable)``: uint8 or normalised float images, class indices, and the
-#: number of image files that could not be read for this batch.
+#: ``(images, targets, unreadable)``: uint8 or normalised float images, class indices (or float
+#: multi-hot rows ``[N, C]`` of a multi-label set), and the number of image files that could not be
+#: read for this batch.
 Batch = tuple[Tensor, Tensor, int]
+#: A sample's target: its class index, or its multi-hot vector (multi-label).
+Target = int | tuple[float, ...]
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -31,6 +34,7 @@ class DataSource:
 
     Attributes:
         classes: class names, index = label.
+        multilabel: targets are multi-hot rows (a labels CSV), not class indices.
         steps_per_epoch: training batches per process and epoch (equal on every rank).
         train_epoch: ``epoch -> batches`` of this process's shard.
         val: ``() -> batches`` of this process's part of the validation set (no duplicates).
@@ -43,3 +47,4 @@ class DataSource:
     val: Callable[[], Iterable[Batch]]
     num_train: int
     num_val: int
+    multilabel: bool = False

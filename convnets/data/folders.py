@@ -1,8 +1,9 @@
 """Data backends: ``pytorch`` (ImageFolder + DataLoader), ``dali-cpu`` / ``dali-gpu`` and ``synthetic``.
 
 Every backend yields batches ``(images, targets, unreadable)``: images either uint8 (normalised
-later on the device, which moves 4x fewer bytes) or already-normalised float, class indices, and
-the number of image files that could not be read for this batch.
+later on the device, which moves 4x fewer bytes) or already-normalised float, class indices (or,
+with a multi-label CSV, float multi-hot rows: :mod:`convnets.data.multilabel`), and the number of
+image files that could not be read for this batch.
 
 Exact resume: the training order is a permutation seeded by ``(seed, epoch)`` and each sample's
 augmentation is seeded by ``(seed, epoch, index)``, so what an epoch sees does not depend on what
@@ -16,6 +17,7 @@ dropped, so that accuracy is measured on real images only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -35,7 +37,7 @@ from convnets.errors import DataError, ImageLoadError, InvalidArgumentError
 from convnets.preprocessing.pipeline import fast_decode_draft, load_image
 from convnets.preprocessing.presets import DEFAULT_PRESET, IMAGENET_MEAN, IMAGENET_STD, EvalPreset
 from convnets.preprocessing.transforms import normalize_uint8, resize_and_crop
-from convnets.data.batches import Batch, DataSource, sample_seed
+from convnets.data.batches import Batch, DataSource, Target, sample_seed
 from convnets.constants import BACKENDS
 from convnets.runtime import init_worker
 
@@ -171,11 +173,11 @@ def _warn_unreadable(path: str, error: Exception) -> None:
         log.warning("skipping unreadable image %s: %s", path, error)
 
 
-class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
+class ImageFolderDataset(Dataset[tuple[Tensor | None, Target, int]]):
     """ImageFolder samples that survive unreadable files; training items are ``(index, seed)``.
 
     Args:
-        samples: ``(path, class index)`` pairs from :func:`scan_split`.
+        samples: ``(path, class index)`` pairs from :func:`scan_split` (or ``(path, multi-hot target)``).
         transform: PIL image -> uint8 tensor.
         substitute: replace an unreadable image with the next readable one (training) instead of
             returning ``None`` (validation).
@@ -185,7 +187,7 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
             pixel limit is unreadable (see :func:`~convnets.preprocessing.pipeline.load_image`).
     """
 
-    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable[[Image.Image], Tensor],
+    def __init__(self, samples: Sequence[tuple[str, Target]], transform: Callable[[Image.Image], Tensor],
                  substitute: bool, draft: int | None = None, resize: int | None = None) -> None:
         self.samples = list(samples)
         self.transform = transform
@@ -206,7 +208,7 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
             _warn_unreadable(path, e)
             return None
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor | None, int, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor | None, Target, int]:
         index, seed = key if isinstance(key, tuple) else (key, None)
         unreadable = 0
         for attempt in range(MAX_SUBSTITUTES if self.substitute else 1):
@@ -227,8 +229,9 @@ class ImageFolderDataset(Dataset[tuple[Tensor | None, int, int]]):
             return self.transform(image), self.samples[i][1], unreadable
 
 
-def collate(batch: Sequence[tuple[Tensor | None, int, int]]) -> Batch:
-    """Stack the readable samples; the third element counts unreadable files."""
+def collate(batch: Sequence[tuple[Tensor | None, Target, int]]) -> Batch:
+    """Stack the readable samples (class indices: int64 ``[N]``; multi-hot targets: float32 ``[N, C]``); the
+    third element counts unreadable files."""
     kept = [(x, y) for x, y, _ in batch if x is not None]
     unreadable = sum(u for _, _, u in batch)
     if not kept:
@@ -277,7 +280,7 @@ def _check_batches(num: int, batch_size: int, ctx: DistContext, what: str) -> in
 
 
 def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: int, workers: int,
-              seed: int, ctx: DistContext, train: bool = True) -> DataSource:
+              seed: int, ctx: DistContext, train: bool = True, labels: Path | None = None) -> DataSource:
     """Build the data source of ``backend`` for this process.
 
     Args:
@@ -289,6 +292,8 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
         seed: base seed of order and augmentation.
         ctx: this process's place in the job.
         train: also set up the training split (``False`` for ``--evaluate``).
+        labels: a multi-label CSV (:mod:`convnets.data.multilabel`): its images, splits and classes
+            instead of class folders; targets are multi-hot (``pytorch`` backend only).
 
     Raises:
         DataError: missing or empty directories, differing classes.
@@ -302,6 +307,9 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
         raise DataError(f"--data DIR is required with --data-backend {backend}")
     if not root.is_dir():
         raise DataError(f"data directory {root} does not exist")
+    if labels is not None:
+        return _multilabel(backend, root, labels, batch_size=batch_size, image_size=image_size, workers=workers,
+                           seed=seed, ctx=ctx, train=train)
     train_classes, train_samples = scan_split(root, "train") if train else ([], [])
     val_classes, val_samples = scan_split(root, "val")
     if train:
@@ -317,7 +325,21 @@ def make_data(backend: str, root: Path | None, *, batch_size: int, image_size: i
                           on_gpu=backend == "dali-gpu")
 
 
-def _pytorch(classes: list[str], train_samples: list[tuple[str, int]], val_samples: list[tuple[str, int]],
+def _multilabel(backend: str, root: Path, labels: Path, *, batch_size: int, image_size: int, workers: int, seed: int,
+                ctx: DistContext, train: bool) -> DataSource:
+    from convnets.data.multilabel import multilabel_set
+
+    if backend != "pytorch":
+        raise DataError(f"--labels (multi-label training) reads its images with --data-backend pytorch, not {backend}")
+    found = multilabel_set(root, labels)
+    train_samples = found.train if train else []
+    steps = _check_batches(len(train_samples), batch_size, ctx, f"the train split of {labels}") if train else 0
+    source = _pytorch(found.classes, train_samples, found.val, steps, batch_size=batch_size, image_size=image_size,
+                      workers=workers, seed=seed, ctx=ctx)
+    return dataclasses.replace(source, multilabel=True)
+
+
+def _pytorch(classes: list[str], train_samples: Sequence[tuple[str, Target]], val_samples: Sequence[tuple[str, Target]],
              steps: int, *, batch_size: int, image_size: int, workers: int, seed: int,
              ctx: DistContext) -> DataSource:
     loader_kwargs: dict[str, Any] = dict(batch_size=batch_size, num_workers=workers, collate_fn=collate,
@@ -340,7 +362,7 @@ class _EncodedFolderDataset(ImageFolderDataset):
     """Evaluation samples for the device path: ``((tensor, path), class, unreadable)``, the tensor an encoded JPEG
     or the CPU path's uint8 crop (:func:`~convnets.preprocessing.device.load_for_device`)."""
 
-    def __init__(self, samples: Sequence[tuple[str, int]], preset: EvalPreset, draft: int | None) -> None:
+    def __init__(self, samples: Sequence[tuple[str, Target]], preset: EvalPreset, draft: int | None) -> None:
         super().__init__(samples, val_transform(preset), substitute=False, draft=draft, resize=preset.resize_size)
         self.preset = preset
 
@@ -356,10 +378,12 @@ class _EncodedFolderDataset(ImageFolderDataset):
             return None, target, 1
 
 
-def _collate_loaded(batch: Sequence[tuple[tuple[Tensor, str] | None, int, int]]) -> Any:
-    """The device path's batch: ``([(tensor, path), ...], targets, unreadable)``, decoded by :func:`decode_on_device`."""
+def _collate_loaded(batch: Sequence[tuple[tuple[Tensor, str] | None, Target, int]]) -> Any:
+    """The device path's batch: ``([(tensor, path), ...], targets, unreadable)``, decoded by :func:`decode_on_device`
+    (targets as :func:`collate` stacks them)."""
     kept = [(x, y) for x, y, _ in batch if x is not None]
-    return [x for x, _ in kept], torch.tensor([y for _, y in kept], dtype=torch.long), sum(u for _, _, u in batch)
+    targets = torch.tensor([y for _, y in kept]) if kept else torch.empty(0, dtype=torch.long)
+    return [x for x, _ in kept], targets, sum(u for _, _, u in batch)
 
 
 def decode_on_device(batches: Iterable[Any], preset: EvalPreset, device: torch.device,
@@ -382,7 +406,7 @@ def decode_on_device(batches: Iterable[Any], preset: EvalPreset, device: torch.d
         yield images, targets[kept], unreadable + len(crops) - len(kept)
 
 
-def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch_size: int, workers: int,
+def eval_loader(samples: Sequence[tuple[str, Target]], preset: EvalPreset, *, batch_size: int, workers: int,
                 ctx: DistContext, fast_decode: bool = False, decode: str = "cpu") -> DataLoader[Any]:
     """Evaluation batches of ``samples`` for this process: uint8, resized and cropped as ``preset`` says.
 
@@ -391,7 +415,7 @@ def eval_loader(samples: Sequence[tuple[str, int]], preset: EvalPreset, *, batch
     and counted (see :func:`collate`).
 
     Args:
-        samples: ``(path, class index)`` pairs.
+        samples: ``(path, class index)`` pairs (or ``(path, multi-hot target)``).
         preset: the evaluation resize and crop (normalise later with :func:`to_device`).
         batch_size: images per batch.
         workers: loader processes.

@@ -23,7 +23,7 @@ from convnets.errors import MissingDependencyError
 from convnets.extras import install_hint
 from convnets.fileio import write_new
 
-__all__ = ["DPI", "FIGSIZE", "MAX_SHOWN", "plot_confusion", "shown_classes"]
+__all__ = ["DPI", "FIGSIZE", "MAX_SHOWN", "agg_figure", "plot_confusion", "shown_classes"]
 
 #: Figure size in inches and resolution: a 1000 x 900 pixel PNG.
 FIGSIZE = (10.0, 9.0)
@@ -54,6 +54,28 @@ def shown_classes(confusion: npt.NDArray[Any], pairs: list[tuple[int, int]], lim
     return sorted(chosen)
 
 
+def agg_figure(what: str, **options: Any) -> Any:
+    """A matplotlib ``Figure`` of its own on the Agg canvas (no ``pyplot``), constrained layout.
+
+    Args:
+        what: the file it is for, named in the error when matplotlib is missing.
+        **options: ``Figure``'s (``figsize``, ``dpi``).
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed (naming the ``plots`` extra).
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise MissingDependencyError(
+            f"matplotlib is needed to draw {what} but cannot be imported ({e}); install the 'plots' "
+            f"extra: {install_hint('plots')}") from e
+    fig = Figure(layout="constrained", **options)
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str | Path, *, summary: str = "",
                    force: bool = False) -> Path:
     """Draw a confusion (sub-)matrix into the PNG ``path``.
@@ -72,13 +94,7 @@ def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str 
         MissingDependencyError: matplotlib is not installed.
         InvalidArgumentError: ``path`` exists (without ``force``).
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        raise MissingDependencyError(
-            f"matplotlib is needed to draw {Path(path).name} but cannot be imported ({e}); install the 'plots' "
-            f"extra: {install_hint('plots')}") from e
+    fig = agg_figure(Path(path).name, figsize=FIGSIZE, dpi=DPI)
     cm = np.asarray(confusion)
     # Pairs beyond the report's list only matter when they add classes: take them from the matrix.
     off = cm.copy()
@@ -92,8 +108,6 @@ def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str 
     support = cm.sum(1)[shown].astype(float)
     share = np.divide(sub, support[:, None], out=np.zeros(sub.shape), where=support[:, None] > 0)
 
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
     ax = fig.subplots()
     image = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
     fig.colorbar(image, ax=ax, shrink=0.8, label="share of the true class's images")

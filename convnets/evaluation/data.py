@@ -18,6 +18,11 @@ pairs in the *model's* class order (:class:`EvalSamples`):
   ids; read with scipy as torchvision reads it). Image ``N`` is line ``N`` of the ground truth, so a
   partial copy of the 50 000 images is labelled right too.
 
+* ``multilabel``: for a multi-label model, the labels CSV of ``convnets train --multilabel``
+  (:mod:`convnets.data.multilabel`; ``--labels FILE.csv``, paths relative to ``DIR``): its ``val``
+  rows when it has any, else all its rows (:func:`multilabel_samples`), targets multi-hot in the
+  model's class order.
+
 WordNet ids are mapped to the model's class order through the bundled 1000-class table
 (:mod:`convnets.preprocessing.classes`) or the model's own class names. ``labels=`` (``--labels
 FILE``) names the labels file instead of searching. When nothing matches, :class:`DataError`
@@ -39,16 +44,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convnets.constants import IMAGE_SUFFIXES
+from convnets.data.batches import Target
 from convnets.errors import DataError, InvalidArgumentError, MissingDependencyError, short_repr
 from convnets.extras import install_hint
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_synsets
 
-__all__ = ["DEVKIT_ARCHIVE", "GROUND_TRUTH", "KAGGLE_SOLUTION", "LAYOUTS", "EvalSamples", "find_eval_samples"]
+__all__ = ["DEVKIT_ARCHIVE", "GROUND_TRUTH", "KAGGLE_SOLUTION", "LAYOUTS", "EvalSamples", "find_eval_samples",
+           "multilabel_samples"]
 
 log = logging.getLogger(__name__)
 
 #: The layouts :func:`find_eval_samples` recognises.
-LAYOUTS = ("folders", "kaggle", "devkit")
+LAYOUTS = ("folders", "kaggle", "devkit", "multilabel")
 #: Kaggle's validation labels (ImageNet Object Localization Challenge).
 KAGGLE_SOLUTION = "LOC_val_solution.csv"
 #: The ILSVRC2012 devkit archive (what torchvision.datasets.ImageNet reads).
@@ -68,16 +75,18 @@ class EvalSamples:
     Attributes:
         layout: one of :data:`LAYOUTS`.
         images: the directory the images were found in.
-        samples: ``(path, class index of the model)`` pairs, sorted by path.
+        samples: ``(path, class index of the model)`` pairs, sorted by path (``multilabel``: ``(path,
+            multi-hot target)`` in the CSV's order).
         labels_file: the labels file of a flat layout.
         skipped: images of the directory that have no label (flat layouts), left out.
     """
 
     layout: str
     images: Path
-    samples: list[tuple[str, int]]
+    samples: Sequence[tuple[str, Target]]
     labels_file: Path | None = None
     skipped: int = 0
+    split: str | None = None
 
 
 def _is_image(path: Path) -> bool:
@@ -285,6 +294,36 @@ def _folder_samples(directory: Path, class_names: Sequence[str] | None, num_clas
     if not samples:
         raise DataError(f"the class folders of {directory} hold no images")
     return EvalSamples("folders", directory, sorted(samples))
+
+
+def multilabel_samples(data: str | os.PathLike[str], labels: str | os.PathLike[str] | None,
+                       class_names: Sequence[str]) -> EvalSamples:
+    """The images of a multi-label labels CSV and their multi-hot targets over ``class_names`` (a
+    multi-label model's): the rows of its ``val`` split when it has one, else every row.
+
+    Raises:
+        DataError: no ``labels`` given, not such a CSV (see :func:`~convnets.data.multilabel.read_labels_csv`),
+            or a label that is not one of ``class_names``.
+    """
+    from convnets.data.multilabel import multi_hot, read_labels_csv
+
+    if labels is None:
+        raise DataError("a multi-label model is evaluated on the images of a labels CSV (path, labels, optional "
+                        "split); pass labels=", cli="a multi-label model is evaluated on the images of a labels CSV "
+                        "(path, labels, optional split); pass --labels FILE.csv", keyword="labels")
+    if not Path(data).is_dir():
+        raise DataError(f"data={str(data)!r} is not a directory", cli=f"--data {data} is not a directory", keyword="data")
+    rows = read_labels_csv(data, labels)
+    split = "val" if any(row.split == "val" for row in rows) else None
+    chosen = [row for row in rows if split is None or row.split == split]
+    index = {name: i for i, name in enumerate(class_names)}
+    unknown = sorted({name for row in chosen for name in row.labels if name not in index})
+    if unknown:
+        raise DataError(f"--labels {labels} has labels the model does not know: {', '.join(unknown[:5])}"
+                        f"{', ...' if len(unknown) > 5 else ''} (its classes: {', '.join(list(class_names)[:5])}"
+                        f"{', ...' if len(class_names) > 5 else ''})")
+    return EvalSamples("multilabel", Path(data), [(row.path, multi_hot(row.labels, index)) for row in chosen],
+                       labels_file=Path(labels), skipped=len(rows) - len(chosen), split=split)
 
 
 def find_eval_samples(data: str | os.PathLike[str], *, class_names: Sequence[str] | None, num_classes: int,

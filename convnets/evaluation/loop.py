@@ -1,7 +1,9 @@
 """Evaluation: the one loop that validates a model, and :func:`evaluate_model` around it.
 
 :func:`accumulate` runs a model over evaluation batches and sums loss, top-1 / top-5 hits and,
-when asked, the confusion matrix (summed over DDP ranks) into an :class:`EvalTotals`. The training
+when asked, the confusion matrix (summed over DDP ranks) into an :class:`EvalTotals`; on multi-label
+batches (multi-hot targets) it keeps every image's sigmoid probabilities and target instead
+(gathered from every rank), from which :mod:`convnets.evaluation.multilabel` computes its figures. The training
 loop's per-epoch validation and ``train --evaluate`` (:func:`convnets.train.loop.evaluate`) and
 :func:`evaluate_model` (``convnets evaluate``) all use it.
 
@@ -23,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,7 +39,9 @@ from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_fo
 from convnets.data.batches import Batch
 from convnets.data.folders import decode_on_device, eval_loader, to_device
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
-from convnets.evaluation.data import EvalSamples, find_eval_samples
+from convnets.evaluation.data import EvalSamples, find_eval_samples, multilabel_samples
+from convnets.evaluation.multilabel import AP_CHART, MultiLabelReport
+from convnets.fileio import check_destination
 # EvalTotals is what accumulate returns: re-exported so its callers need one import.
 from convnets.evaluation.report import EvalTotals, EvaluationReport, check_report_destination
 from convnets.runtime import Precision
@@ -47,7 +52,7 @@ __all__ = ["EvalTotals", "accumulate", "class_keys_and_names", "evaluate_model"]
 @torch.inference_mode()
 def accumulate(model: nn.Module, batches: Iterable[Batch], precision: Precision, ctx: DistContext,
                criterion: nn.Module | None = None, *, num_classes: int | None = None,
-               preset: EvalPreset = DEFAULT_PRESET, progress: Any = None) -> EvalTotals:
+               preset: EvalPreset = DEFAULT_PRESET, progress: Any = None, multilabel: bool = False) -> EvalTotals:
     """Run ``model`` over ``batches`` and sum what evaluation reports, over all processes.
 
     Args:
@@ -55,10 +60,13 @@ def accumulate(model: nn.Module, batches: Iterable[Batch], precision: Precision,
         batches: ``(images, targets, unreadable)`` batches of this process's share.
         precision: device, autocast and memory format.
         ctx: this process's place in the job (sums are all-reduced).
-        criterion: the loss (e.g. label-smoothed, as in training); ``None``: cross-entropy in float64.
+        criterion: the loss (e.g. label-smoothed, as in training); ``None``: cross-entropy in float64 (on
+            multi-label batches: binary cross-entropy, the mean over the classes per image).
         num_classes: also count the confusion matrix of this many classes.
         preset: the mean and std that normalise uint8 batches.
         progress: a ``tqdm`` bar to advance by the images of each batch.
+        multilabel: the batches have multi-hot targets (also known from the batches themselves; say so that
+            a rank without images still joins the other ranks' gathering).
 
     Returns:
         The sums over every process's share (the confusion matrix with ``num_classes``).
@@ -72,6 +80,8 @@ def accumulate(model: nn.Module, batches: Iterable[Batch], precision: Precision,
     c = 0 if num_classes is None else num_classes  # classes of the confusion matrix (read only when counted)
     confusion = None if num_classes is None else torch.zeros(c * c, dtype=torch.int64, device=device)
     images_seen = unreadable = 0
+    scores: list[torch.Tensor] = []
+    truths: list[torch.Tensor] = []
     for images, targets, bad in batches:
         unreadable += bad
         if len(targets) == 0:
@@ -80,6 +90,18 @@ def accumulate(model: nn.Module, batches: Iterable[Batch], precision: Precision,
         y = targets.to(device, non_blocking=True)
         with precision.autocast():
             out = model(x)
+        if y.ndim == 2:  # multi-hot targets: a multi-label model
+            if criterion is None:
+                loss = F.binary_cross_entropy_with_logits(out.double(), y.double(), reduction="none").mean(1).sum()
+            else:
+                loss = criterion(out.float(), y).double() * len(y)
+            sums[0] += loss
+            scores.append(torch.sigmoid(out.float()).cpu())
+            truths.append(y.float().cpu())
+            images_seen += len(y)
+            if progress is not None:
+                progress.update(len(y))
+            continue
         if criterion is None:
             loss = F.cross_entropy(out.double(), y, reduction="sum")
         else:
@@ -96,6 +118,16 @@ def accumulate(model: nn.Module, batches: Iterable[Batch], precision: Precision,
     loss_sum, top1, top5, n, bad_files = dist.all_reduce_sum([loss_sum, top1, top5, images_seen, unreadable], ctx)
     if n == 0:
         raise DataError("no evaluation image could be read")
+    if scores or multilabel:
+        width = scores[0].shape[1] if scores else 0
+        score = torch.cat(scores).numpy() if scores else np.zeros((0, width), np.float32)
+        truth = torch.cat(truths).numpy() if truths else np.zeros((0, width), np.float32)
+        if ctx.distributed:  # every rank's images (each rank has a share of its own size)
+            gathered: list[Any] = [None] * ctx.world_size
+            torch.distributed.all_gather_object(gathered, (score, truth))
+            score = np.concatenate([g[0] for g in gathered if len(g[0])])
+            truth = np.concatenate([g[1] for g in gathered if len(g[1])])
+        return EvalTotals(loss_sum, 0, 0, int(n), int(bad_files), scores=score, targets=truth)
     matrix = None
     if confusion is not None:
         if ctx.distributed:
@@ -152,7 +184,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
                    precision: str = "fp32", memory_format: str | None = None, progress: bool = False,
                    fast_decode: bool = False, engine: str | None = None, compile: bool = False,
                    cache: bool = True, settings: EngineSettings = DEFAULT_SETTINGS,
-                   force: bool = False, decode: str = "auto") -> EvaluationReport:
+                   force: bool = False, decode: str = "auto") -> EvaluationReport | MultiLabelReport:
     """Evaluate a model on a labelled image set and (with ``output``) write its report.
 
     Example::
@@ -164,8 +196,11 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
         model: a model (moved to ``device``, in eval mode), a checkpoint path (any layout
             :func:`convnets.load_model` reads), or a registered name (its pretrained weights).
         data: the data set, in any layout of :mod:`convnets.evaluation.data`.
-        labels: the labels file of a flat ImageNet layout (default: searched for).
-        output: the report directory: ``report.json`` and ``confusion.png``; ``None``: none written.
+        labels: the labels file of a flat ImageNet layout (default: searched for); for a multi-label model
+            (``model.multilabel``) the labels CSV (required), whose ``val`` rows (or all rows, without a
+            ``val`` split) are evaluated.
+        output: the report directory: ``report.json`` and ``confusion.png`` (multi-label: ``report.json`` and
+            the per-class chart ``ap.png``); ``None``: none written.
             Files of an earlier report there are refused before the evaluation, unless ``force``.
         batch_size: images per forward pass.
         workers: data-loader processes.
@@ -189,7 +224,9 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
             ``"cpu"`` or ``"device"`` (as for :func:`convnets.predict`). Recorded in the report's ``source``.
 
     Returns:
-        The report.
+        The report: an :class:`EvaluationReport`, or for a multi-label model a
+        :class:`~convnets.evaluation.multilabel.MultiLabelReport` (``mAP``, ``micro_AP``, per-class AP and
+        precision / recall / F1 at the model's thresholds).
 
     Raises:
         DataError: no layout matches ``data``, its classes are not the model's, or no image is readable.
@@ -219,8 +256,14 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
     run = resolve_precision(dev, amp=amp, amp_dtype=precision if amp else None, memory_format=memory_format,
                             option="precision")
     keys, names = class_keys_and_names(net)
-    found: EvalSamples = find_eval_samples(data, class_names=getattr(net, "class_names", None),
-                                           num_classes=len(keys), labels=labels)
+    multilabel = bool(getattr(net, "multilabel", False))
+    if multilabel:
+        if output is not None:
+            check_destination(Path(output) / AP_CHART, force=force)
+        found: EvalSamples = multilabel_samples(data, labels, keys)
+    else:
+        found = find_eval_samples(data, class_names=getattr(net, "class_names", None), num_classes=len(keys),
+                                  labels=labels)
     preset = preset_for_model(net)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=dev)
     net.to(dev)
@@ -241,7 +284,8 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
 
         bar = tqdm(total=len(found.samples), unit="img", file=sys.stderr, dynamic_ncols=True)
     try:
-        totals = accumulate(runner, batches, run, ctx, num_classes=len(keys), preset=preset, progress=bar)
+        totals = accumulate(runner, batches, run, ctx, num_classes=None if multilabel else len(keys), preset=preset,
+                            progress=bar, multilabel=multilabel)
     finally:
         if bar is not None:
             bar.close()
@@ -251,7 +295,16 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
               "preset": asdict(preset), "fast_decode": fast_decode, "decode": decode, "precision": precision, "device": str(dev),
               "engine": getattr(runner, "engine", None),
               "seconds": round(time.perf_counter() - start, 3)}
-    report = EvaluationReport.from_totals(totals, keys, names, source)
+    report: EvaluationReport | MultiLabelReport
+    if multilabel and totals.scores is not None and totals.targets is not None:
+        source["split"] = found.split
+        source["rows_of_other_splits"] = source.pop("unlabelled_images")
+        thresholds = getattr(net, "thresholds", None) or [0.5] * len(keys)
+        report = MultiLabelReport.from_scores(totals.scores, totals.targets, thresholds, names,
+                                              loss=totals.loss_sum / totals.images, unreadable=totals.unreadable,
+                                              source=source)
+    else:
+        report = EvaluationReport.from_totals(totals, keys, names, source)
     if output is not None:
         report.write(output, force=force)
     return report

@@ -37,7 +37,7 @@ from convnets.fileio import check_destination, write_new
 from convnets.text import printable
 
 __all__ = ["CONFUSION", "METRICS", "REPORT", "ClassMetrics", "ConfusedPair", "Counts", "EvalTotals",
-           "EvaluationReport", "Metric", "check_report_destination"]
+           "EvaluationReport", "Metric", "MetricAttributes", "check_report_destination"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ class EvalTotals:
         images: images evaluated.
         unreadable: image files that could not be read (left out).
         confusion: ``[true, predicted]`` counts, when asked for.
+        scores, targets: multi-label batches (multi-hot targets): every image's sigmoid probabilities
+            and its multi-hot target, ``[images, classes]`` (all ranks'); top-1 and top-5 are then 0.
     """
 
     loss_sum: float
@@ -65,6 +67,8 @@ class EvalTotals:
     images: int
     unreadable: int
     confusion: npt.NDArray[Any] | None = None
+    scores: npt.NDArray[Any] | None = None
+    targets: npt.NDArray[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -169,8 +173,20 @@ class ConfusedPair:
     fraction: float
 
 
+class MetricAttributes:
+    """Each entry of a report's ``metrics`` dict is also an attribute (``report.top1``, ``report.mAP``)."""
+
+    def __getattr__(self, name: str) -> float:
+        # Only reached when ordinary lookup fails. Read __dict__ directly: during copy/unpickling
+        # ``metrics`` is not set yet, and ``self.metrics`` would recurse here.
+        metrics = self.__dict__.get("metrics", {})
+        if name in metrics:
+            return float(metrics[name])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
 @dataclass
-class EvaluationReport:
+class EvaluationReport(MetricAttributes):
     """What :func:`~convnets.evaluation.loop.evaluate_model` measured (conventions: the module docstring).
 
     Each metric of :data:`METRICS` is also an attribute: ``report.top1``, ``report.macro_f1``, ...
@@ -191,14 +207,6 @@ class EvaluationReport:
     confusion: npt.NDArray[Any]
     confused_pairs: list[ConfusedPair]
     source: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> float:
-        # Only reached when ordinary lookup fails. Read __dict__ directly: during copy/unpickling
-        # ``metrics`` is not set yet, and ``self.metrics`` would recurse here.
-        metrics = self.__dict__.get("metrics", {})
-        if name in metrics:
-            return float(metrics[name])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_totals(cls, totals: EvalTotals, keys: list[str], names: list[str],

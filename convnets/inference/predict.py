@@ -2,6 +2,10 @@
 
     results = convnets.predict(model, ["cat.jpg", "photos/"], topk=3)   # Predictions: a list
     results          # in Jupyter: thumbnails, classes and bars; elsewhere print(results) is text
+
+A multi-label model (``convnets train --multilabel``: ``model.multilabel``) scores each class with a
+sigmoid rather than a softmax over all of them: ``top`` holds the most probable classes with those
+probabilities, and ``labels`` every class whose probability reaches its threshold (``model.thresholds``).
 """
 
 from __future__ import annotations
@@ -45,12 +49,18 @@ class TopClass:
 @dataclass(frozen=True)
 class Prediction(Result):
     """The result for one input: its top classes or its error, and its thumbnail when decoded with
-    ``Decoding(thumbnail=...)`` (for contact sheets; not compared)."""
+    ``Decoding(thumbnail=...)`` (for contact sheets; not compared).
+
+    Attributes:
+        labels: of a multi-label model, the names of the classes whose probability reaches their threshold,
+            most probable first (possibly none); ``None`` for a single-label model.
+    """
 
     input: str
     top: list[TopClass] = field(default_factory=list)
     error: ImageLoadError | None = None
     thumbnail: Image.Image | None = field(default=None, repr=False, compare=False)
+    labels: list[str] | None = None
 
     def __str__(self) -> str:
         """The input's name and its classes, one per line, as ``convnets predict`` prints them: names and
@@ -60,7 +70,10 @@ class Prediction(Result):
             return f"{printable(self.input)}\n  error: {printable(str(self.error))}"
         ranks = (f"  {rank}. {100 * t.probability:6.2f}%  {printable(t.label)}  [{t.index}]"
                  for rank, t in enumerate(self.top, 1))
-        return "\n".join([printable(self.input), *ranks])
+        lines = [printable(self.input), *ranks]
+        if self.labels is not None:
+            lines.append(f"  labels: {', '.join(map(printable, self.labels)) or '(none above its threshold)'}")
+        return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         return predictions_html([self])
@@ -112,7 +125,10 @@ def _row(prediction: Prediction, side: int, timeout: float) -> str:
         data = base64.b64encode(buffer.getvalue()).decode("ascii")
         image = f'<img src="data:image/jpeg;base64,{data}" alt="{name}" style="max-width:{side}px">'
     classes = "".join(_bar(rank, t.label, t.index, t.probability) for rank, t in enumerate(prediction.top, 1))
-    return (f'<tr><td style="{_CELL}">{image}</td><td style="{_CELL}"><b>{name}</b>'
+    labels = "" if prediction.labels is None else (
+        '<br><span style="color:#5a5a5a">labels:</span> '
+        + (", ".join(f"<b>{html.escape(label)}</b>" for label in prediction.labels) or "none above its threshold"))
+    return (f'<tr><td style="{_CELL}">{image}</td><td style="{_CELL}"><b>{name}</b>{labels}'
             f'<table style="border-collapse:collapse">{classes}</table></td></tr>')
 
 
@@ -125,11 +141,23 @@ def _bar(rank: int, label: str, index: int, probability: float) -> str:
             "</tr>")
 
 
-def top_classes(logits: torch.Tensor, labels: Sequence[str], topk: int) -> list[list[TopClass]]:
-    """The ``topk`` most probable classes (softmax of ``logits``, ``[N, classes]``) of each row, named by ``labels``."""
-    probabilities = torch.softmax(logits.float(), dim=1).cpu()
+def top_classes(logits: torch.Tensor, labels: Sequence[str], topk: int, thresholds: Sequence[float] | None = None
+                ) -> list[tuple[list[TopClass], list[str] | None]]:
+    """Per row of ``logits`` (``[N, classes]``): the ``topk`` most probable classes, named by ``labels``, and with
+    ``thresholds`` (a multi-label model's) the names whose probability reaches their threshold, most probable first.
+
+    Probabilities are a softmax, or with ``thresholds`` each class's sigmoid.
+    """
+    logits = logits.float()
+    probabilities = (torch.softmax(logits, dim=1) if thresholds is None else torch.sigmoid(logits)).cpu()
     values, indices = probabilities.topk(topk, dim=1)
-    return [[TopClass(int(c), labels[int(c)], float(p)) for p, c in zip(v, i)] for v, i in zip(values, indices)]
+    tops = [[TopClass(int(c), labels[int(c)], float(p)) for p, c in zip(v, i)] for v, i in zip(values, indices)]
+    if thresholds is None:
+        return [(top, None) for top in tops]
+    # Compared in float64, as convnets evaluate and the thresholds' choice compare them.
+    above = probabilities.double() >= torch.tensor([float(t) for t in thresholds], dtype=torch.float64)
+    order = torch.argsort(probabilities, dim=1, descending=True, stable=True)
+    return [(top, [labels[int(c)] for c in row if above[r, int(c)]]) for r, (top, row) in enumerate(zip(tops, order))]
 
 
 def class_labels(model: ResNet) -> list[str]:
@@ -187,7 +215,7 @@ def predict_items(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, items:
                   preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT,
                   on_batch: Callable[[int], None] | None = None, start: int = 0, workers: int | None = 0,
                   decoding: Decoding | None = None, allow_private: bool = True,
-                  decode: str = "auto") -> Iterator[Prediction]:
+                  decode: str = "auto", thresholds: Sequence[float] | None = None) -> Iterator[Prediction]:
     """:func:`iter_predict` for ``(input, error)`` items already expanded by :func:`iter_inputs`.
 
     Args:
@@ -202,6 +230,8 @@ def predict_items(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, items:
         decode: where JPEGs are decoded: ``"auto"`` (on ``device`` when it is a CUDA GPU, else with Pillow),
             ``"cpu"`` (Pillow, upstream's numbers) or ``"device"`` (``torchvision.io.decode_jpeg`` and tensor
             preprocessing on ``device``, the CPU included; other images go the CPU path, per image).
+        thresholds: per-class decision thresholds of a multi-label model: sigmoid probabilities, and each
+            prediction's ``labels``; default: ``model.thresholds`` of a multi-label ResNet, else a softmax.
     """
     if not isinstance(topk, int) or topk < 1:
         raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
@@ -209,11 +239,17 @@ def predict_items(model: Callable[[torch.Tensor], torch.Tensor] | ResNet, items:
         if not isinstance(model, ResNet):
             raise InvalidArgumentError("pass labels= when the model is not a convnets ResNet")
         labels = class_labels(model)
+    if thresholds is None and isinstance(model, ResNet):
+        thresholds = model.decision_thresholds()
+    if thresholds is not None and len(thresholds) != len(labels):
+        raise InvalidArgumentError(f"thresholds has {len(thresholds)} values for {len(labels)} classes",
+                                   keyword="thresholds")
     topk = min(topk, len(labels))
     names = list(labels)
     chosen = resolve_decoding(model, decoding, preset=preset, image_size=image_size, resize_size=resize_size,
                               timeout=timeout, workers=workers, allow_private=allow_private, decode=decode)
-    for name, top, error, thumbnail in map_batches(lambda batch: top_classes(model(batch), names, topk), items,
-                                                   batch_size=batch_size, decoding=chosen, device=device, start=start,
-                                                   on_batch=on_batch):
-        yield Prediction(name, top or [], error, thumbnail)
+    for name, value, error, thumbnail in map_batches(lambda batch: top_classes(model(batch), names, topk, thresholds),
+                                                     items, batch_size=batch_size, decoding=chosen, device=device,
+                                                     start=start, on_batch=on_batch):
+        top, above = value if value is not None else ([], None)
+        yield Prediction(name, top, error, thumbnail, labels=above)

@@ -203,7 +203,9 @@ class ContactSheetWriter:
             y, percent = side + line * (rank + 1), f"{100 * top.probability:.1f}%"
             bar = round((side - 1) * min(max(top.probability, 0.0), 1.0))
             if bar:
-                draw.rectangle((0, y + 1, bar, y + line - 2), fill=_TOP_BAR if rank == 0 else _BAR)
+                # The darker bar: the best class; of a multi-label model, each class above its threshold.
+                chosen = rank == 0 if result.labels is None else top.label in result.labels
+                draw.rectangle((0, y + 1, bar, y + line - 2), fill=_TOP_BAR if chosen else _BAR)
             draw.text((2 + column - font.getlength(percent), y + 1), percent, font=font, fill=_INK)  # right-aligned
             draw.text((8 + column, y + 1), _fit(top.label, font, side - column - 10), font=font, fill=_INK)
         return tile

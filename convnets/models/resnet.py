@@ -180,6 +180,11 @@ class ResNet(nn.Module):
         #: Center-crop size the weights were trained for (a training checkpoint records it);
         #: ``convnets predict`` preprocesses to it.
         self.input_size: int = 224
+        #: A multi-label classifier (``convnets train --multilabel``): a sigmoid per class, and the labels
+        #: whose probability reaches their ``thresholds`` entry, instead of a softmax over the classes.
+        self.multilabel: bool = False
+        #: The per-class decision thresholds of a multi-label classifier (chosen on its validation set).
+        self.thresholds: list[float] | None = None
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         self._init_weights(conv_init, last_bn_0_init)
         set_frozen_modes(self, frozen_stages=frozen_stages, norm_eval=norm_eval)
@@ -189,6 +194,11 @@ class ResNet(nn.Module):
         BatchNorm stay in eval mode."""
         super().train(mode)
         return set_frozen_modes(self, frozen_stages=self.frozen_stages, norm_eval=self.norm_eval)
+
+    def decision_thresholds(self) -> list[float] | None:
+        """A multi-label classifier's per-class thresholds (0.5 for a checkpoint that stores none); ``None``
+        for a single-label one (a softmax)."""
+        return (self.thresholds or [0.5] * self.num_classes) if self.multilabel else None
 
     def _init_weights(self, conv_init: Literal["fan_in", "fan_out"], last_bn_0_init: bool) -> None:
         if self.conv1.weight.is_meta:

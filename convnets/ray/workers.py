@@ -174,7 +174,8 @@ class Classifier(Worker[Prediction]):
     Returns (from a call):
         ``path``/``input`` (as given), ``top_indices`` (int64, rows x ``topk``; -1 where the row failed),
         ``top_labels`` (a list of ``topk`` names per row; empty where it failed), ``top_probabilities``
-        (float32, rows x ``topk``; NaN where it failed) and ``error``.
+        (float32, rows x ``topk``; NaN where it failed; a multi-label model's sigmoids), ``error``, and for a
+        multi-label model ``labels`` (the names above their thresholds, most probable first).
     """
 
     def __init__(self, model: ResNet | str = DEFAULT_MODEL, *, topk: int = 5, **options: Any) -> None:
@@ -182,6 +183,8 @@ class Classifier(Worker[Prediction]):
 
         super().__init__(model, **options)
         self.labels = class_labels(self.model)
+        # A multi-label model's thresholds: sigmoid probabilities, and each row's labels above them.
+        self.thresholds = self.model.decision_thresholds()
         if not isinstance(topk, int) or not 1 <= topk <= len(self.labels):
             raise InvalidArgumentError(f"topk must be an integer from 1 to the model's {len(self.labels)} classes, "
                                        f"got {topk!r}", keyword="topk")
@@ -190,23 +193,26 @@ class Classifier(Worker[Prediction]):
                                           compile=self.compile, cache=self.cache, settings=self.settings)
 
     def __call__(self, batch: Batch) -> Batch:
-        values, out = self._run(batch, lambda x: top_classes(self.net(x), self.labels, self.topk))
+        values, out = self._run(batch, lambda x: top_classes(self.net(x), self.labels, self.topk, self.thresholds))
         size, k = len(values), self.topk
         indices, probabilities = np.full((size, k), -1, np.int64), np.full((size, k), np.nan, np.float32)
-        labels = np.empty(size, dtype=object)  # a list of names per row: Arrow's list<string>
-        for row, top in enumerate(values):
-            labels[row] = [t.label for t in top or []]
-            for rank, t in enumerate(top or []):
+        names, above = np.empty(size, dtype=object), np.empty(size, dtype=object)  # lists: Arrow's list<string>
+        for row, value in enumerate(values):
+            top, chosen = value if value is not None else ([], [])
+            names[row], above[row] = [t.label for t in top], chosen
+            for rank, t in enumerate(top):
                 indices[row, rank], probabilities[row, rank] = t.index, t.probability
-        return {**out, "top_indices": indices, "top_labels": labels, "top_probabilities": probabilities}
+        out = {**out, "top_indices": indices, "top_labels": names, "top_probabilities": probabilities}
+        return out if self.thresholds is None else {**out, "labels": above}
 
     @classmethod
     def result(cls, name: str, row: dict[str, Any] | None, error: ImageLoadError | None = None) -> Prediction:
         """The :class:`~convnets.inference.predict.Prediction` of an output row, or of ``error``."""
         if row is None or row["error"]:
             return Prediction(name, error=error or ImageLoadError(str(row and row["error"])))
-        return Prediction(name, [TopClass(int(i), str(label), float(p)) for i, label, p in
-                                 zip(row["top_indices"], row["top_labels"], row["top_probabilities"])])
+        top = [TopClass(int(i), str(label), float(p))
+               for i, label, p in zip(row["top_indices"], row["top_labels"], row["top_probabilities"])]
+        return Prediction(name, top, labels=[str(label) for label in row["labels"]] if "labels" in row else None)
 
 
 class Embedder(Worker[Embedding]):

@@ -99,6 +99,10 @@ class Classifier:
                              pretrained=served.pretrained, arch_kwargs=served.arch_kwargs, device=self.device,
                              image_size=served.image_size).model
         self.labels = [label.encode("utf-8") for label in class_labels(model)]
+        # A multi-label model: sigmoid probabilities, and the labels above their thresholds (served.json's,
+        # which also declared the labels output in config.pbtxt).
+        self.thresholds = (torch.tensor(served.thresholds, dtype=torch.float64) if served.thresholds is not None
+                           else None)
         self.preset = preset_for_model(model).with_crop_size(served.image_size)
         from convnets.preprocessing.device import resolve_decode
 
@@ -175,7 +179,14 @@ class Classifier:
                 outputs["embedding"] = embedding.cpu().numpy()
             else:
                 logits = self.net(x)
-            probabilities = torch.softmax(logits.float(), dim=1).cpu()
+            if self.thresholds is None:
+                probabilities = torch.softmax(logits.float(), dim=1).cpu()
+            else:
+                probabilities = torch.sigmoid(logits.float()).cpu()
+                above = probabilities.double() >= self.thresholds  # in float64, as predict compares
+                order = torch.argsort(probabilities, dim=1, descending=True, stable=True).tolist()
+                outputs["labels"] = np.array([[self.labels[c] for c in row if above[r, c]] + [b""] * (
+                    len(row) - int(above[r].sum())) for r, row in enumerate(order)], dtype=object)
             values, indices = probabilities.topk(self.served.topk, dim=1)
         outputs["probabilities"] = probabilities.numpy()
         outputs["top_probabilities"] = values.numpy()

@@ -18,9 +18,16 @@ The model's interface (KServe v2 / Open Inference Protocol; N images per request
 * output ``embedding`` (with ``embedding=True``): ``FP32`` ``[N, features]``, the pooled ``layer4``
   features, whose classifier gives the logits.
 
+A multi-label model (``convnets train --multilabel``) answers with a sigmoid per class in
+``probabilities`` and ``top_probabilities``, and has one output more:
+
+* ``labels``: ``BYTES`` ``[N, classes]``, the names of the classes whose probability reaches their
+  threshold, most probable first, then empty strings (``convnets predict``'s ``labels``).
+
 The config's ``parameters`` name the model, its weights (the checkpoint's file name, never its
-directory), engine and precision, and hold the class names as a JSON list (``labels``), so a client
-reads them with ``get_model_config``.
+directory), engine and precision, and hold the class names as a JSON list (``labels``) and, for a
+multi-label model, its thresholds (``thresholds``, a JSON list), so a client reads them with
+``get_model_config``.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ __all__ = ["BACKEND_MODULE", "INPUT", "OUTPUTS", "SERVED_FILE", "ServedModel", "
 #: The input tensor: encoded image files.
 INPUT = "image"
 #: The output tensors (``embedding`` only when asked for).
-OUTPUTS: tuple[str, ...] = ("probabilities", "top_labels", "top_indices", "top_probabilities", "embedding")
+OUTPUTS: tuple[str, ...] = ("probabilities", "top_labels", "top_indices", "top_probabilities", "labels", "embedding")
 #: Where the backend finds its :class:`ServedModel`, in the model's directory.
 SERVED_FILE = "served.json"
 #: The module whose ``TritonPythonModel`` the repository's ``model.py`` re-exports.
@@ -84,6 +91,8 @@ class ServedModel:
         max_image_bytes: the largest encoded image accepted.
         labels: the class names, one per output of ``probabilities``.
         num_features: the length of ``embedding``.
+        thresholds: a multi-label model's per-class thresholds (sigmoid probabilities and the ``labels``
+            output); ``None``: a single-label model (softmax).
     """
 
     name: str
@@ -106,10 +115,12 @@ class ServedModel:
     fast_decode: bool = False
     embedding: bool = False
     decode: str = "auto"
+    thresholds: tuple[float, ...] | None = None
 
     def outputs(self) -> tuple[str, ...]:
         """The output tensors this model has."""
-        return OUTPUTS if self.embedding else tuple(o for o in OUTPUTS if o != "embedding")
+        return tuple(o for o in OUTPUTS if (o != "embedding" or self.embedding)
+                     and (o != "labels" or self.thresholds is not None))
 
     def to_json(self) -> str:
         """The settings as JSON (:meth:`from_json` reads them back)."""
@@ -120,6 +131,8 @@ class ServedModel:
         """Settings written by :meth:`to_json`."""
         values = json.loads(text)
         values["labels"] = tuple(values["labels"])
+        if values.get("thresholds") is not None:
+            values["thresholds"] = tuple(values["thresholds"])
         return cls(**values)
 
 
@@ -138,6 +151,7 @@ def model_config(served: ServedModel) -> str:
     classes, k = len(served.labels), served.topk
     shapes = {"probabilities": (pb.TYPE_FP32, classes), "top_labels": (pb.TYPE_STRING, k),
               "top_indices": (pb.TYPE_INT64, k), "top_probabilities": (pb.TYPE_FP32, k),
+              "labels": (pb.TYPE_STRING, classes),
               "embedding": (pb.TYPE_FP32, served.num_features)}
     for name in served.outputs():
         data_type, size = shapes[name]
@@ -153,6 +167,8 @@ def model_config(served: ServedModel) -> str:
                        "engine": served.engine, "precision": served.precision, "image_size": str(served.image_size),
                        "topk": str(served.topk), "labels": json.dumps(served.labels, ensure_ascii=False)}.items():
         config.parameters[key].string_value = value
+    if served.thresholds is not None:
+        config.parameters["thresholds"].string_value = json.dumps(list(served.thresholds))
     header = "# Written by `convnets serve`: a convnets classifier on Triton's Python backend.\n"
     return header + text_format.MessageToString(config, as_utf8=True)
 

@@ -10,7 +10,10 @@ containers and scalars (``torch.load(weights_only=True)`` reads it); its keys ar
 (epochs completed), ``step`` (optimizer steps), ``skipped_steps``, ``best_top1`` / ``best_epoch``,
 ``history`` (the per-epoch metrics so far), ``rng`` (torch / CUDA / numpy / Python generator
 states), ``config`` (the run's ``TrainConfig`` as a dict), ``arch`` (model name), ``arch_spec``
-(``ArchSpec.to_dict()``), ``class_names``, ``world_size`` and ``format`` (:data:`FORMAT`).
+(``ArchSpec.to_dict()``), ``class_names``, ``world_size`` and ``format`` (:data:`FORMAT`); a multi-label run (``--multilabel``)
+also ``multilabel`` (``True``) and ``thresholds`` (the per-class decision thresholds chosen on the
+validation set of that epoch), and its ``best_top1`` / ``best_epoch`` are those of the validation mAP
+(a fraction, not a percentage).
 ``arch_spec``, ``class_names`` and ``config["image_size"]`` make it self-describing; other
 checkpoint files may carry the same entries, which :class:`ModelRecord` reads leniently.
 
@@ -42,7 +45,7 @@ from convnets.errors import CheckpointError, short_repr
 from convnets.fileio import atomic_write
 from convnets.models.specs import ArchSpec
 from convnets.weights.files import read_checkpoint
-from convnets.weights.record import STATE_DICT, STATE_DICT_EMA, ModelRecord, is_int, is_names
+from convnets.weights.record import STATE_DICT, STATE_DICT_EMA, ModelRecord, is_int, is_names, is_thresholds
 
 __all__ = ["BEST", "BEST_SAFETENSORS", "CHECKPOINT", "FORMAT", "TrainingCheckpoint", "atomic_copy", "get_rng_state",
            "restore_rng_state", "set_rng_state", "unlike"]
@@ -51,6 +54,8 @@ __all__ = ["BEST", "BEST_SAFETENSORS", "CHECKPOINT", "FORMAT", "TrainingCheckpoi
 FORMAT = "convnets-train/1"
 # Written only when the run keeps an EMA of the weights (older readers expect them absent).
 _ONLY_WITH_EMA = (STATE_DICT_EMA, "ema_updates")
+# Written only by a multi-label run (a single-label checkpoint stays as it was).
+_ONLY_MULTILABEL = ("multilabel", "thresholds")
 
 CHECKPOINT = "checkpoint.pth.tar"
 BEST = "model_best.pth.tar"
@@ -204,6 +209,8 @@ class TrainingCheckpoint:
     config: dict[str, Any] = field(default_factory=dict)
     arch: str | None = None
     world_size: int = 1
+    multilabel: bool = False
+    thresholds: list[float] | None = None
     format: str = FORMAT
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,6 +218,9 @@ class TrainingCheckpoint:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if self.state_dict_ema is None:
             for key in _ONLY_WITH_EMA:
+                del out[key]
+        if not self.multilabel:
+            for key in _ONLY_MULTILABEL:
                 del out[key]
         return out
 
@@ -267,6 +277,10 @@ class TrainingCheckpoint:
             (STATE_DICT_EMA, "a dict or None", optional(mapping)), ("ema_updates", "an int >= 0 or None", optional(count)),
             ("config", "a dict", mapping), ("arch", "a str or None", optional(lambda v: isinstance(v, str))),
             ("world_size", "an int >= 1", lambda v: count(v, 1)),
+            ("multilabel", "True or False", lambda v: isinstance(v, bool)),
+            ("thresholds", "a list of numbers, one per class, or None",
+             optional(lambda v: is_thresholds(v) and (not is_names(obj["class_names"])
+                                                      or len(v) == len(obj["class_names"])))),
         )
         wrong = [f"{k} ({short_repr(obj[k]) if is_int(obj[k]) else type(obj[k]).__name__}, expected {what})"
                  for k, what, ok in checks if k in obj and not ok(obj[k])]

@@ -75,7 +75,8 @@ def flag_name(name: str) -> str:
 
 def _flag_words(text: str) -> str:
     # Field names mentioned inside a message, in command-line spelling (one pass: no re-replacing).
-    return re.sub(r"\b(pretrained_from_file|pretrained|resume)\b", lambda m: flag_name(m.group(1)), text)
+    return re.sub(r"\b(pretrained_from_file|pretrained|resume|labels|multilabel)\b", lambda m: flag_name(m.group(1)),
+                  text)
 
 
 #: The counts of :class:`TrainConfig`: at least 1, or at least 0. ``convnets train`` checks them while it
@@ -89,8 +90,16 @@ class TrainConfig:
     """Everything a run depends on; defaults are NVIDIA's recipe (see :mod:`convnets.train.recipe`).
 
     Attributes:
-        data: directory with ``train/<class>/*`` and ``val/<class>/*`` (ImageFolder layout);
-            not needed with ``data_backend="synthetic"``.
+        data: directory with ``train/<class>/*`` and ``val/<class>/*`` (ImageFolder layout), or the
+            images of ``labels``; not needed with ``data_backend="synthetic"``.
+        labels: with ``multilabel``: a CSV of ``path`` (relative to ``data``), ``labels`` (``;``-separated)
+            and optionally ``split`` (``train`` / ``val``; default: the first folder of ``path``); see
+            :mod:`convnets.data.multilabel`.
+        multilabel: multi-label fine-tuning: a sigmoid per class and ``BCEWithLogitsLoss`` (label
+            smoothing moves each target towards ``label_smoothing / classes``, as timm's
+            ``BinaryCrossEntropy``; MixUp mixes the multi-hot targets), the best epoch by validation
+            mAP, and per-class thresholds maximising each class's F1 on the validation split, stored in
+            the checkpoints.
         output: directory for ``checkpoint.pth.tar``, ``model_best.pth.tar``,
             ``model_best.safetensors`` and ``metrics.jsonl`` (not needed with ``evaluate``).
         arch: a registered model name (:func:`convnets.list_models`).
@@ -136,7 +145,14 @@ class TrainConfig:
     """
 
     data: Path | None = field(default=None, metadata=option(
-        "directory with train/<class>/* and val/<class>/*", DATA, metavar="DIR"))
+        "directory with train/<class>/* and val/<class>/*, or the images that --labels lists", DATA, metavar="DIR"))
+    labels: Path | None = field(default=None, metadata=option(
+        "with --multilabel: a CSV with the columns path (relative to --data), labels (separated by ';') and "
+        "optionally split (train / val; default: the first folder of path)", DATA, metavar="FILE.csv"))
+    multilabel: bool = field(default=False, metadata=option(
+        "multi-label fine-tuning on --labels: a sigmoid per class and BCEWithLogitsLoss, the best epoch by "
+        "validation mAP, per-class thresholds (best F1 on the validation split) stored in the checkpoints; "
+        "--label-smoothing S moves the targets towards S / classes", DATA))
     output: Path | None = field(default=None, metadata=option(
         "directory (created) that gets checkpoint.pth.tar, model_best.pth.tar, model_best.safetensors, "
         "metrics.jsonl, tensorboard/ and curves.png", DATA, shared="output"))
@@ -202,7 +218,7 @@ class TrainConfig:
         "(default: %(default)s)", RUN, metavar="N"))
 
     def __post_init__(self) -> None:
-        for name in ("data", "output", "pretrained_from_file", "resume"):
+        for name in ("data", "labels", "output", "pretrained_from_file", "resume"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, Path(value))
@@ -227,6 +243,12 @@ class TrainConfig:
                 problems.append((name, f"is out of range: {value!r}"))
         if self.data_backend not in BACKENDS:
             problems.append(("data_backend", f"must be one of {', '.join(BACKENDS)}, got {self.data_backend!r}"))
+        if self.multilabel and self.labels is None:
+            problems.append(("multilabel", "needs labels, a CSV of the images and their label sets"))
+        if self.labels is not None and not self.multilabel:
+            problems.append(("labels", "is the CSV of multi-label training: give multilabel too"))
+        if self.multilabel and self.data_backend != "pytorch":
+            problems.append(("multilabel", f"reads its images with the pytorch data backend, not {self.data_backend}"))
         if self.data_backend != "synthetic" and self.data is None:
             problems.append(("data", f"(a directory) is required with the {self.data_backend} backend"))
         if self.evaluate:

@@ -6,7 +6,8 @@ no ``pyplot``, so the caller's matplotlib backend and global figures are left al
 
 The loop records no training accuracy (under MixUp it is not defined), so the accuracy panel shows
 validation top-1 (and the EMA's with ``--ema``) and says so; a ``train_top1`` key, if a record has
-one, is drawn too.
+one, is drawn too. A multi-label run (``train --multilabel``) records validation mAP instead, which
+the right panel then shows.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ _PANELS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
         ("train_top1", "train", "C0-"), ("val_top1", "validation", "C1-"),
         ("ema_val_top1", "validation (EMA)", "C2--")]),
 ]
+#: The right panel of a multi-label run (``train --multilabel``), which records mAP instead of top-1.
+_MULTILABEL_PANEL = ("validation mAP", "mAP", [("val_mAP", "validation", "C1-"), ("ema_val_mAP", "validation (EMA)",
+                                                                                   "C2--")])
 
 
 def _require_matplotlib() -> tuple[Any, Any, Any]:
@@ -81,7 +85,8 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: Path, *, title: str 
     epochs = [int(r["epoch"]) for r in records]
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    for ax, (name, ylabel, series) in zip(fig.subplots(1, 2), _PANELS):
+    panels = [_PANELS[0], _MULTILABEL_PANEL] if any("val_mAP" in r for r in records) else _PANELS
+    for ax, (name, ylabel, series) in zip(fig.subplots(1, 2), panels):
         drawn = []
         for key, label, style in series:
             if any(key in r for r in records):
@@ -94,6 +99,8 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: Path, *, title: str 
             _mark_best(ax, epochs, [_number(r.get("val_top1")) for r in records])
             if "train_top1" not in drawn:
                 name += " (no training accuracy recorded)"
+        if name == "validation mAP":
+            _mark_best(ax, epochs, [_number(r.get("val_mAP")) for r in records], "{:.4f}")
         ax.set_title(name)
         ax.set_xlabel("epoch")
         ax.set_ylabel(ylabel)
@@ -111,11 +118,12 @@ def _spans_decades(records: Sequence[Mapping[str, Any]], keys: list[str]) -> boo
     return bool(values) and min(values) > 0 and max(values) / min(values) > 20
 
 
-def _mark_best(ax: Any, epochs: list[int], top1: list[float]) -> None:
+def _mark_best(ax: Any, epochs: list[int], top1: list[float], shown: str = "{:.2f}%") -> None:
     finite = [(v, e) for e, v in zip(epochs, top1) if math.isfinite(v)]
     if finite:
         best, epoch = max(finite, key=lambda p: (p[0], -p[1]))  # the first epoch reaching the best
-        ax.plot([epoch], [best], "*", color="black", markersize=10, label=f"best {best:.2f}% (epoch {epoch})")
+        ax.plot([epoch], [best], "*", color="black", markersize=10,
+                label=f"best {shown.format(best)} (epoch {epoch})")
 
 
 def write_curves(output: Path, path: Path | None = None, *, force: bool = False) -> Path:

@@ -40,7 +40,7 @@ from convnets.data.folders import Batch, DataSource, make_data, to_device
 from convnets.evaluation.loop import accumulate
 from convnets.train.metrics import METRICS, TrainSummary, append_metrics, format_rate, write_history
 from convnets.runtime import Precision, resolve_precision
-from convnets.train.recipe import default_warmup_epochs, scaled_lr
+from convnets.train.recipe import MultiLabelLoss, default_warmup_epochs, scaled_lr
 from convnets.train.step import Trainer, configure_backends
 from convnets.train.tensorboard import TENSORBOARD_DIR, TensorBoardLog, open_tensorboard
 from convnets.weights.record import is_int
@@ -125,7 +125,7 @@ def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *,
 def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:
     start = time.perf_counter()
     data = make_data(cfg.data_backend, cfg.data, batch_size=cfg.batch_size, image_size=cfg.image_size,
-                     workers=cfg.workers, seed=cfg.seed, ctx=ctx, train=False)
+                     workers=cfg.workers, seed=cfg.seed, ctx=ctx, train=False, labels=cfg.labels)
     models = {}
     if cfg.resume is not None:
         models["val"] = load_model(cfg.resume)
@@ -137,8 +137,10 @@ def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> 
     for prefix, model in models.items():
         _check_head(model, data.classes, cfg)
         model.to(ctx.device).to(memory_format=precision.memory_format)
-        result = evaluate(model, data.val(), precision, ctx, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing))
-        metrics.update({f"{prefix}_{k}": v for k, v in result.items() if k in ("loss", "top1", "top5")})
+        criterion = (MultiLabelLoss(cfg.label_smoothing) if data.multilabel
+                     else nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing))
+        result = evaluate(model, data.val(), precision, ctx, criterion, multilabel=data.multilabel)
+        metrics.update({f"{prefix}_{k}": v for k, v in result.items() if k in ("loss", "top1", "top5", "mAP", "f1")})
         metrics["images"], metrics["unreadable_images"] = result["images"], result["unreadable"]
     return TrainSummary(0, metrics, unreadable_images=metrics["unreadable_images"],
                         seconds=time.perf_counter() - start)
@@ -175,10 +177,12 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
     if ctx.is_main:
         _prepare_output(out, resuming=ckpt is not None)
     data = make_data(cfg.data_backend, cfg.data, batch_size=cfg.batch_size, image_size=cfg.image_size,
-                     workers=cfg.workers, seed=cfg.seed, ctx=ctx)
+                     workers=cfg.workers, seed=cfg.seed, ctx=ctx, labels=cfg.labels)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and every run
     model = _build_model(cfg, len(data.classes), ctx, init_only=ckpt is not None)
     model.class_names = list(data.classes)
+    # A model fine-tuned from a multi-label checkpoint on single-label data is single-label, and back.
+    model.multilabel, model.thresholds = data.multilabel, None
     if ckpt is not None:
         _check_resume(ckpt, model, data.classes, cfg)
     model.to(ctx.device).to(memory_format=precision.memory_format)
@@ -216,7 +220,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
                  ctx.world_size, cfg.grad_accum, global_batch, lr, warmup_epochs, data.num_train, data.num_val,
                  first_epoch)
 
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    criterion = trainer.criterion  # validation loss = training loss (label-smoothed, multi-label or not)
+    headline = "val_mAP" if data.multilabel else "val_top1"  # what the best epoch is chosen by
     # Fed the very records of metrics.jsonl (after each is appended), so the two cannot disagree.
     board = (open_tensorboard(out / TENSORBOARD_DIR, history, first_step=first_epoch * steps_per_epoch)
              if ctx.is_main and cfg.tensorboard else None)
@@ -226,29 +231,34 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
             record: dict[str, Any] = {"epoch": epoch + 1}
             record.update(_train_epoch(trainer, data, epoch, steps_per_epoch, cfg, ctx, board))
             trainer.sync_buffers()
-            val = evaluate(model, data.val(), precision, ctx, criterion)
-            record.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"], val_images=val["images"])
+            val = evaluate(model, data.val(), precision, ctx, criterion, multilabel=data.multilabel)
+            if data.multilabel:
+                record.update(val_loss=val["loss"], val_mAP=val["mAP"], val_f1=val["f1"], val_images=val["images"])
+            else:
+                record.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"],
+                              val_images=val["images"])
             record["unreadable_images"] += val["unreadable"]
             if trainer.ema is not None:
-                ema = evaluate(trainer.ema.module, data.val(), precision, ctx, criterion)
-                record.update(ema_val_loss=ema["loss"], ema_val_top1=ema["top1"], ema_val_top5=ema["top5"])
+                ema = evaluate(trainer.ema.module, data.val(), precision, ctx, criterion, multilabel=data.multilabel)
+                record.update({f"ema_{k}": ema[k[4:]] for k in record if k.startswith("val_") and k != "val_images"})
             if trainer.scaler is not None:  # fp16 loss scaling: the scale after the epoch's last step
                 record["loss_scale"] = float(trainer.scaler.get_scale())
             record["epoch_seconds"] = time.perf_counter() - epoch_start
             history.append(record)
-            if record["val_top1"] > best_top1:
-                best_top1, best_epoch = record["val_top1"], epoch + 1
+            if record[headline] > best_top1:
+                best_top1, best_epoch = record[headline], epoch + 1
+            thresholds = val.get("thresholds") if data.multilabel else None
             if ctx.is_main:
                 trainer.to_checkpoint(
                     epoch=epoch + 1, best_top1=best_top1, best_epoch=best_epoch, history=history, rng=get_rng_state(),
                     config=cfg.to_dict(), arch=cfg.arch, arch_spec=model.spec.to_dict(), class_names=list(data.classes),
-                    world_size=ctx.world_size).write(out / CHECKPOINT)
+                    world_size=ctx.world_size, multilabel=data.multilabel, thresholds=thresholds).write(out / CHECKPOINT)
                 if best_epoch == epoch + 1:
                     atomic_copy(out / CHECKPOINT, out / BEST)
                     # The same weights as BEST's state_dict (the unwrapped model, not its EMA), pickle-free
                     # and self-describing. image_size is explicit: the model's input_size stays 224.
                     save_safetensors(trainer.model, out / BEST_SAFETENSORS, arch_spec=model.spec,
-                                     class_names=list(data.classes), image_size=cfg.image_size)
+                                     class_names=list(data.classes), image_size=cfg.image_size, thresholds=thresholds)
                 # After the checkpoint: a crash in between loses this line, and --resume rewrites
                 # metrics.jsonl from the checkpoint's history anyway.
                 append_metrics(out / METRICS, record)
@@ -292,6 +302,10 @@ def _check_resume(ckpt: TrainingCheckpoint, model: ResNet, classes: list[str], c
             f"{cfg.resume} was trained as {ckpt.arch or '?'} {ckpt.arch_spec}, but this run builds "
             f"{cfg.arch} {model.spec.to_dict()}; pass the --arch / --arch-kwargs of that run (its config is "
             "stored in the checkpoint), or start a new run with --pretrained-from-file")
+    if ckpt.multilabel != cfg.multilabel:
+        raise CheckpointError(f"{cfg.resume} is of a {'multi' if ckpt.multilabel else 'single'}-label run; resume it "
+                              f"{'with' if ckpt.multilabel else 'without'} --multilabel, or fine-tune from it with "
+                              "--pretrained-from-file instead")
     if ckpt.class_names != list(classes):
         raise CheckpointError(f"{cfg.resume} was trained on other classes ({len(ckpt.class_names)}, e.g. "
                               f"{ckpt.class_names[:3]}) than {cfg.data} has ({len(classes)}, e.g. "
@@ -376,19 +390,31 @@ class _Interval:
 
 
 def evaluate(model: nn.Module, batches: Iterable[Batch], precision: Precision, ctx: DistContext,
-             criterion: nn.Module | None = None) -> dict[str, float]:
-    """Validation loss, top-1 and top-5 accuracy (percent) over all processes' batches.
+             criterion: nn.Module | None = None, *, multilabel: bool = False) -> dict[str, Any]:
+    """Validation loss, top-1 and top-5 accuracy (percent) over all processes' batches; of a multi-label
+    model, its loss, mAP, per-class thresholds and macro F1 at them instead.
 
     Sums (not means) are all-reduced (:func:`convnets.evaluation.loop.accumulate`, the loop that
     ``convnets evaluate`` runs too), so the result is that of the whole validation set.
 
     Returns:
-        ``{"loss", "top1", "top5", "images", "unreadable"}``.
+        ``{"loss", "top1", "top5", "images", "unreadable"}``; multi-label: ``{"loss", "mAP", "f1",
+        "thresholds", "images", "unreadable"}``, the thresholds maximising each class's F1 on these
+        batches (:func:`~convnets.evaluation.multilabel.choose_thresholds`) and ``f1`` the macro F1 at
+        them (fractions).
 
     Raises:
         DataError: no validation image could be read.
     """
-    totals = accumulate(model, batches, precision, ctx, criterion)
+    totals = accumulate(model, batches, precision, ctx, criterion, multilabel=multilabel)
     n = totals.images
+    if totals.scores is not None and totals.targets is not None:
+        from convnets.evaluation.multilabel import MultiLabelReport, choose_thresholds
+
+        thresholds = choose_thresholds(totals.scores, totals.targets)
+        names = [str(i) for i in range(totals.scores.shape[1])]
+        report = MultiLabelReport.from_scores(totals.scores, totals.targets, thresholds, names)
+        return {"loss": totals.loss_sum / n, "mAP": report.metrics["mAP"], "f1": report.metrics["macro_f1"],
+                "thresholds": thresholds, "images": n, "unreadable": totals.unreadable}
     return {"loss": totals.loss_sum / n, "top1": 100 * totals.top1 / n, "top5": 100 * totals.top5 / n, "images": n,
             "unreadable": totals.unreadable}

@@ -74,7 +74,7 @@ class TrainSummary:
 
     epochs: int
     metrics: dict[str, Any]
-    best_top1: float | None = None
+    best_top1: float | None = None  # multi-label: the best validation mAP (a fraction)
     best_epoch: int | None = None
     checkpoint: Path | None = None
     best_checkpoint: Path | None = None
@@ -87,7 +87,14 @@ class TrainSummary:
     def line(self) -> str:
         """One human-readable line."""
         m = self.metrics
-        if self.checkpoint is None:  # --evaluate
+        if "val_mAP" in m:  # multi-label
+            if self.checkpoint is None:
+                text = f"evaluated {m['images']} images: loss {m['val_loss']:.4f}, mAP {m['val_mAP']:.4f}"
+            else:
+                text = (f"trained {self.epochs} epochs in {self.seconds:.0f} s: val mAP {m['val_mAP']:.4f} (best "
+                        f"{self.best_top1 or 0:.4f} at epoch {self.best_epoch}), macro F1 {m['val_f1']:.3f} at its "
+                        f"thresholds, {format_rate(m.get('img_per_s', 0))} img/s; checkpoint {self.checkpoint}")
+        elif self.checkpoint is None:  # --evaluate
             text = (f"evaluated {m['images']} images: loss {m['val_loss']:.4f}, top-1 {m['val_top1']:.2f}%, "
                     f"top-5 {m['val_top5']:.2f}%")
             if "ema_val_top1" in m:

@@ -5,6 +5,9 @@ Source of the recipe: https://github.com/NVIDIA/DeepLearningExamples/tree/master
 256 images of global batch, cosine schedule with linear warmup, weight decay 1/16384 on
 convolution and linear weights only, label smoothing 0.1, optional MixUp, optional EMA of weights,
 mixed precision with dynamic loss scaling (initial scale 128) and channels-last layout.
+
+Multi-label fine-tuning (``--multilabel``) keeps all of it and replaces the loss with
+:class:`MultiLabelLoss` (``BCEWithLogitsLoss`` on multi-hot targets).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ __all__ = [
     "BASE_LR_PER_256",
     "LABEL_SMOOTHING",
     "MOMENTUM",
+    "MultiLabelLoss",
     "WEIGHT_DECAY",
     "default_warmup_epochs",
     "lr_at",
@@ -121,7 +125,7 @@ def mixup(images: Tensor, targets: Tensor, alpha: float,
 
     Args:
         images: a normalised batch ``[N, C, H, W]``.
-        targets: class indices ``[N]``.
+        targets: class indices ``[N]`` (or multi-hot rows ``[N, C]``: see :class:`MultiLabelLoss`).
         alpha: Beta(alpha, alpha) parameter of the mixing weight (upstream: 0.2).
         rng: source of the mixing weight and of the pairing, seeded per epoch for exact resume.
 
@@ -133,6 +137,31 @@ def mixup(images: Tensor, targets: Tensor, alpha: float,
     perm = torch.from_numpy(rng.permutation(images.shape[0])).to(images.device)
     mixed = images.mul(lam).add_(images[perm], alpha=1.0 - lam)
     return mixed, targets, targets[perm], lam
+
+
+class MultiLabelLoss(nn.Module):
+    """The multi-label loss: ``BCEWithLogitsLoss`` (mean over images and classes) on multi-hot targets.
+
+    Label smoothing is reinterpreted for independent classes as timm's ``BinaryCrossEntropy`` does: a
+    target ``t`` becomes ``t * (1 - s) + s / C`` (``C`` classes), so a label's target is ``1 - s + s / C``
+    and an absent one's ``s / C``, the probabilities that cross-entropy's smoothing gives a one-hot target.
+    The loss is linear in the target, so MixUp's ``lam * loss(a) + (1 - lam) * loss(b)`` is the loss of the
+    mixed multi-hot target ``lam * a + (1 - lam) * b``.
+
+    Args:
+        label_smoothing: ``s``, from 0 (off) to below 1.
+    """
+
+    def __init__(self, label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        self.label_smoothing = label_smoothing
+
+    def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """The mean loss of ``logits`` ``[N, C]`` against multi-hot ``targets`` ``[N, C]`` (computed in float32)."""
+        t = targets.float()
+        if self.label_smoothing:
+            t = t * (1 - self.label_smoothing) + self.label_smoothing / t.shape[1]
+        return nn.functional.binary_cross_entropy_with_logits(logits.float(), t)
 
 
 def make_ema(model: nn.Module, decay: float) -> torch.optim.swa_utils.AveragedModel:

@@ -21,8 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 from convnets.errors import CheckpointError, InvalidArgumentError, TrainingDivergedError, short_repr
 from convnets.runtime import Precision
 from convnets.train.config import TrainConfig
-from convnets.train.recipe import (LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY, make_ema, make_optimizer,
-                                   make_scheduler, mixup)
+from convnets.train.recipe import (LABEL_SMOOTHING, MOMENTUM, WEIGHT_DECAY, MultiLabelLoss, make_ema,
+                                   make_optimizer, make_scheduler, mixup)
 from convnets.train.checkpoint import TrainingCheckpoint, unlike
 
 __all__ = ["StepResult", "Trainer", "configure_backends"]
@@ -59,12 +59,14 @@ class Trainer:
         momentum, weight_decay, label_smoothing, mixup_alpha, ema_decay: the recipe's knobs.
         ddp: wrap the model in DistributedDataParallel (a process group must exist).
         max_nonfinite_steps: raise after this many skipped steps in a row.
+        multilabel: multi-hot targets and :class:`~convnets.train.recipe.MultiLabelLoss` instead of
+            cross-entropy on class indices.
     """
 
     def __init__(self, model: nn.Module, precision: Precision, *, lr: float, total_steps: int,
                  warmup_steps: int = 0, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY,
                  label_smoothing: float = LABEL_SMOOTHING, mixup_alpha: float = 0.0, ema_decay: float | None = None,
-                 ddp: bool = False, max_nonfinite_steps: int = 10) -> None:
+                 ddp: bool = False, max_nonfinite_steps: int = 10, multilabel: bool = False) -> None:
         self.model = model
         self.precision = precision
         if ddp:
@@ -75,7 +77,8 @@ class Trainer:
         self.optimizer = make_optimizer(model, lr, momentum=momentum, weight_decay=weight_decay)
         self.scheduler = make_scheduler(self.optimizer, warmup_steps=warmup_steps, total_steps=total_steps)
         self.scaler = precision.make_scaler()
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.criterion: nn.Module = (MultiLabelLoss(label_smoothing) if multilabel
+                                     else nn.CrossEntropyLoss(label_smoothing=label_smoothing))
         self.mixup_alpha = mixup_alpha
         self.ema = make_ema(model, ema_decay) if ema_decay else None
         self.max_nonfinite_steps = max_nonfinite_steps
@@ -91,7 +94,8 @@ class Trainer:
         """
         return cls(model, precision, lr=lr, total_steps=total_steps, warmup_steps=warmup_steps,
                    momentum=cfg.momentum, weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing,
-                   mixup_alpha=cfg.mixup, ema_decay=cfg.ema, ddp=ddp, max_nonfinite_steps=cfg.max_nonfinite_steps)
+                   mixup_alpha=cfg.mixup, ema_decay=cfg.ema, ddp=ddp, max_nonfinite_steps=cfg.max_nonfinite_steps,
+                   multilabel=cfg.multilabel)
 
     @property
     def lr(self) -> float:

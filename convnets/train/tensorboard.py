@@ -57,6 +57,10 @@ SCALARS: dict[str, str] = {
     "ema_val/loss": "ema_val_loss",
     "ema_val/top1": "ema_val_top1",
     "ema_val/top5": "ema_val_top5",
+    "val/mAP": "val_mAP",  # multi-label runs
+    "val/f1": "val_f1",
+    "ema_val/mAP": "ema_val_mAP",
+    "ema_val/f1": "ema_val_f1",
 }
 
 

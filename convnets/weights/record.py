@@ -1,7 +1,8 @@
 """What a checkpoint file says about its model, besides its weights: :class:`ModelRecord`.
 
-Any checkpoint may carry ``arch_spec`` (the architecture), ``class_names`` and
-``config["image_size"]`` next to its weights (``state_dict``, or ``state_dict_ema`` for the EMA
+Any checkpoint may carry ``arch_spec`` (the architecture), ``class_names``,
+``config["image_size"]`` and, for a multi-label classifier, ``multilabel`` (``True``) and
+``thresholds`` (per-class decision thresholds) next to its weights (``state_dict``, or ``state_dict_ema`` for the EMA
 weights of a training run); :class:`ModelRecord` reads them leniently, so that
 :func:`convnets.load_model` rebuilds a model from the file alone. The training checkpoint's full
 schema is :class:`convnets.train.checkpoint.TrainingCheckpoint`.
@@ -9,6 +10,7 @@ schema is :class:`convnets.train.checkpoint.TrainingCheckpoint`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -17,7 +19,7 @@ from convnets.constants import MAX_IMAGE_SIZE
 from convnets.errors import CheckpointError
 from convnets.models.specs import ArchSpec, short_repr
 
-__all__ = ["STATE_DICT", "STATE_DICT_EMA", "ModelRecord", "is_int", "is_names"]
+__all__ = ["STATE_DICT", "STATE_DICT_EMA", "ModelRecord", "is_int", "is_names", "is_thresholds"]
 
 #: The entries holding model weights, for :func:`convnets.weights.layouts.split_checkpoint`.
 STATE_DICT = "state_dict"
@@ -33,11 +35,15 @@ class ModelRecord:
         class_names: the class names, if recorded as a list of strings.
         image_size: the training crop size from the recorded run configuration, if valid (at most
             :data:`~convnets.constants.MAX_IMAGE_SIZE`).
+        multilabel: a multi-label classifier (a sigmoid per class, ``convnets train --multilabel``).
+        thresholds: its per-class decision thresholds, if recorded as a list of numbers.
     """
 
     arch_spec: Any = None
     class_names: list[str] | None = None
     image_size: int | None = None
+    multilabel: bool = False
+    thresholds: list[float] | None = None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], source: str = "checkpoint") -> ModelRecord:
@@ -61,9 +67,12 @@ class ModelRecord:
             raise CheckpointError(f"{source} records an image size of {short_repr(size)} px (its 'config' entry's "
                                   f"image_size); at most {MAX_IMAGE_SIZE} is allowed. Save it again with the size "
                                   "it was trained at")
+        thresholds = metadata.get("thresholds")
+        multilabel = metadata.get("multilabel") is True
         return cls(arch_spec=metadata.get("arch_spec"),
                    class_names=list(names) if is_names(names) else None,
-                   image_size=size if is_int(size) and size > 0 else None)
+                   image_size=size if is_int(size) and size > 0 else None, multilabel=multilabel,
+                   thresholds=[float(t) for t in thresholds] if multilabel and is_thresholds(thresholds) else None)
 
     def spec(self, source: str = "checkpoint") -> ArchSpec | None:
         """The recorded architecture, or ``None`` when the checkpoint records none.
@@ -86,3 +95,9 @@ def is_int(value: object) -> TypeGuard[int]:
 
 def is_names(value: object) -> TypeGuard[list[str] | tuple[str, ...]]:
     return isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value)
+
+
+def is_thresholds(value: object) -> TypeGuard[list[float] | tuple[float, ...]]:
+    """A list of finite numbers (per-class decision thresholds)."""
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in value)

@@ -7,10 +7,13 @@ A file this package writes holds the canonical state dict (``layer1..N`` keys, s
 * ``arch_spec``: ``ArchSpec.to_dict()`` as JSON, so ``convnets.load_model`` needs no model name;
 * ``class_names``: a JSON list of strings (optional);
 * ``image_size``: the crop size the weights were trained for, in decimal (optional; at most
-  :data:`~convnets.constants.MAX_IMAGE_SIZE`).
+  :data:`~convnets.constants.MAX_IMAGE_SIZE`);
+* ``multilabel``: ``"true"`` for a multi-label classifier (a sigmoid per class), with ``thresholds``,
+  a JSON list of its per-class decision thresholds (optional).
 
 :func:`read_safetensors` turns such a file into the same dict a self-describing training
-checkpoint is (``state_dict``, ``arch_spec``, ``class_names``, ``config["image_size"]``), so every
+checkpoint is (``state_dict``, ``arch_spec``, ``class_names``, ``config["image_size"]``, ``multilabel``,
+``thresholds``), so every
 reader of checkpoints handles both. safetensors files written by other tools (no metadata, or
 other entries, which are kept as strings under ``safetensors_metadata``) are read too.
 """
@@ -30,11 +33,12 @@ from convnets.constants import MAX_IMAGE_SIZE
 from convnets.errors import CheckpointError, InvalidArgumentError
 from convnets.fileio import atomic_write
 from convnets.models.specs import ArchSpec, short_repr
+from convnets.weights.record import is_thresholds
 
 __all__ = ["SUFFIX", "is_safetensors", "read_safetensors", "save_safetensors"]
 
 SUFFIX = ".safetensors"
-_KNOWN = ("format", "arch_spec", "class_names", "image_size")
+_KNOWN = ("format", "arch_spec", "class_names", "image_size", "multilabel", "thresholds")
 _MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit on the JSON header
 
 
@@ -105,6 +109,13 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["class_names"] = names
         if "image_size" in metadata:
             out["config"] = {"image_size": _image_size(metadata["image_size"])}
+        if metadata.get("multilabel") == "true":
+            out["multilabel"] = True
+            if "thresholds" in metadata:
+                thresholds = json.loads(metadata["thresholds"])
+                if not is_thresholds(thresholds):
+                    raise ValueError("its thresholds is not a JSON list of numbers")
+                out["thresholds"] = [float(t) for t in thresholds]
     except RecursionError:  # JSON nested thousands deep
         raise CheckpointError(f"{path} has malformed convnets metadata in its safetensors header: a JSON value nested "
                               "too deeply") from None
@@ -123,6 +134,7 @@ def save_safetensors(
     arch_spec: ArchSpec | Mapping[str, Any] | None = None,
     class_names: Sequence[str] | None = None,
     image_size: int | None = None,
+    thresholds: Sequence[float] | None = None,
 ) -> Path:
     """Write weights to a safetensors file atomically (see :mod:`convnets.fileio`).
 
@@ -134,6 +146,8 @@ def save_safetensors(
         arch_spec: the architecture, recorded so that ``convnets.load_model(path)`` rebuilds it.
         class_names: names of the classifier's outputs.
         image_size: the crop size the weights expect.
+        thresholds: the per-class decision thresholds of a multi-label classifier (recorded with
+            ``multilabel``; a model's ``thresholds`` by default).
 
     Returns:
         ``path``.
@@ -150,6 +164,7 @@ def save_safetensors(
         arch_spec = arch_spec if arch_spec is not None else getattr(model, "spec", None)
         class_names = class_names if class_names is not None else getattr(model, "class_names", None)
         image_size = image_size if image_size is not None else getattr(model, "input_size", None)
+        thresholds = thresholds if thresholds is not None else getattr(model, "thresholds", None)
     else:
         state_dict = model_or_state_dict
     metadata = {"format": "pt"}
@@ -168,6 +183,11 @@ def save_safetensors(
             raise InvalidArgumentError(f"image_size must be a positive integer of at most {MAX_IMAGE_SIZE}, got "
                                        f"{short_repr(image_size)}")
         metadata["image_size"] = str(image_size)
+    if thresholds is not None:
+        if not is_thresholds(thresholds):
+            raise InvalidArgumentError(f"thresholds must be a list of numbers, got {short_repr(thresholds)}")
+        metadata["multilabel"] = "true"
+        metadata["thresholds"] = json.dumps([float(t) for t in thresholds])
 
     tensors: dict[str, Tensor] = {}
     storages: set[tuple[int, int]] = set()

@@ -1,9 +1,11 @@
 """``.parquet`` (needs pyarrow), one row group per batch: ``input``, ``top`` (list of ``{index, label,
-probability}``) and ``error``, or ``input`` and ``embedding`` (fixed-size float32 list; failed inputs have no row).
+probability}``) and ``error`` (a multi-label model's: also ``labels``, the list of classes above their
+thresholds), or ``input`` and ``embedding`` (fixed-size float32 list; failed inputs have no row).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,10 @@ class Parquet(OutputFormat):
         pa, pq = import_pyarrow()
         if kind == "predictions":
             top = pa.struct([("index", pa.int32()), ("label", pa.string()), ("probability", pa.float64())])
-            schema = pa.schema([("input", pa.string()), ("top", pa.list_(top)), ("error", pa.string())])
+            columns = [("input", pa.string()), ("top", pa.list_(top)), ("error", pa.string())]
+            if any("labels" in r for r in itertools.islice((r for r in read_spool(spool) if "top" in r), 1)):
+                columns.append(("labels", pa.list_(pa.string())))  # a multi-label model
+            schema = pa.schema(columns)
         else:
             schema = pa.schema([("input", pa.string()), ("embedding", pa.list_(pa.float32(), width))])
         count = 0
@@ -55,7 +60,8 @@ class Parquet(OutputFormat):
 
 def _predictions(pa: Any, records: list[Record], schema: Any) -> Any:
     return pa.Table.from_pylist([{"input": encode_name(r["input"]), "top": r.get("top"),
-                                  "error": None if r.get("error") is None else safe_text(r["error"])}
+                                  "error": None if r.get("error") is None else safe_text(r["error"]),
+                                  "labels": r.get("labels")}
                                  for r in records], schema=schema)
 
 
