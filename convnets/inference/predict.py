@@ -13,7 +13,7 @@ import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -28,6 +28,9 @@ from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
+
+if TYPE_CHECKING:
+    from convnets.inference.explain import Explanation
 
 __all__ = ["MAX_ROWS", "Prediction", "Predictions", "TopClass", "class_labels", "iter_inputs", "iter_predict",
            "predict", "predict_items", "predictions_html", "resolve_decoding"]
@@ -45,12 +48,14 @@ class TopClass:
 @dataclass(frozen=True)
 class Prediction(Result):
     """The result for one input: its top classes or its error, and its thumbnail when decoded with
-    ``Decoding(thumbnail=...)`` (for contact sheets; not compared)."""
+    ``Decoding(thumbnail=...)`` (for contact sheets; not compared); after :meth:`Predictions.explain`, the heat
+    maps of its classes (shown beside the thumbnail)."""
 
     input: str
     top: list[TopClass] = field(default_factory=list)
     error: ImageLoadError | None = None
     thumbnail: Image.Image | None = field(default=None, repr=False, compare=False)
+    explanations: list[Explanation] = field(default_factory=list, repr=False, compare=False)
 
     def __str__(self) -> str:
         """The input's name and its classes, one per line, as ``convnets predict`` prints them: names and
@@ -77,6 +82,29 @@ class Predictions(list[Prediction]):
 
     def _repr_html_(self) -> str:
         return predictions_html(self)
+
+    def explain(self, model: ResNet, *, topk: int = 1, **options: Any) -> Predictions:
+        """These predictions with the heat maps of their best classes (:func:`convnets.explain`, the ``explain``
+        extra): in Jupyter each thumbnail is shown with its overlays beside it.
+
+        Args:
+            model: the model that made the predictions.
+            topk: how many of each input's top classes to explain (best first; at most those it has).
+            **options: as for :func:`convnets.explain`: ``method``, ``layer``, ``batch_size``, ``device``,
+                ``preset``, ``timeout``, ``allow_private`` (use the preprocessing that the predictions had).
+
+        Returns:
+            A new :class:`Predictions`, each with its ``explanations``; inputs that failed stay as they are.
+        """
+        from convnets.inference.explain import explain_items
+
+        if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+            raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
+        readable = [p for p in self if p.ok]
+        explained = explain_items(model, [(p.input, None) for p in readable],
+                                  lambda position, scores: [t.index for t in readable[position].top[:topk]], **options)
+        heat = {id(p): e.explanations for p, e in zip(readable, explained)}
+        return Predictions(dataclasses.replace(p, explanations=heat.get(id(p), [])) for p in self)
 
 
 #: Rows drawn with their thumbnails; the rest are counted (a notebook of ten thousand pictures cannot be opened).
@@ -112,7 +140,12 @@ def _row(prediction: Prediction, side: int, timeout: float) -> str:
         data = base64.b64encode(buffer.getvalue()).decode("ascii")
         image = f'<img src="data:image/jpeg;base64,{data}" alt="{name}" style="max-width:{side}px">'
     classes = "".join(_bar(rank, t.label, t.index, t.probability) for rank, t in enumerate(prediction.top, 1))
-    return (f'<tr><td style="{_CELL}">{image}</td><td style="{_CELL}"><b>{name}</b>'
+    heat = ""
+    if prediction.explanations:  # Predictions.explain: the heat maps beside the thumbnail
+        from convnets.inference.explain import overlays_html
+
+        heat = f'<td style="{_CELL}">{overlays_html(prediction.explanations, side)}</td>'
+    return (f'<tr><td style="{_CELL}">{image}</td>{heat}<td style="{_CELL}"><b>{name}</b>'
             f'<table style="border-collapse:collapse">{classes}</table></td></tr>')
 
 
