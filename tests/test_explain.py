@@ -244,3 +244,21 @@ def test_predictions_show_their_heat_maps_beside_the_thumbnails(trained) -> None
     assert [[e.index for e in p.explanations] for p in explained] == [[t.index for t in p.top[:2]] for p in predictions]
     # each row: its thumbnail, then an overlay per explained class
     assert explained._repr_html_().count("<img") == predictions._repr_html_().count("<img") + 2 * len(paths)
+
+
+def test_default_classes_are_the_best_or_a_multilabel_models_labels_above_their_thresholds(trained,
+                                                                                        monkeypatch) -> None:
+    from convnets.inference.explain import default_targets
+
+    scores = [0.2, 0.9, 0.6, 0.1]
+    assert default_targets(scores) == [1]
+    assert default_targets(scores, topk=3) == [1, 2, 0]
+    assert default_targets(scores, thresholds=[0.5, 0.5, 0.5, 0.05]) == [1, 2, 3]
+    assert default_targets(scores, thresholds=[0.95] * 4) == [1]  # none reaches its threshold: the best one
+    model, paths = trained["model"], [str(p) for p in trained["paths"][:4]]
+    monkeypatch.setattr(model, "thresholds", [0.5] * 4, raising=False)
+    with torch.no_grad():
+        sigmoid = torch.sigmoid(model(torch.stack([upstream(SIZE)(Image.open(p).convert("RGB")) for p in paths])))
+    expected = [(p, int(k)) for p, row in zip(paths, sigmoid) for k in row.argsort(descending=True) if row[k] >= 0.5]
+    assert len(expected) > len(paths)  # several labels in some image
+    assert [(e.input, e.index) for e in convnets.explain(model, paths)] == expected

@@ -5,7 +5,8 @@ it) and ``STEM.INDEX-LABEL.npy`` (the heat map: float32, the image's own height 
 0 outside the center crop the model saw), named after the input (:func:`~convnets.inference.names.file_stems`:
 safe characters, ``cat``, ``cat-2``, ... for inputs of the same name), and ``DIR/explanations.json``, the record of
 what was explained. The classes are ``--class`` (names or indices, repeatable or comma-separated), else the
-``--topk`` best scores of each image (:func:`~convnets.inference.explain.default_targets`). Existing files are
+``--topk`` best scores of each image, by default the best one, or a multi-label model's labels above their
+thresholds (:func:`~convnets.inference.explain.default_targets`). Existing files are
 refused without ``--force``. Inputs that cannot be read are reported on stderr, one line each, and leave the exit
 status at 1; the others are still explained. The computation is :mod:`convnets.inference.explain`'s
 (pytorch-grad-cam, the ``explain`` extra).
@@ -70,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME|INDEX", help="a class to explain in every image: its name or index; several: "
                                                    "repeat the option or separate them with commas")
     choose.add_argument("--topk", type=positive_int, default=None, metavar="K",
-                        help="explain the K best-scoring classes of each image (default 1)")
+                        help="explain the K best-scoring classes of each image (default: the best one; for a "
+                             "multi-label model, the labels whose score reaches their threshold)")
     what.add_argument("--layer", choices=LAYERS, default=None,
                       help="the stage whose last block is explained (default: the last one whose feature map is at "
                            "least 6x6 at the image size, never layer1: layer4 from 192 px up, layer3 from 96, "
@@ -107,7 +109,7 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     """Run ``convnets explain``; 1 if an input could not be read."""
     from convnets.fileio import make_dirs, write_new
-    from convnets.inference.explain import default_targets, explain_items, resolve_classes
+    from convnets.inference.explain import default_targets, explain_items, model_thresholds, resolve_classes
     from convnets.inference.inputs import iter_inputs, read_sources
     from convnets.inference.job import input_error_message
     from convnets.inference.names import escape_json, file_stems
@@ -121,10 +123,12 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.topk is not None and args.topk > len(labels):
         raise InvalidArgumentError(f"--topk {args.topk} is more than the {len(labels)} classes of the model")
     asked = None if args.classes is None else resolve_classes(_flat(args.classes, labels), labels, option="--class")
-    topk = args.topk or 1
+    thresholds = model_thresholds(model)
 
     def choose(position: int, scores: Any) -> list[int]:
-        return asked if asked is not None else default_targets(scores, topk=topk, class_names=labels)
+        if asked is not None:
+            return asked
+        return default_targets(scores, topk=args.topk, class_names=labels, thresholds=thresholds)
     preset = preset_for_model(model)
     if args.image_size is not None:
         preset = preset.with_crop_size(args.image_size)

@@ -40,7 +40,7 @@ from convnets.preprocessing.pipeline import prepare_batch, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 __all__ = ["MIN_MAP_SIDE", "ExplainedInput", "Explanation", "Explanations", "class_scores", "default_layer",
-           "default_targets", "explain", "explain_items", "explanations_html", "heatmap_in_image",
+           "default_targets", "explain", "explain_items", "explanations_html", "heatmap_in_image", "model_thresholds",
            "resolve_classes"]
 
 log = logging.getLogger(__name__)
@@ -142,19 +142,32 @@ def class_scores(model: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(logits) if getattr(model, "multilabel", False) else torch.softmax(logits, dim=1)
 
 
-def default_targets(scores: npt.ArrayLike, *, topk: int, class_names: Sequence[str] | None = None) -> list[int]:
-    """The classes explained for one input when none are asked for: the ``topk`` best scores, best first.
+def model_thresholds(model: torch.nn.Module) -> list[float] | None:
+    """A multi-label model's decision threshold per class (its ``thresholds`` attribute), else ``None``."""
+    thresholds = getattr(model, "thresholds", None)
+    return None if thresholds is None else [float(t) for t in thresholds]
 
-    The one place that decides it (``convnets explain`` without ``--class``, :func:`explain` without ``classes``).
+
+def default_targets(scores: npt.ArrayLike, *, topk: int | None = None, class_names: Sequence[str] | None = None,
+                    thresholds: Sequence[float] | None = None) -> list[int]:
+    """The classes explained for one input when none are asked for, best score first.
+
+    The one place that decides it (``convnets explain`` without ``--class``, :func:`explain` without ``classes``):
+    the ``topk`` best scores; without ``topk``, the classes whose score reaches their threshold (a multi-label
+    model's, :func:`model_thresholds`), or the best one if none does or there are no thresholds.
 
     Args:
         scores: the input's score per class (:func:`class_scores`' row).
-        topk: how many (at most the number of classes).
+        topk: how many (at most the number of classes); ``None``: see above.
         class_names: the classes' names (unused today: for rules that name classes).
+        thresholds: a score per class from which a class counts as present.
     """
     row = np.asarray(scores, dtype=np.float64).reshape(-1)
-    order = np.argsort(-row, kind="stable")  # ties: the lower index first, as torch.topk on the CPU
-    return [int(i) for i in order[:min(topk, row.size)]]
+    order = [int(i) for i in np.argsort(-row, kind="stable")]  # ties: the lower index first, as torch.topk on the CPU
+    if topk is None and thresholds is not None:
+        present = [i for i in order if row[i] >= thresholds[i]]
+        return present or order[:1]
+    return order[:min(topk or 1, row.size)]
 
 
 def resolve_classes(classes: Iterable[int | str], labels: Sequence[str], *, option: str = "classes") -> list[int]:
@@ -315,7 +328,7 @@ def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *,
 
 
 def explain(model: ResNet, inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *,
-            method: str = DEFAULT_EXPLAIN_METHOD, classes: Iterable[int | str] | None = None, topk: int = 1,
+            method: str = DEFAULT_EXPLAIN_METHOD, classes: Iterable[int | str] | None = None, topk: int | None = None,
             layer: str | None = None, recursive: bool = False, batch_size: int = 8, device: torch.device | str = "cpu",
             image_size: int | None = None, preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT,
             allow_private: bool = True) -> Explanations:
@@ -330,7 +343,8 @@ def explain(model: ResNet, inputs: str | os.PathLike[str] | Iterable[str | os.Pa
             ``layercam``, ``eigengradcam``.
         classes: the classes to explain in every image, as indices or names; default: :func:`default_targets`
             (the ``topk`` best scores of each image).
-        topk: classes per image without ``classes``.
+        topk: classes per image without ``classes``; default: the best one, or for a multi-label model with
+            thresholds the classes that reach theirs.
         layer: the stage whose last block is the target layer (``layer4``, ...); default :func:`default_layer`.
         recursive: search directories' subfolders too.
         batch_size: images per forward pass.
@@ -351,15 +365,18 @@ def explain(model: ResNet, inputs: str | os.PathLike[str] | Iterable[str | os.Pa
     from convnets.inference.predict import class_labels
 
     model = _check_model(model)
-    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+    if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or topk < 1):
         raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
     labels = class_labels(model)
+    thresholds = model_thresholds(model)
     if classes is not None and isinstance(classes, (str, int)):
         classes = [classes]
     chosen = None if classes is None else resolve_classes(classes, labels)
 
     def choose(position: int, scores: npt.NDArray[np.float32]) -> list[int]:
-        return chosen if chosen is not None else default_targets(scores, topk=topk, class_names=labels)
+        if chosen is not None:
+            return chosen
+        return default_targets(scores, topk=topk, class_names=labels, thresholds=thresholds)
     if preset is None:
         preset = preset_for_model(model)
         if image_size is not None:
