@@ -25,7 +25,13 @@ from strict_skips import require_module
 
 import convnets
 
-require_module("pytorch_grad_cam", extra="explain")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def grad_cam() -> None:
+    """pytorch-grad-cam (the explain extra), imported by the worker that runs these tests only: it imports
+    OpenCV, scikit-learn and matplotlib, seconds that every worker would pay at collection."""
+    require_module("pytorch_grad_cam", extra="explain")
 
 SIZE = 64  # px: the tiny model's input; its layer2 map is 8x8 (the default layer at this size)
 HALF = SIZE // 2

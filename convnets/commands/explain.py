@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     add_output_argument(out, metavar="DIR", required=True,
                         help=f"directory (created) that gets the overlays, the heat maps and {RECORD}")
-    add_force_argument(out, what="files of the same names in DIR")
+    add_force_argument(out, what="a heat map, an overlay or explanations.json in DIR")
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
     run = parser.add_argument_group("run")
     add_device_argument(run)
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from convnets.inference.inputs import iter_inputs, read_sources
     from convnets.inference.job import input_error_message
     from convnets.inference.names import escape_json, file_stems
-    from convnets.inference.predict import class_labels
+    from convnets.inference.labels import class_labels
     from convnets.preprocessing.presets import preset_for_model
 
     device = device_from_args(args)

@@ -151,7 +151,7 @@ class PredictJob(BatchJob):
 
     def load(self, device: torch.device) -> ResNet:
         from convnets.deploy.optimize import optimize_for_inference
-        from convnets.inference.predict import class_labels
+        from convnets.inference.labels import class_labels
 
         args = self.args
         model = load_from_args(args, device=device).model

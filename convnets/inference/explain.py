@@ -4,7 +4,7 @@
     maps[0].heatmap        # float32 [H, W] of the image as read (upright), 0..1; 0 outside what the model saw
     maps[0].overlay()      # the image with the heat map over it (a PIL image); in Jupyter the list draws itself
 
-The heat maps are pytorch-grad-cam's (the ``explain`` extra, ``pip install 'convnets-hub[explain]'``), computed on
+The heat maps are pytorch-grad-cam's (the ``explain`` extra), computed on
 the tensor that ``convnets predict`` feeds the model (the same decoding, resize and center crop), for the logit of
 each class: valid for a softmax (single-label) and a sigmoid (multi-label) classifier alike. pytorch-grad-cam
 upsamples each map to the model's input (the crop, :attr:`Explanation.crop_heatmap`) and scales it to 0..1; here it
@@ -33,6 +33,7 @@ from PIL import Image
 from convnets.constants import DEFAULT_EXPLAIN_METHOD, DEFAULT_TIMEOUT, EXPLAIN_METHODS
 from convnets.errors import ImageLoadError, InvalidArgumentError, InvalidArgumentTypeError
 from convnets.inference.inputs import InputItem, iter_inputs
+from convnets.inference.labels import class_labels
 from convnets.inference.loader import iter_chunks
 from convnets.inference.names import safe_text
 from convnets.models.resnet import ResNet
@@ -266,7 +267,7 @@ Chooser = Callable[[int, npt.NDArray[np.float32]], list[int]]
 
 def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *, method: str = DEFAULT_EXPLAIN_METHOD,
                   layer: str | None = None, labels: Sequence[str] | None = None, batch_size: int = 8,
-                  device: torch.device | str = "cpu", preset: EvalPreset | None = None,
+                  device: torch.device | str | None = None, preset: EvalPreset | None = None,
                   timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True) -> Iterator[ExplainedInput]:
     """Explain ``(input, error)`` items (:func:`~convnets.inference.inputs.iter_inputs`' ) a batch at a time.
 
@@ -275,19 +276,18 @@ def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *,
         items: the inputs; an item with an error is yielded with it.
         choose: the classes of each input, from its position in ``items`` and its row of :func:`class_scores`.
         method, layer: as for :func:`explain`.
-        labels: the class names (default :func:`~convnets.inference.predict.class_labels`).
+        labels: the class names (default :func:`~convnets.inference.labels.class_labels`).
         batch_size: images per forward pass (each class of each image is a row of the backward pass).
+        device: where the batches go; default: where the model's parameters are.
         preset: the preprocessing (default: the model's, as ``convnets predict``).
         timeout, allow_private: as for :func:`~convnets.preprocessing.pipeline.prepare_batch`.
     """
-    from convnets.inference.predict import class_labels
-
     model = _check_model(model)
     preset = preset or preset_for_model(model)
     layer = layer or default_layer(model, preset.crop_size)
     names = list(labels) if labels is not None else class_labels(model)
     model.eval()
-    device = torch.device(device)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     cam = _cam(model, method, layer)
     targets_of = _grad_cam().utils.model_targets.ClassifierOutputTarget
     start = 0
@@ -305,10 +305,13 @@ def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *,
             rows = [readable[i] for i in batch.indices]
             tensor = batch.tensor.to(device)
             explained: dict[int, list[Explanation]] = {}
+            pairs: list[tuple[int, int]] = []
+            scores = np.zeros((0, 0), dtype=np.float32)
             if rows:
                 with torch.no_grad():
                     scores = class_scores(model, model(tensor)).cpu().numpy()
                 pairs = [(r, c) for r, pos in enumerate(rows) for c in choose(start + pos, scores[r])]
+            if pairs:
                 # One row per (image, class): the backward pass gives each its own map.
                 expanded = tensor[[r for r, _ in pairs]].requires_grad_(True)  # a frozen model still has gradients
                 with torch.enable_grad():
@@ -329,7 +332,8 @@ def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *,
 
 def explain(model: ResNet, inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *,
             method: str = DEFAULT_EXPLAIN_METHOD, classes: Iterable[int | str] | None = None, topk: int | None = None,
-            layer: str | None = None, recursive: bool = False, batch_size: int = 8, device: torch.device | str = "cpu",
+            layer: str | None = None, recursive: bool = False, batch_size: int = 8,
+            device: torch.device | str | None = None,
             image_size: int | None = None, preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT,
             allow_private: bool = True) -> Explanations:
     """Heat maps of where the evidence for classes lies in images (Grad-CAM and its variants, pytorch-grad-cam).
@@ -348,6 +352,7 @@ def explain(model: ResNet, inputs: str | os.PathLike[str] | Iterable[str | os.Pa
         layer: the stage whose last block is the target layer (``layer4``, ...); default :func:`default_layer`.
         recursive: search directories' subfolders too.
         batch_size: images per forward pass.
+        device: where the batches go; default: where the model is.
         image_size: center-crop size; default the model's (``convnets predict``'s preprocessing, exactly).
         preset: the whole preprocessing instead (sizes, interpolation, mean, std).
         timeout, allow_private: for URLs, as for ``convnets.predict``.
@@ -362,8 +367,6 @@ def explain(model: ResNet, inputs: str | os.PathLike[str] | Iterable[str | os.Pa
         InvalidArgumentError: an unknown method, layer or class, a bad ``topk``.
         MissingDependencyError: pytorch-grad-cam is not installed (the ``explain`` extra).
     """
-    from convnets.inference.predict import class_labels
-
     model = _check_model(model)
     if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or topk < 1):
         raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")

@@ -21,11 +21,11 @@ from PIL import Image
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem, iter_inputs
+from convnets.inference.labels import class_labels
 from convnets.inference.loader import Decoding, Result, map_batches
 from convnets.inference.names import safe_text
 from convnets.text import printable
 from convnets.models.resnet import ResNet
-from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
@@ -156,15 +156,6 @@ def _bar(rank: int, label: str, index: int, probability: float) -> str:
             f'<td style="{_CELL};width:160px"><div style="background:{colour};width:{width:.1f}%;height:0.9em">'
             f'</div></td><td style="{_CELL}">{html.escape(label)} <span style="color:#5a5a5a">[{index}]</span></td>'
             "</tr>")
-
-
-def class_labels(model: ResNet) -> list[str]:
-    """Names of the model's outputs: the checkpoint's, ImageNet's for 1000 classes, else indices."""
-    if model.class_names is not None:
-        return list(model.class_names)
-    if model.num_classes == NUM_CLASSES:
-        return [str(name) for name in get_imgnet_classes()]
-    return [f"class {i}" for i in range(model.num_classes)]
 
 
 def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
