@@ -197,7 +197,7 @@ def test_command_writes_files_named_after_inputs_with_a_record_and_refuses_to_ov
     errors = [line for line in command_lines(done.stderr) if "error:" in line]
     assert len(errors) == 1 and "broken.png" in errors[0], done.stderr
     record = json.loads((out / "explanations.json").read_text(encoding="utf-8"))
-    assert record["method"] == "hirescam" and record["layer"] == "layer2" and record["image_size"] == SIZE
+    assert record["method"] == "hirescam" and record["layer"] == "layer2" and record["crop_size"] == SIZE
     assert [e["error"] for e in record["errors"]] and record["errors"][0]["input"] == str(broken)
     stems = ["x", "x-2", "odd_name_"]
     classes = [(3, "cross"), (0, "square"), (2, "stripes")]

@@ -109,7 +109,8 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     """Run ``convnets explain``; 1 if an input could not be read."""
     from convnets.fileio import make_dirs, write_new
-    from convnets.inference.explain import default_targets, explain_items, model_thresholds, resolve_classes
+    from convnets.inference.explain import (default_layer, default_targets, explain_items, model_thresholds,
+                                            resolve_classes)
     from convnets.inference.inputs import iter_inputs, read_sources
     from convnets.inference.job import input_error_message
     from convnets.inference.names import escape_json, file_stems
@@ -132,14 +133,13 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     preset = preset_for_model(model)
     if args.image_size is not None:
         preset = preset.with_crop_size(args.image_size)
+    layer = args.layer or default_layer(model, preset.crop_size)
     items = list(iter_inputs(read_sources(args.inputs, args.from_file, stack), recursive=args.recursive))
     stems = file_stems(name for name, _ in items)
-    stem_of = dict(zip(range(len(items)), stems))
     output = make_dirs(args.output, base=args.output)
     records: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
-    layer = None
-    for position, result in enumerate(explain_items(model, items, choose, method=args.method, layer=args.layer,
+    for position, result in enumerate(explain_items(model, items, choose, method=args.method, layer=layer,
                                                     labels=labels, batch_size=args.batch_size, device=device,
                                                     preset=preset, timeout=args.timeout,
                                                     allow_private=args.allow_private)):
@@ -149,13 +149,12 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
             failed.append({"input": result.input, "error": message})
             continue
         for e in result.explanations:
-            layer = e.layer
-            files = _write(e, output, f"{stem_of[position]}.{e.index}-{_label_part(e.label)}", force=args.force)
+            files = _write(e, output, f"{stems[position]}.{e.index}-{_label_part(e.label)}", force=args.force)
             records.append({"input": e.input, "index": e.index, "label": e.label, "score": e.score,
                             "heatmap": files[0], "overlay": files[1], "image_size": list(e.heatmap.shape[::-1]),
                             "crop_box": list(e.box)})
     record = {"method": args.method, "layer": layer, "model": loaded.name, "weights": loaded.weights,
-              "image_size": preset.crop_size,
+              "crop_size": preset.crop_size,
               "heatmap": "float32 [height, width] of the input image as read (upright), 0..1; 0 outside crop_box "
                          "(left, top, right, bottom), the part of the image the model saw",
               "explanations": records, "errors": failed}

@@ -253,10 +253,10 @@ def _check_model(model: object) -> ResNet:
 
 
 def _cam(model: ResNet, method: str, layer: str) -> Any:
-    if method not in EXPLAIN_METHODS:
-        raise InvalidArgumentError(f"method must be one of {', '.join(EXPLAIN_METHODS)}, got {method!r}")
-    if layer not in model.stage_names:
-        raise InvalidArgumentError(f"layer must be one of {', '.join(model.stage_names)}, got {layer!r}")
+    for keyword, value, allowed in (("method", method, list(EXPLAIN_METHODS)), ("layer", layer, model.stage_names)):
+        if value not in allowed:
+            why = f"must be one of {', '.join(allowed)}, got {value!r}"
+            raise InvalidArgumentError(f"{keyword} {why}", cli=f"--{keyword} {why}", keyword=keyword)
     cls = getattr(_grad_cam(), EXPLAIN_METHODS[method])
     return cls(model=model, target_layers=[getattr(model, layer)[-1]])
 
