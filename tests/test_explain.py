@@ -166,7 +166,7 @@ def test_maps_equal_pytorch_grad_cams_on_the_same_model_and_tensor(name: str) ->
         again = TF.center_crop(TF.resize(torch.from_numpy(e.heatmap)[None], [round(size * 256 / 224)],
                                          antialias=True), [size, size])[0].numpy()
         assert np.abs(again - e.crop_heatmap).mean() < 0.02
-        left, top_, right, bottom = e.box
+        left, _, right, _ = e.box
         assert e.heatmap[:, :left].max(initial=0) == 0 and e.heatmap[:, right:].max(initial=0) == 0
     # The default method at the last stage: HiResCAM, whose map there is Grad-CAM's (the gradient is the same
     # at every position of the last stage's map).
@@ -230,8 +230,8 @@ def test_bad_classes_and_a_missing_extra_are_one_clear_error(trained, tmp_path: 
     base = ["explain", path, "--weights", str(trained["checkpoint"]), "--output", str(tmp_path / "o")]
     done = cli_in_process(*base, "--class", "dots")
     assert done.returncode == 1 and command_lines(done.stderr) == [
-        "convnets explain: error: --class: 'dots' is neither a class of the model ('square', 'checks', 'stripes', "
-        "'cross') nor a class index"]
+        ("convnets explain: error: --class: 'dots' is neither a class of the model ('square', 'checks', 'stripes', "
+         "'cross') nor a class index")]
     done = cli_in_process(*base, "--class", "4")
     assert done.returncode == 1 and "--class: class index '4' is out of range" in done.stderr
     assert cli_in_process(*base, "--class", "0", "--topk", "2").returncode == 2  # one or the other

@@ -232,7 +232,7 @@ def heatmap_in_image(crop_map: npt.NDArray[np.float32], size: tuple[int, int],
     new_short, new_long = preset.resize_size, int(preset.resize_size * long / short)
     resized_w, resized_h = (new_short, new_long) if width <= height else (new_long, new_short)
     crop = preset.crop_size
-    top, left = int(round((resized_h - crop) / 2.0)), int(round((resized_w - crop) / 2.0))
+    top, left = round((resized_h - crop) / 2.0), round((resized_w - crop) / 2.0)  # torchvision's center_crop
     sx, sy = width / resized_w, height / resized_h
     box = (round(left * sx), round(top * sy), round((left + crop) * sx), round((top + crop) * sy))
     box = (max(box[0], 0), max(box[1], 0), min(max(box[2], box[0] + 1), width), min(max(box[3], box[1] + 1), height))
@@ -294,12 +294,9 @@ def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *,
     try:
         for chunk in iter_chunks(items, batch_size):
             readable = [pos for pos, (_, error) in enumerate(chunk) if error is None]
-            images: dict[int, Image.Image] = {}
-
-            def keep(position: int, image: Image.Image) -> None:
-                images[readable[position]] = image
+            seen: dict[int, Image.Image] = {}  # by position among the readable: the images, read once
             batch = prepare_batch([chunk[pos][0] for pos in readable], on_error="collect", preset=preset,
-                                  timeout=timeout, allow_private=allow_private, workers=1, on_image=keep)
+                                  timeout=timeout, allow_private=allow_private, workers=1, on_image=seen.__setitem__)
             errors = {pos: error for pos, (_, error) in enumerate(chunk) if error is not None}
             errors.update({readable[i]: error for i, error in batch.errors})
             rows = [readable[i] for i in batch.indices]
@@ -317,8 +314,7 @@ def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *,
                 with torch.enable_grad():
                     maps = cam(input_tensor=expanded, targets=[targets_of(c) for _, c in pairs])
                 for (r, c), crop_map in zip(pairs, maps):
-                    pos = rows[r]
-                    image = images[pos]
+                    pos, image = rows[r], seen[batch.indices[r]]
                     heat, box = heatmap_in_image(crop_map, image.size, preset)
                     explained.setdefault(pos, []).append(Explanation(
                         chunk[pos][0], c, names[c], float(scores[r][c]), method, layer, heat,
