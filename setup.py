@@ -65,6 +65,8 @@ setup(
         # `convnets serve`: PyTriton ships the Triton Inference Server binary and its Python backend (Linux
         # wheels only); it needs numpy < 2. tritonclient is the client of the docs' examples.
         "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50"],
+        # `convnets explain`, convnets.explain: Grad-CAM and its variants (pytorch-grad-cam; it brings OpenCV)
+        "explain": ["grad-cam>=1.5"],
         # `convnets evaluate` on ImageNet's devkit layout (meta.mat; torchvision's devkit parser needs it too)
         "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`, `convnets embed --output FILE.parquet`
@@ -96,6 +98,7 @@ setup(
             "matplotlib>=3.7",
             "pyarrow>=14",
             "ray[data]>=2.40",  # tests/test_ray.py starts real Ray clusters (two nodes) on this machine
+            "grad-cam>=1.5",  # the explain extra: tests/test_explain.py
             # The DALI backend's CPU pipelines are tested too; wheels exist for Linux x86-64 only.
             "nvidia-dali-cuda130>=2.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
             # tests/test_notebook.py runs examples/quickstart.ipynb in a kernel.

@@ -6,6 +6,7 @@ Quick start::
     model = convnets.se_resnext101_32x4d(pretrained=True)   # or get_model("resnext101_32x4d", ...)
     model = convnets.load_model("checkpoint.pth.tar")        # any supported checkpoint, self-describing
     convnets.predict(model, "photos/")                       # top-5 per image; a table in Jupyter
+    convnets.explain(model, "photos/")                       # Grad-CAM heat maps (the explain extra)
     backbone = convnets.resnext101_32x4d(pretrained=True, features_only=True)  # timm's spelling
 
 Upstream's torch.hub calls work unchanged against this repository (see ``hubconf.py``).
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from convnets.backbones import fpn_backbone
     from convnets.deploy.optimize import optimize_for_inference
     from convnets.inference.embed import embed
+    from convnets.inference.explain import Explanation, Explanations, explain
     from convnets.inference.predict import Predictions, predict
     from convnets.models.features import ResNetFeatures
     from convnets.models.resnet import ResNet
@@ -62,6 +64,9 @@ _LAZY: dict[str, str] = {
     "ResNetFeatures": "convnets.models.features",
     "fpn_backbone": "convnets.backbones",
     "embed": "convnets.inference.embed",
+    "explain": "convnets.inference.explain",
+    "Explanation": "convnets.inference.explain",
+    "Explanations": "convnets.inference.explain",
     "predict": "convnets.inference.predict",
     "Predictions": "convnets.inference.predict",
     "get_model": "convnets.registry",
@@ -76,6 +81,8 @@ __all__ = [
     "CheckpointError",
     "ConvnetsError",
     "DataError",
+    "Explanation",
+    "Explanations",
     "ExportError",
     "ImageDecodeError",
     "ImageDownloadError",
@@ -96,6 +103,7 @@ __all__ = [
     "WeightsUnavailableError",
     "embed",
     "evaluate_model",
+    "explain",
     "fpn_backbone",
     "get_model",
     "list_models",

@@ -67,6 +67,9 @@ COMMANDS: dict[str, Command] = {
     "predict": Command("convnets.commands.predict", "classify images (files, directories of images, http(s) URLs)"),
     "embed": Command("convnets.commands.embed",
                      "write one vector per image (a stage's pooled features) to .npy or .parquet, resumable"),
+    "explain": Command("convnets.commands.explain",
+                       "show where in each image the evidence for a class lies: Grad-CAM heat maps (.npy) and "
+                       "overlays (.png) per image and class (the explain extra)"),
     "train": Command("convnets.commands.train",
                      "fine-tune a model on an ImageFolder data set, or multi-label from a labels CSV (NVIDIA's "
                      "recipe; DDP under torchrun)"),

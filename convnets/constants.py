@@ -7,8 +7,9 @@ anything.
 
 from __future__ import annotations
 
-__all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DECODES", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_IMAGE_SIZE",
-           "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK", "IMAGE_SUFFIXES", "LAYERS", "MAX_BATCH_SIZE",
+__all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DECODES", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_EXPLAIN_METHOD",
+           "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK", "EXPLAIN_METHODS", "IMAGE_SUFFIXES",
+           "LAYERS", "MAX_BATCH_SIZE",
            "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MAX_THREADS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS",
            "VERSION"]
 
@@ -47,6 +48,24 @@ DECODES = ("auto", "cpu", "device")
 
 #: Classes per image that ``convnets predict`` shows unless ``--topk`` (fewer if the model has fewer).
 DEFAULT_TOPK = 5
+
+#: ``convnets explain --method`` / ``convnets.explain(method=)``: name -> pytorch-grad-cam's class. Methods
+#: that run one forward and one backward pass per batch (ScoreCAM and AblationCAM run hundreds of forwards).
+EXPLAIN_METHODS: dict[str, str] = {
+    "gradcam": "GradCAM",
+    "gradcam++": "GradCAMPlusPlus",
+    "hirescam": "HiResCAM",
+    "xgradcam": "XGradCAM",
+    "layercam": "LayerCAM",
+    "eigengradcam": "EigenGradCAM",
+}
+
+#: The method of ``convnets explain`` without ``--method``. HiResCAM is Grad-CAM without the averaging of
+#: each channel's gradient over the map: at the last stage of these networks (global average pooling, then
+#: the classifier) the gradient is the same at every position, so the two give the same map there; at an
+#: earlier stage, which small inputs are explained from, HiResCAM's follows the model where Grad-CAM's
+#: average blurs it (measured on generated patterns: docs/explain.md).
+DEFAULT_EXPLAIN_METHOD = "hirescam"
 
 #: Redirects followed at most by a download (images and weights); one more is an error.
 MAX_REDIRECTS = 5

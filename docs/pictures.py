@@ -8,8 +8,8 @@
   which command and from what it was made (:func:`render_picture`), read from
   ``docs/pictures/provenance.json``.
 
-The pictures of a run (the contact sheet, the training curves, the confusion matrix) take a minute
-of CPU, too long for every build, so they are made by one command and committed with their record::
+The pictures of a run (the contact sheet, the training curves, the confusion matrix, the heat maps) take
+minutes of CPU, too long for every build, so they are made by one command and committed with their record::
 
     python docs/pictures.py
 
@@ -17,7 +17,9 @@ It generates a small data set of patterns (:func:`make_dataset`), trains a small
 ``convnets train`` (curves.png), evaluates it with ``convnets evaluate`` (confusion.png), and draws
 the bundled examples with ``convnets predict --show`` (sheet.png): with NVIDIA's weights when they can
 be had (cached, or ``CONVNETS_WEIGHTS_MIRROR``), else with the model it just trained, and the caption
-says which. ``tests/test_docs_pictures.py`` checks each picture against its record and each record
+says which. For the heat maps (explain.png) it trains a second small model on patterns that each sit in
+their own quarter of the image (:func:`make_quarters`) and draws ``convnets explain``'s overlays of one
+validation image per class. ``tests/test_docs_pictures.py`` checks each picture against its record and each record
 against its inputs.
 """
 
@@ -32,6 +34,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -200,6 +203,40 @@ def make_dataset(root: Path, *, train: int = 32, val: int = 12, size: int = 40, 
     return digest.hexdigest()
 
 
+def make_quarters(root: Path, *, train: int = 48, val: int = 4, size: int = 64, seed: int = 0) -> str:
+    """Write ``root/{train,val}/<class>/*.png``: noise, and a patch of the class's texture (:data:`CLASSES`)
+    somewhere inside the class's own quarter of the image (checks top-left, dots top-right, horizontal
+    stripes bottom-left, vertical stripes bottom-right), so that a heat map can be checked by eye.
+
+    Returns:
+        The digest of the data set, as :func:`make_dataset`'s.
+    """
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    half, side = size // 2, size * 5 // 16
+    y, x = np.mgrid[0:side, 0:side]
+    digest = hashlib.sha256()
+    for split, count in (("train", train), ("val", val)):
+        for k, label in enumerate(CLASSES):
+            (root / split / label).mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                across, down = (x // 4) % 2, (y // 4) % 2
+                mask = {"checks": across != down, "horizontal stripes": down == 1, "vertical stripes": across == 1,
+                        "dots": np.hypot(x % 8 - 3.5, y % 8 - 3.5) < 2.5}[label]
+                pixels = rng.normal(128, 30, (size, size, 3))
+                top = (k // 2) * half + rng.integers(1, half - side - 1)
+                left = (k % 2) * half + rng.integers(1, half - side - 1)
+                pixels[top:top + side, left:left + side] = np.where(mask[..., None], rng.integers(0, 60, 3),
+                                                                     rng.integers(200, 256, 3))
+                image = Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
+                name = f"{split}/{label}/{i:03d}.png"
+                image.save(root / name)
+                digest.update(name.encode() + np.asarray(image).tobytes())
+    return digest.hexdigest()
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -222,12 +259,45 @@ TINY = '{"layers": [1, 1, 1, 1], "widths": [16, 32, 64, 128]}'
 TRAIN = ["--model", "resnet50", "--arch-kwargs", TINY, "--image-size", "32", "--epochs", "10", "--batch-size", "32",
          "--lr", "0.05", "--label-smoothing", "0", "--workers", "0", "--device", "cpu", "--seed", "0",
          "--no-tensorboard", "--no-progress"]
+#: The model of the heat maps: the same small ResNet at 64 px (its layer2 map, the one explained, is 8x8).
+TRAIN_QUARTERS = ["--model", "resnet50", "--arch-kwargs", TINY, "--image-size", "64", "--epochs", "12",
+                  "--batch-size", "32", "--lr", "0.05", "--label-smoothing", "0", "--workers", "0", "--device", "cpu",
+                  "--seed", "0", "--no-tensorboard", "--no-progress"]
 EVALUATE = ["evaluate", "--data", "patterns/val", "--weights", "run/model_best.pth.tar", "--output", "eval",
             "--workers", "0", "--device", "cpu", "--no-progress"]
 
 
+def explain_picture(work: Path) -> dict[str, Any]:
+    """Train the quarters model in ``work``, explain one validation image per class with ``convnets explain``
+    and lay its overlays side by side in ``docs/pictures/explain.png``; returns the picture's record."""
+    from PIL import Image
+
+    digest = make_quarters(work / "quarters")
+    _checked(_convnets("train", "--data", "quarters", "--output", "qrun", *TRAIN_QUARTERS, cwd=work))
+    inputs = [f"quarters/val/{label}/000.png" for label in CLASSES]
+    explain = ["explain", *inputs, "--weights", "qrun/model_best.pth.tar", "--output", "heat", "--device", "cpu"]
+    _checked(_convnets(*explain, cwd=work))
+    record = json.loads((work / "heat" / "explanations.json").read_text())
+    tile, gap = 192, 8
+    picture = Image.new("RGB", (gap + len(inputs) * (tile + gap), 2 * tile + 3 * gap), "white")
+    for i, entry in enumerate(record["explanations"]):  # the photo above, its overlay below
+        for row, image in enumerate((Image.open(work / entry["input"]), Image.open(work / "heat" / entry["overlay"]))):
+            picture.paste(image.convert("RGB").resize((tile, tile), Image.Resampling.NEAREST),
+                          (gap + i * (tile + gap), gap + row * (tile + gap)))
+    picture.save(PICTURES / "explain.png")
+    said = ", ".join(f"{e['label']} ({e['score']:.0%})" for e in record["explanations"])
+    return {"alt": "Four generated images and their heat maps",
+            "inputs": {"generated data set (make_quarters)": digest},
+            "caption": f"Top: one validation image per class of a small ResNet trained at 64 px on textures that each "
+                       f"sit in their own quarter ({', '.join(CLASSES)}: top-left, top-right, bottom-left, "
+                       f"bottom-right). Bottom: convnets explain's overlay of each image's best class ({said}; "
+                       f"{record['method']} at {record['layer']}).",
+            "command": "convnets " + shlex.join(explain),
+            "training": "convnets train --data quarters --output qrun " + " ".join(TRAIN_QUARTERS)}
+
+
 def main() -> None:
-    """Make sheet.png, curves.png and confusion.png in ``docs/pictures/`` and write their record."""
+    """Make sheet.png, curves.png, confusion.png and explain.png in ``docs/pictures/`` and write their record."""
     import torch
 
     PICTURES.mkdir(exist_ok=True)
@@ -274,6 +344,7 @@ def main() -> None:
                 "caption": f"That model evaluated on the {report['images']} validation images: top-1 "
                            f"{report['top1']:.1f}%.",
                 "command": "convnets " + " ".join(EVALUATE)},
+            "explain.png": explain_picture(work),
         }
         for name, entry in made.items():
             entry["sha256"] = sha256(PICTURES / name)

@@ -36,7 +36,7 @@ def _sha256(path: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page, name", [("inference", "sheet.png"), ("training", "curves.png"),
-                                        ("evaluation", "confusion.png")])
+                                        ("evaluation", "confusion.png"), ("explain", "explain.png")])
 def test_each_page_shows_its_picture_as_recorded(site: Path, page: str, name: str) -> None:
     text = (site / page / "index.html").read_text(encoding="utf-8")
     sources = re.findall(r'<img[^>]* src="([^"]+)"', text)
@@ -61,6 +61,12 @@ def test_the_inputs_are_the_ones_recorded(tmp_path: Path) -> None:
         assert RECORD["pictures"][name]["inputs"] == {"generated data set (make_dataset)": digest}
     assert len(list((tmp_path / "patterns" / "val").rglob("*.png"))) == 48
     assert "48 validation images" in RECORD["pictures"]["confusion.png"]["caption"]
+    # The heat maps: the quarters data set, made again here; one validation image per class explained.
+    quarters = RECORD["pictures"]["explain.png"]
+    assert quarters["inputs"] == {"generated data set (make_quarters)": pictures.make_quarters(tmp_path / "quarters")}
+    assert all(f"quarters/val/{c}/000.png" in quarters["command"] for c in pictures.CLASSES)
+    with Image.open(REPO / "docs" / "pictures" / "explain.png") as image:
+        assert image.size == (8 + len(pictures.CLASSES) * (192 + 8), 2 * 192 + 3 * 8)
     # The sheet holds one tile per example, in one row.
     with Image.open(REPO / "docs" / "pictures" / "sheet.png") as image:
         assert image.width == SHEET_GAP + len(EXAMPLES) * (SHEET_TILE + SHEET_GAP)

@@ -74,11 +74,14 @@ def _check_outputs(notebook: object, examples: Path) -> None:
     pictures = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(pictures) == len(PHOTOS)
     # convnets.predict as the last expression: an HTML table with a thumbnail per photo (and again
-    # after the fine-tune).
+    # after the fine-tune); between them the first photo explained: its thumbnail and its heat map.
     tables = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
-    assert len(tables) == 2 and all('class="convnets-predictions"' in t for t in tables)
-    assert all(t.count("<img ") == len(PHOTOS) and all(p in t for p in PHOTOS) for t in tables)
-    assert "cat" in tables[1] and "rocket" in tables[1]  # the fine-tuned model's own classes
+    assert len(tables) == 3 and all('class="convnets-predictions"' in t for t in tables)
+    listed, explained, tuned = tables
+    assert all(t.count("<img ") == len(PHOTOS) and all(p in t for p in PHOTOS) for t in (listed, tuned))
+    assert explained.count("<img ") == 2 and PHOTOS[0] in explained
+    assert re.search(rf"^\S*{re.escape(PHOTOS[0])} .+ \(300, 451\)$", text, re.M)  # the heat map: the photo's size
+    assert "cat" in tuned and "rocket" in tuned  # the fine-tuned model's own classes
     # The nearest neighbour of each photo, and the optimized copy agreeing with the model.
     assert len(re.findall(r"^\S+: nearest is \S+ \(cosine -?[01]\.\d{3}\)$", text, re.M)) == len(PHOTOS)
     difference = re.search(r"largest difference (\S+) of the largest logit", text)

@@ -149,7 +149,7 @@ class PredictJob(BatchJob):
         return torch.device("cpu") if self.args.ray is not None else device_from_args(self.args)
 
     def load(self, device: torch.device) -> ResNet:
-        from convnets.inference.predict import class_labels
+        from convnets.inference.labels import class_labels
 
         self.model = load_from_args(self.args, device=device).model
         self.labels = class_labels(self.model)

@@ -17,7 +17,7 @@ import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -25,13 +25,16 @@ from PIL import Image
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inference.inputs import InputItem, iter_inputs
+from convnets.inference.labels import class_labels
 from convnets.inference.loader import Decoding, Result, map_batches
 from convnets.inference.names import safe_text
 from convnets.text import printable
 from convnets.models.resnet import ResNet
-from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes
 from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
+
+if TYPE_CHECKING:
+    from convnets.inference.explain import Explanation
 
 __all__ = ["MAX_ROWS", "Prediction", "Predictions", "TopClass", "class_labels", "iter_inputs", "iter_predict",
            "predict", "predict_items", "predictions_html", "resolve_decoding", "top_classes"]
@@ -49,7 +52,8 @@ class TopClass:
 @dataclass(frozen=True)
 class Prediction(Result):
     """The result for one input: its top classes or its error, and its thumbnail when decoded with
-    ``Decoding(thumbnail=...)`` (for contact sheets; not compared).
+    ``Decoding(thumbnail=...)`` (for contact sheets; not compared); after :meth:`Predictions.explain`, the heat
+    maps of its classes (shown beside the thumbnail).
 
     Attributes:
         labels: of a multi-label model, the names of the classes whose probability reaches their threshold,
@@ -61,6 +65,7 @@ class Prediction(Result):
     error: ImageLoadError | None = None
     thumbnail: Image.Image | None = field(default=None, repr=False, compare=False)
     labels: list[str] | None = None
+    explanations: list[Explanation] = field(default_factory=list, repr=False, compare=False)
 
     def __str__(self) -> str:
         """The input's name and its classes, one per line, as ``convnets predict`` prints them: names and
@@ -90,6 +95,29 @@ class Predictions(list[Prediction]):
 
     def _repr_html_(self) -> str:
         return predictions_html(self)
+
+    def explain(self, model: ResNet, *, topk: int = 1, **options: Any) -> Predictions:
+        """These predictions with the heat maps of their best classes (:func:`convnets.explain`, the ``explain``
+        extra): in Jupyter each thumbnail is shown with its overlays beside it.
+
+        Args:
+            model: the model that made the predictions.
+            topk: how many of each input's top classes to explain (best first; at most those it has).
+            **options: as for :func:`convnets.explain`: ``method``, ``layer``, ``batch_size``, ``device``,
+                ``preset``, ``timeout``, ``allow_private`` (use the preprocessing that the predictions had).
+
+        Returns:
+            A new :class:`Predictions`, each with its ``explanations``; inputs that failed stay as they are.
+        """
+        from convnets.inference.explain import explain_items
+
+        if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+            raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
+        readable = [p for p in self if p.ok]
+        explained = explain_items(model, [(p.input, None) for p in readable],
+                                  lambda position, scores: [t.index for t in readable[position].top[:topk]], **options)
+        heat = {id(p): e.explanations for p, e in zip(readable, explained)}
+        return Predictions(dataclasses.replace(p, explanations=heat.get(id(p), [])) for p in self)
 
 
 #: Rows drawn with their thumbnails; the rest are counted (a notebook of ten thousand pictures cannot be opened).
@@ -128,7 +156,12 @@ def _row(prediction: Prediction, side: int, timeout: float) -> str:
     labels = "" if prediction.labels is None else (
         '<br><span style="color:#5a5a5a">labels:</span> '
         + (", ".join(f"<b>{html.escape(label)}</b>" for label in prediction.labels) or "none above its threshold"))
-    return (f'<tr><td style="{_CELL}">{image}</td><td style="{_CELL}"><b>{name}</b>{labels}'
+    heat = ""
+    if prediction.explanations:  # Predictions.explain: the heat maps beside the thumbnail
+        from convnets.inference.explain import overlays_html
+
+        heat = f'<td style="{_CELL}">{overlays_html(prediction.explanations, side)}</td>'
+    return (f'<tr><td style="{_CELL}">{image}</td>{heat}<td style="{_CELL}"><b>{name}</b>{labels}'
             f'<table style="border-collapse:collapse">{classes}</table></td></tr>')
 
 
@@ -158,15 +191,6 @@ def top_classes(logits: torch.Tensor, labels: Sequence[str], topk: int, threshol
     above = probabilities.double() >= torch.tensor([float(t) for t in thresholds], dtype=torch.float64)
     order = torch.argsort(probabilities, dim=1, descending=True, stable=True)
     return [(top, [labels[int(c)] for c in row if above[r, int(c)]]) for r, (top, row) in enumerate(zip(tops, order))]
-
-
-def class_labels(model: ResNet) -> list[str]:
-    """Names of the model's outputs: the checkpoint's, ImageNet's for 1000 classes, else indices."""
-    if model.class_names is not None:
-        return list(model.class_names)
-    if model.num_classes == NUM_CLASSES:
-        return [str(name) for name in get_imgnet_classes()]
-    return [f"class {i}" for i in range(model.num_classes)]
 
 
 def resolve_decoding(model: object, decoding: Decoding | None, *, preset: EvalPreset | None = None,
