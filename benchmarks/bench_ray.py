@@ -126,8 +126,9 @@ def main() -> int:
         names = names[round_ % len(names):] + names[:round_ % len(names)]
         for name in names:
             output = args.folder / f"out-{len(outputs)}.jsonl"
-            output.unlink(missing_ok=True)
             spool = output.with_name(output.name + ".partial.jsonl")
+            output.unlink(missing_ok=True)
+            spool.unlink(missing_ok=True)  # a run this script stopped earlier
             timing = run([*base, *variants[name], "--output", str(output)], spool)
             timing["img_per_s"] = args.images / timing["seconds"]
             timing["after_first_img_per_s"] = args.images / (timing["seconds"] - timing["first_record_s"])
