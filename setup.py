@@ -65,6 +65,9 @@ setup(
         # `convnets serve`: PyTriton ships the Triton Inference Server binary and its Python backend (Linux
         # wheels only); it needs numpy < 2. tritonclient is the client of the docs' examples.
         "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50"],
+        # `convnets export --triton`: config.pbtxt is written with the ModelConfig protobuf that tritonclient ships
+        # (its grpc part holds it).
+        "triton": ["tritonclient[grpc]>=2.50"],
         # `convnets evaluate` on ImageNet's devkit layout (meta.mat; torchvision's devkit parser needs it too)
         "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`, `convnets embed --output FILE.parquet`
