@@ -45,8 +45,9 @@ setup(
         "requests>=2.28",
         "urllib3>=2",  # processing_utils bounds each socket read to keep a total download deadline
         "validators>=0.22",
-        # Only where fcntl is missing: elsewhere convnets.fileio.exclusive_lock, which deletes its lock file.
-        "filelock>=3.12; platform_system == 'Windows'",
+        # convnets.fileio.exclusive_lock: 4.3 is the version tested; its waiters start over when the lock
+        # file was deleted under them, which lets the holder delete it on release.
+        "filelock>=4.3",
         "tqdm>=4.60",
         # Reading .safetensors weights is part of loading any checkpoint (--weights, load_model,
         # pretrained_from_file); small, no dependencies of its own, wheels for every platform.
