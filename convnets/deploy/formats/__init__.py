@@ -2,9 +2,10 @@
 
 Each format is one module here with an :class:`~convnets.deploy.formats.base.ExportFormat`
 subclass and a module-level ``FORMAT`` instance. Adding a built-in format is that module plus its
-name in :data:`FORMATS` (a :class:`~convnets.plugins.Registry`); :mod:`convnets.deploy.export`, :mod:`convnets.deploy.triton` and the
-command line take everything else (files, tensor names, Triton platform, options, verification
-runtime) from the registry. Other code can add a format with :func:`register_format` or the ``@FORMATS.plugin`` class decorator.
+name in :data:`FORMATS` (a :class:`~convnets.plugins.Registry`); :mod:`convnets.deploy.export`,
+:mod:`convnets.deploy.triton` and the command line take everything else (files, tensor names, Triton
+platform, options, verification runtime) from the registry. Other code can add a format with
+:func:`register_format` or the ``@FORMATS.plugin`` class decorator.
 
 No PyTorch is imported here: formats load their exporters when they write.
 """
