@@ -45,8 +45,9 @@ setup(
         "requests>=2.28",
         "urllib3>=2",  # processing_utils bounds each socket read to keep a total download deadline
         "validators>=0.22",
-        # Only where fcntl is missing: elsewhere convnets.fileio.exclusive_lock, which deletes its lock file.
-        "filelock>=3.12; platform_system == 'Windows'",
+        # convnets.fileio.exclusive_lock: 4.3 is the version tested; its waiters start over when the lock
+        # file was deleted under them, which lets the holder delete it on release.
+        "filelock>=4.3",
         "tqdm>=4.60",
         # Reading .safetensors weights is part of loading any checkpoint (--weights, load_model,
         # pretrained_from_file); small, no dependencies of its own, wheels for every platform.
@@ -67,6 +68,9 @@ setup(
         "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50"],
         # `convnets explain`, convnets.explain: Grad-CAM and its variants (pytorch-grad-cam; it brings OpenCV)
         "explain": ["grad-cam>=1.5"],
+        # `convnets export --triton`: config.pbtxt is written with the ModelConfig protobuf that tritonclient ships
+        # (its grpc part holds it).
+        "triton": ["tritonclient[grpc]>=2.50"],
         # `convnets evaluate` on ImageNet's devkit layout (meta.mat; torchvision's devkit parser needs it too)
         "imagenet": ["scipy>=1.8"],
         # `convnets predict --output FILE.parquet`, `convnets embed --output FILE.parquet`

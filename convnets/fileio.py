@@ -1,4 +1,4 @@
-"""Crash-safe file writes and an inter-process lock that leaves no file behind.
+"""Crash-safe file writes, the checks before a command writes, and an inter-process lock.
 
 :func:`atomic_write` / :func:`atomic_output`: readers (and a restart after a crash) see the old file
 or the new one, never a partial one. The new content goes to a temporary file beside the
@@ -433,56 +433,6 @@ class LockHeldError(TimeoutError):
         self.path, self.holder = path, holder
 
 
-#: Descriptors of the lock files this process holds. A forked child (a DataLoader's decoding
-#: worker) inherits them, and an flock belongs to the open file, not the process: a child that
-#: outlives a killed parent for a moment would keep the parent's lock held and refuse the run that
-#: resumes it. So each child closes its copies at once; the parent's hold is unchanged (the lock
-#: goes only when every copy is closed).
-_HELD: set[int] = set()
-
-
-def _close_held_in_child() -> None:
-    for fd in list(_HELD):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_held_in_child)
-
-_OPEN_FLAGS = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
-
-
-def _open_lock_file(path: Path) -> tuple[int, bool]:
-    """Open (creating it if needed) the lock file ``path`` without following a symbolic link.
-
-    Returns:
-        The descriptor and whether this call created the file.
-
-    Raises:
-        OSError: ``path`` is a symbolic link or not a regular file (``ELOOP``, ``EINVAL``), or
-            cannot be created.
-    """
-    while True:
-        try:  # O_EXCL: never through a symbolic link, not even a dangling one
-            return os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o666), True
-        except FileExistsError:
-            pass
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except FileNotFoundError:
-            continue  # its holder deleted it in between: create it
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise OSError(errno.ELOOP, f"{path} is a symbolic link, not a lock file; remove it") from e
-            raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, f"{path} is not a regular file, so not a lock file; remove it")
-        return fd, False
-
-
 def _holder(path: Path) -> str:
     """Who holds the lock file ``path``, as its holder wrote it (``""``: unknown)."""
     for _ in range(10):  # a holder that has just locked the file writes its name a moment later
@@ -512,18 +462,14 @@ def _busy(path: Path, waited: float) -> LockHeldError:
 def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float = 0.05) -> Iterator[None]:
     """Hold an inter-process lock on ``path`` (created if needed) and delete that file on release.
 
-    Why not ``filelock.FileLock``: on Unix it must leave its file behind, since deleting a lock file
-    after unlocking it lets a waiter lock the deleted inode while a newcomer locks a new file under
-    the same name (tox-dev/filelock#27, #574). Here the holder deletes the file *before* unlocking,
-    and an acquirer that wins ``flock`` checks that the path still names the inode it locked,
-    otherwise it starts over on the new file. So at most one process holds the lock on the inode the
-    path names, and nothing stays on disk once no one holds it (except after a kill: the next holder
-    deletes it). Where ``fcntl`` does not exist (Windows) ``filelock`` is used; it removes its file.
-
-    The file is opened without following a symbolic link (``O_NOFOLLOW``; created with ``O_EXCL``):
-    a link or any other non-regular file at ``path`` is refused, never written through. The holder
-    writes ``"PID HOST"`` into it, which :class:`LockHeldError` reports to the others, and deletes
-    it on release only while ``path`` still names the file it locked.
+    ``filelock.FileLock``: an ``flock`` on Unix, never through a symbolic link (``O_NOFOLLOW``), that
+    a forked child (a DataLoader's decoding worker) does not keep holding. The holder writes
+    ``"PID HOST"`` into the file, which :class:`LockHeldError` reports to the others, and deletes it
+    *before* unlocking, while ``path`` still names the file it locked: a waiter that then locks the
+    deleted inode sees it has no name left and starts over on the path (filelock checks that, and
+    tests/test_fileio.py's race test pins it), so nothing stays on disk once no one holds the lock
+    (after a kill, an empty or stale file stays until the next holder deletes it). filelock itself
+    keeps its file; deleting it without that check breaks mutual exclusion (tox-dev/filelock#574).
 
     Args:
         path: the lock file.
@@ -532,64 +478,40 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float =
 
     Raises:
         LockHeldError: another process held the lock for ``timeout`` seconds (a ``TimeoutError``).
-        OSError: the file system cannot lock files (its ``errno`` says why; no file is left), or
-            ``path`` is a symbolic link or not a regular file, or cannot be created.
+        OSError: the file system cannot lock files (its ``errno`` says why), or ``path`` is a symbolic
+            link or not a regular file, or cannot be created.
     """
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        import filelock
+    import filelock
 
-        try:
-            with filelock.FileLock(str(path), timeout=timeout):
-                yield
-        except filelock.Timeout as e:
-            raise _busy(Path(path), timeout) from e
-        return
     path = Path(path)
-    deadline = time.monotonic() + timeout
-    while True:
-        fd, created = _open_lock_file(path)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise _busy(path, timeout) from None
-                    time.sleep(poll_s)
-                except OSError:
-                    # This file system cannot lock (ENOLCK, ENOSYS...): no one can hold this file,
-                    # so removing the one this call created takes nothing from anyone.
-                    if created:
-                        path.unlink(missing_ok=True)
-                    raise
-            locked = os.fstat(fd)
-            try:
-                current = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                current = None
-        except BaseException:
-            os.close(fd)
-            raise
-        if current is not None and (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino):
-            break
-        os.close(fd)  # its previous holder deleted it after we opened it: lock the file there now
-    _HELD.add(fd)
+    existed = os.path.lexists(path)
+    with contextlib.suppress(FileNotFoundError):  # clearer than open()'s ELOOP, and no FIFO is ever opened
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link, not a lock file; remove it")
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file, so not a lock file; remove it")
+    held: list[int] = []
+    lock = filelock.FileLock(path, timeout=timeout, poll_interval=poll_s, fallback_to_soft=False,
+                             on_acquired=held.append)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise _busy(path, timeout) from None
+    except OSError:
+        if not existed:  # e.g. a file system that cannot lock: no one holds the file this call made
+            path.unlink(missing_ok=True)
+        raise
+    locked = os.fstat(held[0])
     try:
         with contextlib.suppress(OSError):  # who holds it, for the others' messages
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+            os.lseek(held[0], 0, os.SEEK_SET)
+            os.write(held[0], f"{os.getpid()} {socket.gethostname()}\n".encode())
         yield
     finally:
-        _HELD.discard(fd)
-        # Unlink while still holding the lock (see above), then unlock by closing; only the file
-        # this process locked (a file someone put in its place is theirs).
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                current = os.stat(path, follow_symlinks=False)
-                if (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino):
+        try:  # delete while still holding it (see above), only the file this process locked (Windows: cannot)
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.lstat(path), locked):
                     path.unlink()
         finally:
-            os.close(fd)
+            lock.release()

@@ -276,21 +276,32 @@ def command_lines(stderr: str) -> list[str]:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300,
-            **run: Any) -> "subprocess.CompletedProcess[str]":
-    """Run ``python -m convnets ARGS`` in a real process and return the completed process.
+            code: str | None = None, fresh: bool = False, **run: Any) -> "subprocess.CompletedProcess[str]":
+    """Run ``python -m convnets ARGS`` (``code``: ``python -c CODE ARGS``) in a real process and return the
+    completed process: the one way of the tests to run the command line as a process (:func:`cli_in_process`
+    is the one in this process; :func:`start_cli` starts a run without waiting, for signals).
 
     The process is forked from an interpreter that has imported torch and torchvision and nothing
-    else (tests/forked_cli.py): the run, its exit and its exit status are its own, without the
-    4.5 CPU-seconds of those imports per call. ``run``: :func:`forked_cli.run`'s ``input``,
-    ``limit_as``, ``code``. Tests of what start-up imports use :func:`run_cli_imports` (a fresh
-    interpreter).
+    else (tests/forked_cli.py, whose docstring says why, with the measurement): the run, its exit and its exit status are its
+    own, without the 4.5 CPU-seconds of those imports per call. ``run``: :func:`forked_cli.run`'s
+    ``input``, ``limit_as``.
+
+    ``fresh``: a new interpreter under ``python -X importtime`` instead, for tests of what a command imports
+    before it answers: the result's ``imported`` is the set of modules the interpreter's own report
+    lists (its stderr is without that report), so nothing depends on timing.
     """
-    return forked_cli.run(list(args), env=_cli_env(env), cwd=cwd or REPO, timeout=timeout, **run)
-
-
-def run_script(code: str, *args: str, **run: Any) -> "subprocess.CompletedProcess[str]":
-    """``python -c CODE ARGS`` as :func:`run_cli` runs the command line (``run``: its keywords)."""
-    return run_cli(*args, code=code, **run)
+    if not fresh:
+        return forked_cli.run(list(args), env=_cli_env(env), cwd=cwd or REPO, timeout=timeout, code=code, **run)
+    what = ["-c", code] if code is not None else ["-m", "convnets"]
+    proc = subprocess.run([sys.executable, "-X", "importtime", *what, *args], capture_output=True, env=_cli_env(env),
+                          cwd=cwd or REPO, timeout=timeout, **run)
+    stderr = proc.stderr.decode(errors="replace").splitlines()
+    imported = {line.rsplit("|", 1)[-1].strip() for line in stderr if line.startswith("import time:")}
+    assert code is not None or "convnets.cli" in imported, stderr[-20:]  # the report is there at all
+    text = "".join(f"{line}\n" for line in stderr if not line.startswith("import time:"))
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(errors="replace"), text)
+    done.imported = imported  # type: ignore[attr-defined]
+    return done
 
 
 def start_cli(*args: str, env: dict[str, str] | None = None, **popen: Any) -> forked_cli.CliProcess:
@@ -352,21 +363,6 @@ def cli_in_process(*args: str, env: dict[str, str] | None = None,
 #: Modules that the command line must not import before it has checked its arguments (each costs
 #: seconds or pulls in PyTorch).
 HEAVY_MODULES = ("torch", "torchvision", "numpy", "convnets.registry")
-
-
-def run_cli_imports(*args: str, input: bytes | None = None,
-                    timeout: float = 120) -> tuple["subprocess.CompletedProcess[str]", set[str]]:
-    """Run ``python -X importtime -m convnets ARGS`` and return the completed process (its stderr
-    without the import report) and the modules it imported, read from the interpreter's own report:
-    what a command did before PyTorch, without depending on timing."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "convnets", *args], capture_output=True,
-                          env=env, cwd=REPO, timeout=timeout, input=input)
-    stderr = proc.stderr.decode(errors="replace").splitlines()
-    imported = {line.rsplit("|", 1)[-1].strip() for line in stderr if line.startswith("import time:")}
-    assert "convnets.cli" in imported, stderr[-20:]  # the report is there at all
-    text = "".join(f"{line}\n" for line in stderr if not line.startswith("import time:"))
-    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(errors="replace"), text), imported
 
 
 def heavy_imports(imported: set[str]) -> list[str]:

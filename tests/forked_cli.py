@@ -7,11 +7,17 @@ the zygote that sets its standard streams, working directory, environment and ar
 ``convnets/__main__.py`` as ``python -m`` does, and exits through the interpreter's normal
 shutdown (atexit handlers, stream flushes). Its exit status comes back through the zygote.
 
+Why the suite keeps this (measured 2026-11-28 on the 2-core CI-sized machine, a tiny ``convnets benchmark``
+run, three of each): forked 2.1 s wall per run, a fresh ``python -m convnets`` 6.1-8.2 s wall and 2.9-3.2
+CPU-s more. The suite starts about a hundred such runs (``run_cli``, ``start_cli``, ``run_train``), so fresh
+interpreters would add some 450 CPU-s, about 225 s of wall time on the two xdist workers, to tests that take
+about 500 s of their 600 s budget: without the zygote the suite does not fit.
+
 What differs from a fresh interpreter is only what the zygote did before the fork: imported
 torch and torchvision (nothing run), under the environment variables that are read at start-up or
 import (``PYTHON*``, thread counts, ``PYTORCH_*``...): runs whose values differ get their own zygote.
 Tests of what start-up imports, of the console script and of an installed wheel keep fresh
-interpreters (``conftest.run_cli_imports``, ``subprocess``).
+interpreters (``conftest.run_cli(..., fresh=True)``, ``subprocess``).
 
 :func:`torchrun` runs the real launcher (``python -m torch.distributed.run``) the same way, and it
 starts each rank through ``PYTHON_EXEC`` (torchrun's own setting for the interpreter of its

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO, heavy_imports, run_cli_imports
+from conftest import REPO, heavy_imports, run_cli
 
 from convnets.cli import COMMANDS, build_parser
 
@@ -22,7 +22,8 @@ LIGHT_COMMANDS = [name for name in COMMANDS if name != "train"]
 @pytest.mark.parametrize("args", [["--help"], *([name, "--help"] for name in LIGHT_COMMANDS)],
                          ids=lambda a: " ".join(a))
 def test_help_imports_no_torch(args: list[str]) -> None:
-    proc, imported = run_cli_imports(*args)
+    proc = run_cli(*args, fresh=True)
+    imported = proc.imported
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage: convnets" in proc.stdout
     assert heavy_imports(imported) == []
@@ -52,7 +53,8 @@ def test_help_imports_no_torch(args: list[str]) -> None:
     (["train", "--workers", "-1"], "argument --workers: must be a non-negative integer, got '-1'"),
 ])
 def test_usage_errors_import_no_torch(args: list[str], message: str) -> None:
-    proc, imported = run_cli_imports(*args)
+    proc = run_cli(*args, fresh=True)
+    imported = proc.imported
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and message in lines[-1], lines
     assert heavy_imports(imported) == []
@@ -65,7 +67,8 @@ def test_version_prints_the_version_of_setup_py() -> None:
     tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
     version = next(ast.literal_eval(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
                    for k in node.keywords if k.arg == "version")
-    proc, imported = run_cli_imports("--version")
+    proc = run_cli("--version", fresh=True)
+    imported = proc.imported
     assert (proc.returncode, proc.stdout) == (0, f"convnets {version}\n"), proc.stderr
     assert heavy_imports(imported) == []
 
@@ -136,7 +139,8 @@ def test_path_mistakes_are_usage_errors_before_torch(args: list[str], start: str
     """A path that does not exist, an output that cannot be created or has an unknown format: one line
     naming the option, exit status 2, and nothing heavy imported (so it answers at once)."""
     values = {"tmp": str(tmp_path), "ro": str(_read_only_dir(tmp_path))}
-    proc, imported = run_cli_imports(*(a.format(**values) for a in args))
+    proc = run_cli(*(a.format(**values) for a in args), fresh=True)
+    imported = proc.imported
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith(start.format(**values)) and problem.format(**values) in lines[0], lines
@@ -176,22 +180,24 @@ def test_a_newcomers_three_mistakes_answer_before_torch(tmp_path: Path) -> None:
          "convnets predict: error: --weights no.pth does not exist"),
     ]
     for args, start in mistakes:
-        proc, imported = run_cli_imports(*args)
+        proc = run_cli(*args, fresh=True)
+        imported = proc.imported
         lines = proc.stderr.splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(start), (args, lines)
         assert heavy_imports(imported) == [], args
-    assert f"--from-file {notes}" in run_cli_imports("predict", str(notes))[0].stderr  # what was meant
+    assert f"--from-file {notes}" in run_cli("predict", str(notes), fresh=True).stderr  # what was meant
 
 
 def test_help_shows_the_shared_options() -> None:
-    proc, _ = run_cli_imports("benchmark", "--help")
+    proc = run_cli("benchmark", "--help", fresh=True)
     for option in ("--model", "--weights", "--pretrained", "--random-init", "--arch-kwargs", "--device",
                    "--precision", "--memory-format"):
         assert option in proc.stdout, option
 
 
 def test_train_help_imports_no_torch() -> None:
-    proc, imported = run_cli_imports("train", "--help")
+    proc = run_cli("train", "--help", fresh=True)
+    imported = proc.imported
     assert proc.returncode == 0
     assert heavy_imports(imported) == []
 

@@ -114,7 +114,7 @@ class DummyEngine(Engine):
 
 @pytest.fixture
 def dummy_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_registry, "_REGISTRY", dict(engine_registry._REGISTRY))
+    monkeypatch.setattr(engine_registry.ENGINES, "_items", dict(engine_registry.ENGINES._items))
     engine_registry.register_engine(DummyEngine())
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, ngc_checkpoint, run_script
+from conftest import REPO, ngc_checkpoint, run_cli
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 NOT_RUN = re.compile(r"<!-- not run: (?P<reason>[^>]*?\S)\s*-->")
@@ -98,6 +98,6 @@ def test_the_python_blocks_of_every_page_run(full_se_checkpoint: tuple[Path, dic
            "TORCH_HOME": str(isolated_cache.parents[1]), "CONVNETS_DOCS_EXAMPLES": str(REPO / "examples"),
            "MPLBACKEND": "Agg"}
     blocks = [{"where": b.where, "code": b.code} for page in PAGES for b in RUNNABLE[page]]
-    done = run_script(RUNNER, input=json.dumps(blocks).encode(), cwd=tmp_path, env=env, timeout=900)
+    done = run_cli(code=RUNNER, input=json.dumps(blocks).encode(), cwd=tmp_path, env=env, timeout=900)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     assert [line[4:] for line in done.stdout.splitlines() if line.startswith("--- ")] == [b["where"] for b in blocks]

@@ -14,7 +14,7 @@ from pathlib import Path
 import forked_cli
 import pytest
 import torch
-from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn, run_script, start_cli
+from conftest import REPO, TINY, LoopbackServer, Route, randomize_bn, run_cli, start_cli
 from reference import reference_forward
 from test_checkpoints import LAYOUTS
 
@@ -184,7 +184,7 @@ fetch_weights(entry) if sys.argv[2] == "default" else fetch_weights(entry, progr
 def test_progress_bar_only_on_a_terminal_unless_forced(setting: str, tiny, isolated_cache: Path) -> None:
     """stderr is a pipe here (a log file, a CI job): the default draws no bar, "always" does."""
     entry, data, _ = tiny
-    result = run_script(_FETCH_WITH_PROGRESS, entry.url, setting, timeout=120)
+    result = run_cli(entry.url, setting, code=_FETCH_WITH_PROGRESS, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (isolated_cache / "tiny.pth.tar").read_bytes() == data
     bar = "tiny.pth.tar:" in result.stderr and "%|" in result.stderr

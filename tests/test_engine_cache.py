@@ -17,7 +17,7 @@ import forked_cli
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, TINY, randomize_bn, run_script, start_cli
+from conftest import REPO, TINY, randomize_bn, run_cli, start_cli
 from strict_skips import require_module
 
 import convnets
@@ -97,7 +97,7 @@ def test_a_second_process_loads_and_two_processes_filling_one_entry_both_succeed
     assert len(sums) == 1
     made = [p for p in (tmp_path / "cache").iterdir()]
     assert len(made) == 1 and not made[0].name.startswith("."), made  # one entry, no temporary left
-    again = run_script(script, env=env, timeout=600)
+    again = run_cli(code=script, env=env, timeout=600)
     assert again.returncode == 0, again.stderr
     assert again.stdout.split() == ["0", sums.pop()]  # loaded, not converted
 

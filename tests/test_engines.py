@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY, randomize_bn, run_cli, run_script
+from conftest import TINY, randomize_bn, run_cli
 from strict_skips import require_module
 
 import convnets
@@ -268,6 +268,6 @@ def test_signals_are_still_handled_after_openvino_models_are_released(precision:
     if precision == "int8":
         require_module("nncf", extra="openvino")
     script = OPENVINO_THEN_A_SIGNAL.format(arch=TINY["resnext101_32x4d"], precision=precision)
-    done = run_script(script)
+    done = run_cli(code=script)
     assert done.returncode == 0 and "handled 1" in done.stdout, \
         f"exit status {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"

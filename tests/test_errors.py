@@ -273,7 +273,7 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
            "InvalidArgumentError naming the file and line"),
     ("convnets/deploy/engines/base.py", "ValueError"): (
         1, "an engine setting's argparse type: argparse turns it into the option's usage error (exit 2)"),
-    ("convnets/deploy/triton_python.py", "ValueError"): (
+    ("convnets/deploy/triton/python_backend.py", "ValueError"): (
         1, "the model.py that export copies into Python-backend repositories imports nothing from convnets; "
            "a config naming no known runtime fails the model's load, which Triton reports"),
 }

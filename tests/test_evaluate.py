@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import cli_in_process, randomize_bn, run_cli, run_script
+from conftest import cli_in_process, randomize_bn, run_cli
 from PIL import Image
 from strict_skips import require_module
 from train_support import TINY_ARCH
@@ -426,7 +426,7 @@ def test_class_folders_with_links_to_themselves_are_scanned_once(command: str, t
         code = ("import sys\nfrom pathlib import Path\nfrom convnets.data.folders import scan_split\n"
                 "for split in ('train', 'val'):\n    classes, samples = scan_split(Path(sys.argv[1]), split)\n"
                 "    print(split, len(samples), sorted(classes[i] for _, i in samples))\n")
-        done = run_script(code, str(tmp_path / "data"), **limits)
+        done = run_cli(str(tmp_path / "data"), code=code, **limits)
     assert done.returncode == 0, done.stderr[-2000:]
     # "cat" once (3 images), "dog" 2 + the 3 of "cat" through its link (as torchvision counts a linked folder).
     expected = ["cat"] * 3 + ["dog"] * 5

@@ -148,6 +148,21 @@ def test_missing_onnxruntime_names_the_extra(tmp_path: Path, monkeypatch: pytest
     assert not list(tmp_path.rglob("*.onnx"))
 
 
+
+def test_export_triton_without_tritonclient_names_the_extra_before_exporting(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """config.pbtxt is written with tritonclient's protobuf: without it, --triton stops before the export."""
+    monkeypatch.setitem(sys.modules, "tritonclient.grpc.model_config_pb2", None)  # makes its import fail
+    status = main(["export", "--model", "resnet50", "--random-init", "--arch-kwargs",
+                   json.dumps(dict(layers=[1], widths=[8])), "--format", "torchscript", "--triton",
+                   "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1
+    assert err[-1].startswith("convnets export: error: tritonclient.grpc.model_config_pb2")
+    assert "pip install -c constraints.txt -e '.[triton]'" in err[-1]
+    assert not (tmp_path / "out").exists()
+
 # --- Triton repository through the command line --------------------------------------------------
 
 def parse_config(path: Path) -> object:

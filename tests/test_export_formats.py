@@ -67,7 +67,7 @@ class NoTritonFormat(TorchScriptFormat):
 @pytest.fixture
 def extra_formats(monkeypatch: pytest.MonkeyPatch) -> None:
     """The two test formats registered for one test (the registry is restored afterwards)."""
-    monkeypatch.setattr(formats, "_REGISTRY", dict(formats._REGISTRY))
+    monkeypatch.setattr(formats.FORMATS, "_items", dict(formats.FORMATS._items))
     register_format(TwoFileFormat())
     register_format(NoTritonFormat())
 

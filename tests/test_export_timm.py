@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, randomize_bn, run_script
+from conftest import TINY, randomize_bn, run_cli
 from strict_skips import require_module
 
 import convnets
@@ -66,7 +66,7 @@ def _timm_logits(folder: Path, arch: str, x: torch.Tensor, tmp_path: Path, model
     batch, out = tmp_path / "batch.pt", tmp_path / "timm_out.pt"
     torch.save(x, batch)
     ours = save_safetensors(model, tmp_path / "ours.safetensors", image_size=x.shape[-1])
-    done = run_script(TIMM_LOAD, str(folder), arch, str(batch), str(out), str(ours), env={"HF_HUB_OFFLINE": "1"})
+    done = run_cli(str(folder), arch, str(batch), str(out), str(ours), code=TIMM_LOAD, env={"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     logits = torch.load(out, weights_only=False)
     with torch.no_grad():  # the same model: float32 rounding apart (another process's kernels)

@@ -182,7 +182,7 @@ def _installed_run(bin_dir: Path, *args: str, cwd: Path, timeout: float = 300) -
 
 #: Modules that are not imported here: ``__main__`` modules run a command; the model.py that export copies
 #: into Python-backend Triton repositories imports Triton's own ``triton_python_backend_utils``.
-NOT_IMPORTED = {"convnets.deploy.triton_python"}
+NOT_IMPORTED = {"convnets.deploy.triton.python_backend"}
 
 
 def _source_modules() -> set[str]:

@@ -51,7 +51,7 @@ def tsv_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plugins.mkdir()
     (plugins / "tsv.py").write_text(textwrap.dedent(TSV), encoding="utf-8")
     monkeypatch.setattr(outputs, "__path__", [*outputs.__path__, str(plugins)])
-    monkeypatch.setattr(outputs, "_REGISTRY", dict(outputs._REGISTRY))
+    monkeypatch.setattr(outputs.OUTPUT_FORMATS, "_items", dict(outputs.OUTPUT_FORMATS._items))
     yield
     import sys
 

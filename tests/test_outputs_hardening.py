@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, command_lines, heavy_imports, run_cli, run_cli_imports, start_cli
+from conftest import REPO, command_lines, heavy_imports, run_cli, start_cli
 from PIL import Image
 
 import convnets
@@ -108,8 +108,9 @@ def test_show_refuses_existing_sheets_before_torch(folder: Path, tmp_path: Path,
     mine = {name: f"mine {name}".encode() for name in ("show.png", "show-2.png", "show-3.png")}
     for name, data in mine.items():
         (tmp_path / name).write_bytes(data)
-    done, imported = run_cli_imports("predict", *weights, *COMMON, "--show", str(tmp_path / "show.png"),
-                                     str(folder / "img000.png"))
+    done = run_cli("predict", *weights, *COMMON, "--show", str(tmp_path / "show.png"), str(folder / "img000.png"),
+                   fresh=True)
+    imported = done.imported
     assert done.returncode == 2 and heavy_imports(imported) == []
     lines = command_lines(done.stderr)
     assert len(lines) == 1 and lines[0].startswith(f"convnets predict: error: --show {tmp_path / 'show.png'}"), lines
@@ -216,8 +217,9 @@ def test_two_predict_runs_on_one_output_the_second_fails_at_once(weights: list[s
             time.sleep(0.02)
         assert lock.exists()
         # Refused while the command line is checked: before PyTorch (the interpreter's import report).
-        second, imported = run_cli_imports("predict", *weights, *COMMON, "--output", str(out), "--resume",
-                                           "--from-file", str(listing))
+        second = run_cli("predict", *weights, *COMMON, "--output", str(out), "--resume", "--from-file", str(listing),
+                         fresh=True)
+        imported = second.imported
         assert first.poll() is None
         assert second.returncode == 1 and heavy_imports(imported) == []
         lines = command_lines(second.stderr)
@@ -236,7 +238,8 @@ def test_two_predict_runs_on_one_output_the_second_fails_at_once(weights: list[s
 def test_embed_on_a_held_output_is_refused_before_torch(weights: list[str], folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "v.npy"
     with exclusive_lock(tmp_path / "v.npy.lock", timeout=0):  # as a running embed holds it
-        done, imported = run_cli_imports("embed", *weights, *COMMON, "--output", str(out), str(folder))
+        done = run_cli("embed", *weights, *COMMON, "--output", str(out), str(folder), fresh=True)
+        imported = done.imported
     lines = command_lines(done.stderr)
     assert done.returncode == 1 and heavy_imports(imported) == [], lines
     assert len(lines) == 1 and lines[0].startswith(f"convnets embed: error: --output {out} is being written by "
@@ -286,8 +289,9 @@ def test_a_symlinked_lock_file_is_never_followed(tmp_path: Path, weights: list[s
     assert not (tmp_path / "created-through-the-link").exists()
     # On the command line: one error line, before PyTorch.
     (tmp_path / "r.jsonl.lock").symlink_to(victim)
-    done, imported = run_cli_imports("predict", *weights, *COMMON, "--output", str(tmp_path / "r.jsonl"),
-                                     str(folder / "img000.png"))
+    done = run_cli("predict", *weights, *COMMON, "--output", str(tmp_path / "r.jsonl"), str(folder / "img000.png"),
+                   fresh=True)
+    imported = done.imported
     lines = command_lines(done.stderr)
     assert done.returncode != 0 and len(lines) == 1 and "symbolic link" in lines[0], lines
     assert heavy_imports(imported) == []
@@ -328,8 +332,8 @@ def test_output_in_a_missing_or_read_only_directory_fails_before_torch(command: 
         read_only.chmod(0o555)
     for directory, problem in ((missing, "does not exist"), (read_only, "cannot write in")):
         target = directory / f"out.{suffix}"
-        done, imported = run_cli_imports(command, *weights, *COMMON, "--output", str(target),
-                                         str(folder / "img000.png"))
+        done = run_cli(command, *weights, *COMMON, "--output", str(target), str(folder / "img000.png"), fresh=True)
+        imported = done.imported
         lines = command_lines(done.stderr)
         assert done.returncode == 2 and len(lines) == 1 and heavy_imports(imported) == [], lines
         assert lines[0].startswith(f"convnets {command}: error: --output {target}: ") and problem in lines[0], lines

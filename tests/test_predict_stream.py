@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import kill_midway, run_cli, run_script
+from conftest import kill_midway, run_cli
 from PIL import Image
 from strict_skips import require_module
 
@@ -292,7 +292,7 @@ MEMORY_PROBE = textwrap.dedent("""
 
 def test_listed_inputs_stream_in_constant_memory(tmp_path: Path) -> None:
     """200,000 listed inputs cost no more Python memory than 2,000 (the listing is never held)."""
-    proc = run_script(MEMORY_PROBE, str(tmp_path / "list.txt"), timeout=120)
+    proc = run_cli(str(tmp_path / "list.txt"), code=MEMORY_PROBE, timeout=120)
     assert proc.returncode == 0, proc.stderr
     small, large, _ = map(int, proc.stdout.split())
     assert large - small < 1_000_000, (small, large)  # a list of 200,000 paths would be ~25 MB
@@ -324,7 +324,7 @@ def test_many_listed_inputs_end_to_end_in_constant_memory(tmp_path: Path) -> Non
         files[n] = [str(listing), str(tmp_path / f"out{n}.jsonl")]
     runs = [["predict", *RANDOM, "--batch-size", "256", "--from-file", listing, "--output", out]
             for listing, out in files.values()]
-    proc = run_script(code, json.dumps(runs))
+    proc = run_cli(json.dumps(runs), code=code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rss = dict(zip((2_000, 200_000), (int(line) for line in proc.stderr.splitlines() if line.isdigit()), strict=True))
     for n, (_, out) in files.items():

@@ -120,6 +120,28 @@ def test_bf16_on_the_torch_engine_without_amx_warns_once_that_fp32_is_faster(
         assert warnings == []
 
 
+
+def test_benchmark_of_bf16_on_the_torch_engine_without_amx_shows_the_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`convnets benchmark --precision bf16 --engine torch` on such a CPU prints the same line above its table."""
+    from conftest import cli_in_process
+
+    from convnets.deploy.engines import torch as torch_engine
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("PyTorch without oneDNN refuses CPU bf16")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(X86_NATIVE)
+    monkeypatch.setattr(runtime, "_CPUINFO", cpuinfo)
+    torch_engine._warn_slow_bf16.cache_clear()  # as in a new process
+    done = cli_in_process("benchmark", "--model", "resnet50", "--random-init", "--arch-kwargs", json.dumps(TINY),
+                          "--device", "cpu", "--precision", "bf16", "--engine", "torch", "--no-compile",
+                          "--batch-sizes", "1", "--warmup", "1", "--iterations", "1", "--image-size", "32",
+                          "--threads", "1")
+    assert done.returncode == 0, done.stderr
+    assert "bf16 through the torch engine runs slower than fp32 on this CPU" in done.stderr
+    assert "run fp32 for speed" in done.stderr and "| Batch size |" in done.stdout
+
 def test_training_precision_uses_the_same_device_check() -> None:
     with pytest.raises(UnsupportedPrecisionError, match="--amp-dtype bf16"):
         resolve_precision(CPU, amp=True, amp_dtype="fp16")

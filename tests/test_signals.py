@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import command_lines, run_cli, run_script, start_cli
+from conftest import command_lines, run_cli, start_cli
 from PIL import Image
 
 import convnets
@@ -224,7 +224,7 @@ def test_a_decoding_worker_stops_quietly() -> None:
 
     Deterministic where the runs above are not: whether the main process stops in the middle of
     fetching a tensor from a worker is a race (without this, 2 of 6 SIGTERMed runs printed the reset)."""
-    done = run_script(_WORKER, timeout=60)
+    done = run_cli(code=_WORKER, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "ConnectionResetError" not in done.stderr and "ValueError: a real bug" in done.stderr
 
@@ -249,7 +249,7 @@ def test_sigterm_while_the_workers_start_is_quiet_too(weights: list[str], names:
     the half-built iterator's finalizer fails (PyTorch's, on attributes it never set), which must not
     print a traceback; the workers still go, and the lock."""
     out = tmp_path / "r.jsonl"
-    done = run_script(_HALF_BUILT, "predict", *weights, *COMMON, "--workers", "2", "--output", str(out), *names[:20])
+    done = run_cli("predict", *weights, *COMMON, "--workers", "2", "--output", str(out), *names[:20], code=_HALF_BUILT)
     lines = command_lines(done.stderr)
     assert done.returncode == 143 and "Traceback" not in done.stderr, done.stderr
     assert lines[0].startswith("workers ") and lines[1:] == ["convnets: terminated"], lines

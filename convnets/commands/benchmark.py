@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from convnets.deploy.benchmark import environment, format_engine_table, format_table
-    from convnets.deploy.torch_path import num_threads
+    from convnets.deploy.engines.runner import num_threads
     from convnets.fileio import write_new
 
     if isinstance(args.json, str):

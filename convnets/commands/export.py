@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from convnets.deploy.export import export_model, sample_batch
     from convnets.deploy.triton import (check_model_name, check_triton_format, model_version_dir, triton_files,
                                         write_triton_files)
+    from convnets.deploy.triton.config import model_config_pb2
     from convnets.fileio import check_destination, make_dirs
 
     fmt = get_format(args.format)
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     backend = args.triton_backend or TRITON_BACKENDS[0]
     if args.triton:
         check_triton_format(fmt.name, backend)
+        model_config_pb2()  # what writes config.pbtxt (the triton extra): missing, say so before the export
     if args.name is not None:  # before the model loads, and named as the option
         try:
             check_model_name(args.name)

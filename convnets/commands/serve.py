@@ -166,7 +166,7 @@ def _check_repository(args: argparse.Namespace) -> Path:
 
 
 def _check_name(name: str) -> None:
-    from convnets.deploy.triton import check_model_name
+    from convnets.deploy.triton.config import check_model_name
 
     try:
         check_model_name(name)

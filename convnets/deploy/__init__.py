@@ -3,8 +3,8 @@ repositories, and throughput benchmarks.
 
 * :func:`optimize_for_inference` (:mod:`convnets.deploy.optimize`), run by an inference engine of
   :mod:`convnets.deploy.engines` (one module each, or ``auto``; built with an :class:`EngineSettings`;
-  the torch engine's code in
-  :mod:`convnets.deploy.torch_path`); BatchNorm folding in :mod:`convnets.deploy.folding`
+  the torch engine's code in :mod:`convnets.deploy.engines.torch`); BatchNorm folding in
+  :mod:`convnets.deploy.folding`
 * :func:`~convnets.deploy.export.export_model`, :mod:`convnets.deploy.formats` (one module per
   format) and :mod:`convnets.deploy.triton` (``convnets export``)
 * :mod:`convnets.deploy.benchmark` (``convnets benchmark``)

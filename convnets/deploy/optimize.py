@@ -2,7 +2,7 @@
 
 The engines live in :mod:`convnets.deploy.engines`, one module each (their names and what each runs:
 :func:`convnets.deploy.engines.engines`, or ``convnets predict --help``), with ``auto``'s rule; the
-torch engine's PyTorch code is :mod:`convnets.deploy.torch_path`. This module is the one entry
+torch engine's PyTorch code is :mod:`convnets.deploy.engines.torch`. This module is the one entry
 point, and keeps the names that callers import from it (:class:`OptimizedModel`,
 :func:`fold_batchnorm`, ...).
 """
@@ -18,7 +18,8 @@ from convnets.deploy.cache import use_cache
 from convnets.deploy.calibrate import CalibrationData, calibration_batches, split_calibration
 from convnets.deploy.engines import AUTO, build_auto, check_int8, engine_names, get_engine
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
-from convnets.deploy.torch_path import OptimizedModel, compile_unavailable_reason, optimize_with_torch
+from convnets.deploy.engines.runner import OptimizedModel
+from convnets.deploy.engines.torch import compile_unavailable_reason, optimize_with_torch
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
 from convnets.runtime import PrecisionName, check_precision, check_precision_name

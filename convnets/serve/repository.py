@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convnets.deploy.triton import check_model_name, write_labels
+from convnets.deploy.triton.config import TensorConfig, check_model_name, config_text, write_labels
 from convnets.errors import InvalidArgumentError
 from convnets.runtime import PrecisionName
 
@@ -137,40 +137,27 @@ class ServedModel:
 
 
 def model_config(served: ServedModel) -> str:
-    """The text of ``config.pbtxt`` (Triton's ``ModelConfig`` in protobuf text format).
-
-    Written with the ``ModelConfig`` protobuf that tritonclient ships, so that any class name or
-    path is escaped as the format requires.
-    """
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as pb
-
-    config = pb.ModelConfig(name=check_model_name(served.name), backend="python",
-                            max_batch_size=served.max_batch_size)
-    config.input.add(name=INPUT, data_type=pb.TYPE_STRING, dims=[1])
+    """The text of ``config.pbtxt`` (Triton's ``ModelConfig`` in protobuf text format), written by
+    :func:`convnets.deploy.triton.config.config_text`, so that any class name or path is escaped as the
+    format requires."""
     classes, k = len(served.labels), served.topk
-    shapes = {"probabilities": (pb.TYPE_FP32, classes), "top_labels": (pb.TYPE_STRING, k),
-              "top_indices": (pb.TYPE_INT64, k), "top_probabilities": (pb.TYPE_FP32, k),
-              "labels": (pb.TYPE_STRING, classes),
-              "embedding": (pb.TYPE_FP32, served.num_features)}
-    for name in served.outputs():
-        data_type, size = shapes[name]
-        output = config.output.add(name=name, data_type=data_type, dims=[size])
-        if name == "probabilities":
-            output.label_filename = "labels.txt"
-    config.dynamic_batching.max_queue_delay_microseconds = served.max_queue_delay_us
-    # One instance: its PyTorch threads use the cores; a second instance would share them with it.
-    config.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
+    shapes = {"probabilities": ("FP32", classes), "top_labels": ("STRING", k), "top_indices": ("INT64", k),
+              "top_probabilities": ("FP32", k), "labels": ("STRING", classes), "embedding": ("FP32", served.num_features)}
+    outputs = [TensorConfig(name, shapes[name][0], [shapes[name][1]], labels=name == "probabilities")
+               for name in served.outputs()]
     # The checkpoint's file name only: the config is every client's to read, the directories are not.
-    for key, value in {"model": served.model, "weights": Path(served.weights).name if served.weights else
-                       ("pretrained" if served.pretrained else "random-init"),
-                       "engine": served.engine, "precision": served.precision, "image_size": str(served.image_size),
-                       "topk": str(served.topk), "labels": json.dumps(served.labels, ensure_ascii=False)}.items():
-        config.parameters[key].string_value = value
+    weights = Path(served.weights).name if served.weights else ("pretrained" if served.pretrained else "random-init")
+    parameters = {"model": served.model, "weights": weights, "engine": served.engine, "precision": served.precision,
+                  "image_size": str(served.image_size), "topk": str(served.topk),
+                  "labels": json.dumps(served.labels, ensure_ascii=False)}
     if served.thresholds is not None:
-        config.parameters["thresholds"].string_value = json.dumps(list(served.thresholds))
-    header = "# Written by `convnets serve`: a convnets classifier on Triton's Python backend.\n"
-    return header + text_format.MessageToString(config, as_utf8=True)
+        parameters["thresholds"] = json.dumps(list(served.thresholds))
+    # One instance: its PyTorch threads use the cores; a second instance would share them with it.
+    return config_text(served.name, backend="python", max_batch_size=served.max_batch_size,
+                       inputs=[TensorConfig(INPUT, "STRING", [1])], outputs=outputs,
+                       max_queue_delay_us=served.max_queue_delay_us, instance_kind="KIND_CPU", instance_count=1,
+                       parameters=parameters,
+                       header="Written by `convnets serve`: a convnets classifier on Triton's Python backend.")
 
 
 def write_repository(directory: str | Path, served: ServedModel) -> Path:

@@ -3,7 +3,8 @@
 Each engine is one module here with an :class:`~convnets.deploy.engines.base.Engine` subclass and
 a module-level ``ENGINE`` instance, registered like the export formats
 (:mod:`convnets.deploy.formats`): adding a built-in engine is that module plus its name in
-:data:`_BUILTIN`; other code can add one with :func:`register_engine`. The engine's class
+:data:`ENGINES` (a :class:`~convnets.plugins.Registry`); other code can add one with
+:func:`register_engine` or the ``@ENGINES.plugin`` class decorator. The engine's class
 attributes (description, devices, precisions, extra) are its documentation: ``--engine``'s choices
 and help (``convnets predict --help``, ``convnets benchmark --help``) come from :func:`engines`.
 Engine modules import nothing heavy until they build (see :mod:`convnets.deploy.engines.base`), so
@@ -23,13 +24,13 @@ modules, still without PyTorch.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import TYPE_CHECKING
 
 from convnets.deploy.cache import entry_of
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, Engine, EngineSettings
-from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
+from convnets.errors import UnsupportedPrecisionError
+from convnets.plugins import Registry
 from convnets.runtime import setting
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
     from convnets.deploy.export import Verification
 
-__all__ = ["AUTO", "AUTO_ORDER", "Engine", "EngineSettings", "auto_order", "available_engines", "build_auto",
+__all__ = ["AUTO", "AUTO_ORDER", "ENGINES", "Engine", "EngineSettings", "auto_order", "available_engines", "build_auto",
            "check_int8", "engine_names", "engines", "get_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
@@ -63,35 +64,24 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "int8"): ("openvino",),  # NNCF; the torch engine runs no int8: auto raises when this one fails
 }
 
-#: Built-in engines: module names in this package, in the order tables list them.
-_BUILTIN: tuple[str, ...] = ("torch", "onnxruntime", "openvino")
-
-_REGISTRY: dict[str, Engine] = {}
+#: Every inference engine: the built-in ones are this package's modules, each with its ``ENGINE``.
+ENGINES: Registry[Engine] = Registry("inference engine", Engine, package=__name__,
+                                     builtin=("torch", "onnxruntime", "openvino"), attribute="ENGINE")
 
 
 def register_engine(engine: Engine) -> Engine:
-    """Add ``engine`` to the registry under ``engine.name`` and return it.
-
-    Raises:
-        InvalidArgumentError: another engine already has that name, or ``engine`` is not an :class:`Engine`.
-    """
-    if not isinstance(engine, Engine):
-        raise InvalidArgumentError(f"register_engine takes an Engine instance, got {engine!r}")
-    if engine.name in _REGISTRY and type(_REGISTRY[engine.name]) is not type(engine):
-        raise InvalidArgumentError(f"an inference engine named {engine.name!r} is already registered")
-    _REGISTRY[engine.name] = engine
-    return engine
+    """Add ``engine`` to the registry under ``engine.name`` and return it (:meth:`Registry.register`)."""
+    return ENGINES.register(engine)
 
 
 def engine_names() -> tuple[str, ...]:
     """Every registered engine's name, built-in ones first (imports none of them)."""
-    return tuple(dict.fromkeys((*_BUILTIN, *_REGISTRY)))
+    return ENGINES.names()
 
 
 def engines() -> tuple[Engine, ...]:
     """Every registered engine, in :func:`engine_names`' order (engine modules are light: no PyTorch)."""
-    registry = _loaded()
-    return tuple(registry[name] for name in engine_names())
+    return ENGINES.all()
 
 
 def get_engine(name: str, *, option: str = "engine") -> Engine:
@@ -100,16 +90,12 @@ def get_engine(name: str, *, option: str = "engine") -> Engine:
     Raises:
         InvalidArgumentError: no such engine (the message lists them and ``auto``).
     """
-    try:
-        return _loaded()[name]
-    except (KeyError, TypeError):
-        raise InvalidArgumentError(f"unknown inference engine {setting(option, name)}; choose one of "
-                                   f"{', '.join((*engine_names(), AUTO))}") from None
+    return ENGINES.get(name, label=setting(option, name), also=(AUTO,))
 
 
 def available_engines(precision: str, device: torch.device) -> tuple[str, ...]:
     """The registered engines that are installed and run ``precision`` on ``device``."""
-    return tuple(name for name, engine in _loaded().items() if engine.available(precision, device))
+    return tuple(engine.name for engine in ENGINES.all() if engine.available(precision, device))
 
 
 def auto_order(precision: str, device: torch.device) -> tuple[str, ...]:
@@ -228,10 +214,3 @@ def check_int8(built: nn.Module, model: nn.Module, images: torch.Tensor | None) 
     return verify_runner(chunked(built), chunked(model), images, "int8",  # type: ignore[arg-type]
                          f"{len(images)} calibration images held out of the calibration")
 
-
-def _loaded() -> dict[str, Engine]:
-    """The registry, with the built-in engines first, imported on first use."""
-    for name in _BUILTIN:
-        if name not in _REGISTRY:
-            register_engine(importlib.import_module(f"{__name__}.{name}").ENGINE)
-    return _REGISTRY

@@ -1,15 +1,99 @@
-"""The module that engines other than ``torch`` return: a runner per input shape behind ``nn.Module``."""
+"""What the engines' ``build`` returns: an ``nn.Module`` that takes a float batch and returns float32 logits.
+
+:class:`OptimizedModel` is the torch engine's (its folded network, compiled or eager), :class:`RunnerModel`
+every other engine's (a runner per input shape). Both import PyTorch, so engine modules import this one
+when they build, never at their own import.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RunnerModel", "engine_model", "folded_copy", "lazy_folded_copy"]
+from convnets.deploy.folding import error_summary
+from convnets.runtime import PrecisionName, precision_dtype
+
+__all__ = ["OptimizedModel", "RunnerModel", "engine_model", "folded_copy", "lazy_folded_copy", "num_threads"]
+
+log = logging.getLogger(__name__)
 
 Runner = Callable[[Tensor], Tensor]
+
+
+class OptimizedModel(nn.Module):
+    """The module that the torch engine builds (:func:`~convnets.deploy.engines.torch.optimize_with_torch`).
+
+    ``forward`` moves the batch to the model's device, dtype and ``channels_last`` layout, runs it
+    without autograd, and returns float32 logits. Attributes: ``module`` (the folded eager network
+    in the compute dtype), ``precision``, ``device``, ``compiled`` (whether calls go through the
+    compiled graph), ``threads`` (``torch.set_num_threads`` for the length of each call, the
+    process's own count put back after it; ``None``: the process's) and, copied from the source
+    model, ``num_classes`` / ``class_names`` / ``spec`` when present; ``engine`` is ``"torch"``.
+
+    A compiled graph is specialised to each new input shape (batch size) at its first call, which
+    is therefore slow. If compilation fails, the module logs a warning and stays eager.
+    """
+
+    engine = "torch"
+
+    def __init__(self, module: nn.Module, *, precision: PrecisionName, device: torch.device,
+                 graph: Callable[[Tensor], Tensor] | None, threads: int | None = None) -> None:
+        super().__init__()
+        self.module = module
+        self.precision: PrecisionName = precision
+        self.device = device
+        self.threads = threads
+        self.dtype = precision_dtype(precision)
+        # A plain attribute, outside the module tree: a compiled wrapper holds the same parameters
+        # and must not duplicate them in state_dict().
+        self.__dict__["_graph"] = graph
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls go through the ``torch.compile``-d graph rather than eager ``module``."""
+        return self.__dict__["_graph"] is not None
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.to(device=self.device, dtype=self.dtype, memory_format=torch.channels_last)
+        with torch.no_grad(), num_threads(self.threads):
+            graph = self.__dict__["_graph"]
+            if graph is None:
+                out = self.module(x)
+            else:
+                try:
+                    out = graph(x)
+                except Exception as e:  # noqa: BLE001 - decided below: compiler's fault or the input's
+                    out = self._fall_back(x, e)
+        return out.float()
+
+    def _fall_back(self, x: Tensor, error: Exception) -> Tensor:
+        # If the eager module fails too, the input is at fault: raise that (clearer) error and
+        # keep the graph for later calls. Otherwise compilation broke: stay eager.
+        out = self.module(x)
+        log.warning("torch.compile failed (%s); falling back to eager execution", error_summary(error))
+        self.__dict__["_graph"] = None
+        return out
+
+
+@contextlib.contextmanager
+def num_threads(count: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(count)`` inside the block, the process's count put back after it
+    (``None``: left alone). The count is process-wide: scoped to each call, a model built with
+    ``threads`` changes no other code of the caller's."""
+    if count is None or count == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 
 class RunnerModel(nn.Module):

@@ -116,7 +116,7 @@ class ExportFormat(abc.ABC):
         triton_instance_kind: Triton's ``instance_group`` kind when the backend runs on one kind of
             device only (``"KIND_CPU"``), or None for Triton's default (GPUs when there are any).
         triton_python_runtime: the module that runs the file in a Triton Python-backend repository
-            (``"onnxruntime"``; :mod:`convnets.deploy.triton_python`), or None: no such variant.
+            (``"onnxruntime"``; :mod:`convnets.deploy.triton.python_backend`), or None: no such variant.
         extra: the pip extra that brings :attr:`requires`.
         requires: modules that must import before export starts.
         precisions: the precisions it can export.

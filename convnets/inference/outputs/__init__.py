@@ -3,12 +3,12 @@
 A run appends to a resumable spool (:mod:`~convnets.inference.outputs.spool`); FILE is written from it
 at the end, atomically, so a killed run leaves the spool, never a half FILE. Formats are plug-ins: a
 module of this package with an :class:`~convnets.inference.outputs.base.OutputFormat` ``FORMAT``
-(found by :func:`output_formats`: a new format is one file), or one added with :func:`register_format`.
+(found by :data:`OUTPUT_FORMATS`, a :class:`~convnets.plugins.Registry`: a new format is one file), or one added
+with :func:`register_format`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import pkgutil
@@ -21,8 +21,9 @@ from convnets.errors import InvalidArgumentError
 from convnets.inference.outputs.base import OutputFormat
 from convnets.inference.outputs.spool import (ScanResult, SpoolWriter, check_resumable, open_spool, scan, spool_path,
                                               write_spool)
+from convnets.plugins import Registry
 
-__all__ = ["KINDS", "Output", "OutputFormat", "output_formats", "register_format", "suffix_format", "suffixes"]
+__all__ = ["KINDS", "OUTPUT_FORMATS", "Output", "OutputFormat", "output_formats", "register_format", "suffix_format", "suffixes"]
 
 log = logging.getLogger(__name__)
 
@@ -30,25 +31,20 @@ log = logging.getLogger(__name__)
 KINDS = {"predictions": "format", "embeddings": "embedding format"}
 #: The modules of this package that are not formats; every other one defines ``FORMAT``.
 _NOT_FORMATS = frozenset({"base", "spool"})
-_REGISTRY: dict[str, OutputFormat] = {}
+#: Every output format: this package's modules (by name; each with its ``FORMAT``), then any registered.
+OUTPUT_FORMATS: Registry[OutputFormat] = Registry(
+    "output format", OutputFormat, package=__name__, attribute="FORMAT",
+    builtin=lambda: sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_FORMATS))
 
 
 def register_format(fmt: OutputFormat) -> OutputFormat:
     """Add ``fmt`` to the registry under ``fmt.name`` (refused if another format has it) and return it."""
-    if not isinstance(fmt, OutputFormat):
-        raise InvalidArgumentError(f"register_format takes an OutputFormat instance, got {fmt!r}")
-    if fmt.name in _REGISTRY and type(_REGISTRY[fmt.name]) is not type(fmt):
-        raise InvalidArgumentError(f"an output format named {fmt.name!r} is already registered")
-    _REGISTRY[fmt.name] = fmt
-    return fmt
+    return OUTPUT_FORMATS.register(fmt)
 
 
 def output_formats(kind: str | None = None) -> tuple[OutputFormat, ...]:
     """The registered formats (that hold ``kind``): this package's, by module name, then any others."""
-    for name in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_FORMATS):
-        if name not in _REGISTRY:
-            register_format(importlib.import_module(f"{__name__}.{name}").FORMAT)
-    return tuple(f for f in _REGISTRY.values() if kind is None or kind in f.holds)
+    return tuple(f for f in OUTPUT_FORMATS.all() if kind is None or kind in f.holds)
 
 
 def suffixes(kind: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""A Triton Inference Server model repository around an exported model.
+"""The Triton Inference Server model repository that ``convnets export --triton`` writes around an exported model.
 
 Layout (https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_repository.md)::
 
@@ -6,7 +6,7 @@ Layout (https://github.com/triton-inference-server/server/blob/main/docs/user_gu
     DIR/<name>/config.pbtxt       platform, max_batch_size, input/output, dynamic batching
     DIR/<name>/labels.txt         class names, when the model has them (Triton's classification extension)
     DIR/<name>/1/model.onnx       the format's file(s): model.onnx, model.xml + model.bin (OpenVINO), model.pt, ...
-    DIR/<name>/1/model.py         the Python-backend variant only: runs the file (convnets.deploy.triton_python)
+    DIR/<name>/1/model.py         the Python-backend variant only: runs the file (convnets.deploy.triton.python_backend)
 
 Two variants (``backend``, ``convnets export --triton-backend``), with the same tensors, so the
 same client works with either:
@@ -14,7 +14,7 @@ same client works with either:
 * ``native`` (default): the format's own Triton backend, named by its ``platform`` or ``backend``
   (``onnxruntime_onnx``, ``openvino``, ``pytorch_libtorch``): what NGC's Triton containers run, on
   GPUs too; a format with neither cannot be served this way;
-* ``python``: Triton's Python backend running ``model.py`` (:mod:`convnets.deploy.triton_python`),
+* ``python``: Triton's Python backend running ``model.py`` (:mod:`convnets.deploy.triton.python_backend`),
   which loads ``model.onnx`` with ONNX Runtime or ``model.xml`` with OpenVINO on the CPU. The Triton
   that the ``serve`` extra installs has only this backend: ``convnets serve
   --repository DIR`` serves this variant on the machine that exported it.
@@ -30,34 +30,27 @@ the export itself, so names and shapes always match the model file.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from convnets.constants import TRITON_BACKENDS
-from convnets.deploy.export import ExportResult
-from convnets.preprocessing.presets import EvalPreset
 from convnets.deploy.formats import ExportFormat, export_formats, get_format
+from convnets.deploy.triton.config import TensorConfig, check_model_name, config_text, write_labels
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint, serve_convnets
 from convnets.fileio import check_destination, write_new
-from convnets.text import printable
+from convnets.preprocessing.presets import EvalPreset
 
-__all__ = ["TRITON_BACKENDS", "check_model_name", "check_triton_format", "model_version_dir", "triton_config",
-           "triton_files", "write_labels", "write_triton_files"]
+if TYPE_CHECKING:
+    from convnets.deploy.export import ExportResult
+
+__all__ = ["TRITON_BACKENDS", "check_triton_format", "model_version_dir", "triton_config", "triton_files",
+           "triton_python_source", "write_triton_files"]
 
 #: The config parameters that tell the Python variant's model.py which runtime loads which file
-#: (convnets.deploy.triton_python reads them under the same names).
+#: (convnets.deploy.triton.python_backend reads them under the same names).
 RUNTIME_PARAMETER, FILE_PARAMETER = "runtime", "model_file"
-
-_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
-
-
-def check_model_name(name: str) -> str:
-    """Return ``name`` if it is usable as a Triton model (directory) name, else raise InvalidArgumentError."""
-    if not _NAME.fullmatch(name) or name in (".", ".."):
-        raise InvalidArgumentError(f"invalid Triton model name {name!r}: use letters, digits, '_', '-', '.'")
-    return name
 
 
 def check_triton_format(name: str, backend: str = "native") -> ExportFormat:
@@ -89,13 +82,10 @@ def model_version_dir(repository: str | Path, name: str, version: int = 1) -> Pa
     return Path(repository) / check_model_name(name) / str(version)
 
 
-def _dims(shape: Sequence[int]) -> str:
-    return "[ " + ", ".join(str(d) for d in shape) + " ]"
-
-
 def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
                   has_labels: bool = False, backend: str = "native") -> str:
-    """The text of ``config.pbtxt`` (protobuf text format of Triton's ``ModelConfig``).
+    """The text of ``config.pbtxt`` (protobuf text format of Triton's ``ModelConfig``,
+    :func:`~convnets.deploy.triton.config.config_text`).
 
     Args:
         name: the model name (must equal its directory name).
@@ -111,56 +101,38 @@ def triton_config(name: str, export: ExportResult, *, max_batch_size: int,
     Raises:
         InvalidArgumentError: ``max_batch_size`` below 1, an export without a dynamic batch axis,
             a bad name, or a format Triton cannot serve.
+        MissingDependencyError: tritonclient, which writes it, is not installed (the ``triton`` extra).
     """
     if max_batch_size < 1:
         raise InvalidArgumentError(f"max_batch_size must be at least 1, got {max_batch_size}")
     if export.input_shape[0] != -1 or export.output_shape[0] != -1:
         raise InvalidArgumentError("the exported model has no dynamic batch axis; Triton batching needs one")
     fmt = check_triton_format(export.format, backend)
-    label = '\n    label_filename: "labels.txt"' if has_labels else ""
-    parameters = ""
+    check_model_name(name)
+    platform: str | None = None  # Triton names a model's runtime by platform or by backend
+    runtime: str | None = "python"
     if backend == "python":
-        # model.py (convnets.deploy.triton_python) reads what to load from these; it runs on the CPU.
-        runtime, instances = 'backend: "python"', "instance_group [ { kind: KIND_CPU } ]\n"
-        parameters = "".join(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n' for key, value in
-                             ((RUNTIME_PARAMETER, fmt.triton_python_runtime), (FILE_PARAMETER, fmt.file_names[0])))
+        # model.py (convnets.deploy.triton.python_backend) reads what to load from these; it runs on the CPU.
+        instance_kind: str | None = "KIND_CPU"
+        parameters = {RUNTIME_PARAMETER: str(fmt.triton_python_runtime), FILE_PARAMETER: fmt.file_names[0]}
+        serve = ("convnets serve --repository DIR (the Triton of convnets' serve extra), or a Triton with the Python "
+                 f"backend and numpy + {fmt.triton_python_runtime}")
     else:
         # Triton names a model's runtime either by platform (onnxruntime_onnx, pytorch_libtorch) or by
         # backend (openvino).
-        runtime = (f'platform: "{fmt.triton_platform}"' if fmt.triton_platform
-                   else f'backend: "{fmt.triton_backend}"')
-        instances = f"instance_group [ {{ kind: {fmt.triton_instance_kind} }} ]\n" if fmt.triton_instance_kind else ""
-    serve = ("convnets serve --repository DIR (the Triton of convnets' serve extra), or a Triton with the Python "
-             f"backend and numpy + {fmt.triton_python_runtime}" if backend == "python"
-             else "tritonserver --model-repository=DIR (NGC's nvcr.io/nvidia/tritonserver, CPU or GPU)")
-    return f"""\
-# Written by `convnets export --triton` ({export.format}, {export.precision} weights; float32 in and out;
-# {backend} backend). Serve: {serve}.
-# At scale: the same KServe v2 clients (HTTP/gRPC); on Kubernetes, a KServe InferenceService with the
-# Triton runtime (modelFormat triton) whose storageUri holds this repository.
-name: "{check_model_name(name)}"
-{runtime}
-max_batch_size: {max_batch_size}
-input [
-  {{
-    name: "{export.input_name}"
-    data_type: TYPE_FP32
-    format: FORMAT_NCHW
-    dims: {_dims(export.input_shape[1:])}
-  }}
-]
-output [
-  {{
-    name: "{export.output_name}"
-    data_type: TYPE_FP32
-    dims: {_dims(export.output_shape[1:])}{label}
-  }}
-]
-# Requests wait up to 100 us to be merged into larger batches (throughput grows with the batch).
-dynamic_batching {{
-  max_queue_delay_microseconds: 100
-}}
-{instances}{parameters}"""
+        platform, runtime = fmt.triton_platform, None if fmt.triton_platform else fmt.triton_backend
+        instance_kind, parameters = fmt.triton_instance_kind, {}
+        serve = "tritonserver --model-repository=DIR (NGC's nvcr.io/nvidia/tritonserver, CPU or GPU)"
+    header = (f"Written by `convnets export --triton` ({export.format}, {export.precision} weights; float32 in and "
+              f"out;\n{backend} backend). Serve: {serve}.\n"
+              "At scale: the same KServe v2 clients (HTTP/gRPC); on Kubernetes, a KServe InferenceService with the\n"
+              "Triton runtime (modelFormat triton) whose storageUri holds this repository.\n"
+              "Requests wait up to 100 us to be merged into larger batches (throughput grows with the batch).")
+    return config_text(
+        name, max_batch_size=max_batch_size, max_queue_delay_us=100, header=header, instance_kind=instance_kind,
+        inputs=[TensorConfig(export.input_name, "FP32", export.input_shape[1:], nchw=True)],
+        outputs=[TensorConfig(export.output_name, "FP32", export.output_shape[1:], labels=has_labels)],
+        parameters=parameters, platform=platform, backend=runtime)
 
 
 def _serve_section(repository: Path, backend: str, fmt: ExportFormat) -> str:
@@ -227,20 +199,6 @@ print(logits.argmax(1))
 {notes}"""
 
 
-def write_labels(model_dir: Path, labels: Sequence[str], *, force: bool = False, base: Path | None = None) -> Path:
-    """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names), as
-    :func:`convnets.fileio.write_new` writes (``force``: replace it; ``base``: the repository): a line per
-    class, whatever the names hold. Triton reads a line per class, so a name with a line break or another
-    control character is written :func:`~convnets.text.printable` (``"a\\nb"`` as ``a\\nb``); the
-    model config's ``labels`` parameter of ``convnets serve`` keeps the names as they are.
-
-    Returns:
-        The file written.
-    """
-    return _write_text(model_dir / "labels.txt", "".join(f"{printable(label)}\n" for label in labels), force=force,
-                       base=base)
-
-
 def _write_text(path: Path, text: str, *, force: bool, base: Path | None) -> Path:
     """:func:`convnets.fileio.write_new` of ``text`` (UTF-8) at ``path`` in the repository ``base``."""
     return write_new(path, lambda f: f.write(text.encode("utf-8")), force=force, base=base)
@@ -250,7 +208,7 @@ def write_triton_files(repository: str | Path, name: str, export: ExportResult, 
                        class_names: Sequence[str] | None = None, image_size: int = 224,
                        backend: str = "native", force: bool = False) -> list[Path]:
     """Write ``config.pbtxt``, ``labels.txt`` (if ``class_names``) and ``README.md`` for ``export``,
-    and ``1/model.py`` for the ``"python"`` backend variant (a copy of :mod:`convnets.deploy.triton_python`).
+    and ``1/model.py`` for the ``"python"`` backend variant (a copy of :mod:`convnets.deploy.triton.python_backend`).
 
     Each is written atomically, never through a symbolic link below ``repository``, and replaces a
     file that exists (a hand-edited ``config.pbtxt``) only with ``force``; all are checked before
@@ -296,6 +254,6 @@ def triton_files(repository: str | Path, name: str, backend: str = "native", *, 
 
 
 def triton_python_source() -> Path:
-    """The file that the Python-backend variant copies as ``model.py``: :mod:`convnets.deploy.triton_python`
+    """The file that the Python-backend variant copies as ``model.py``: :mod:`convnets.deploy.triton.python_backend`
     (found, not imported: it imports Triton's backend module, which exists only where Triton runs it)."""
-    return Path(__file__).with_name("triton_python.py")
+    return Path(__file__).with_name("python_backend.py")

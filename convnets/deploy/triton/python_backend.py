@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import triton_python_backend_utils as pb_utils
 
-#: The config's ``parameters`` that say what to load (``convnets.deploy.triton`` writes them).
+#: The config's ``parameters`` that say what to load (``convnets.deploy.triton.repository`` writes them).
 RUNTIME_PARAMETER, FILE_PARAMETER = "runtime", "model_file"
 
 

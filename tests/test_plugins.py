@@ -1,0 +1,57 @@
+"""convnets.plugins.Registry: the one registry of engines, export formats and output formats."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from convnets.errors import InvalidArgumentError
+from convnets.plugins import Registry
+
+
+class Shape:
+    name = ""
+
+
+class Square(Shape):
+    name = "square"
+
+
+def test_register_get_names_and_the_decorator() -> None:
+    shapes: Registry[Shape] = Registry("shape", Shape)
+    square = shapes.register(Square())
+    assert shapes.register(Square()) is not square  # the same class again: accepted, replaces it
+
+    @shapes.plugin
+    class Circle(Shape):
+        name = "circle"
+
+    assert Circle.name == "circle" and isinstance(shapes.get("circle"), Circle)
+    assert shapes.names() == ("square", "circle") and [s.name for s in shapes.all()] == ["square", "circle"]
+    with pytest.raises(InvalidArgumentError, match=r"^unknown shape 'hexagon'; choose one of square, circle$"):
+        shapes.get("hexagon")
+    with pytest.raises(InvalidArgumentError, match=r"^unknown shape shape='x'; choose one of square, circle, any$"):
+        shapes.get("x", label="shape='x'", also=("any",))
+    with pytest.raises(InvalidArgumentError, match=r"a shape named 'square' is already registered \(Square\)"):
+        shapes.register(type("Other", (Shape,), {"name": "square"})())
+    with pytest.raises(InvalidArgumentError, match="a shape must be a Shape instance, got 'square'"):
+        shapes.register("square")  # type: ignore[arg-type]
+
+
+def test_built_in_modules_are_listed_without_import_and_loaded_on_first_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "fakeshapes"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "triangle.py").write_text(
+        "from test_plugins import Shape\nclass Triangle(Shape):\n    name = 'triangle'\nSHAPE = Triangle()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shapes: Registry[Shape] = Registry("shape", Shape, package="fakeshapes", builtin=("triangle",), attribute="SHAPE")
+    shapes.register(Square())
+    assert shapes.names() == ("triangle", "square") and "fakeshapes.triangle" not in sys.modules
+    assert shapes.get("triangle").name == "triangle" and "fakeshapes.triangle" in sys.modules
+    assert [s.name for s in shapes.all()] == ["triangle", "square"]
+    monkeypatch.delitem(sys.modules, "fakeshapes.triangle")
+    monkeypatch.delitem(sys.modules, "fakeshapes")
