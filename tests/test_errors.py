@@ -235,7 +235,7 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         3, "a front that cannot listen (server.py names --host) or reach Triton (answered 502/503 to the client)"),
     ("convnets/serve/front.py", "AssertionError"): (1, "after the forwarding loop, which returns or raises"),
     ("convnets/weights/safetensors_io.py", "ValueError"): (
-        3, "caught in read_safetensors and re-raised as CheckpointError naming the file"),
+        4, "caught in read_safetensors and re-raised as CheckpointError naming the file"),
     ("convnets/weights/load.py", "RuntimeError"): (
         1, "every tensor comes from the file or the new head; a leftover one is a bug"),
     ("convnets/preprocessing/classes.py", "RuntimeError"): (
@@ -269,8 +269,10 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         2, "OutputFormat's methods that a plug-in must define (write) or may (read, for the kinds it lists as "
            "readable; Output only reads those): a developer's mistake"),
     ("convnets/inference/outputs/csv.py", "ValueError"): (
-        1, "a row that does not continue its record: caught a few lines below and re-raised as "
-           "InvalidArgumentError naming the file and line"),
+        2, "a row of the wrong width, or one that does not continue its record: caught a few lines below and "
+           "re-raised as InvalidArgumentError naming the file and line"),
+    ("convnets/ray/workers.py", "NotImplementedError"): (
+        1, "Worker.result, which Classifier and Embedder define: a developer's mistake"),
     ("convnets/deploy/engines/base.py", "ValueError"): (
         1, "an engine setting's argparse type: argparse turns it into the option's usage error (exit 2)"),
     ("convnets/deploy/triton/python_backend.py", "ValueError"): (
