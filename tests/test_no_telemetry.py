@@ -246,3 +246,28 @@ def test_only_a_consent_file_that_says_1_is_an_opt_in(tmp_path: Path, content: b
         consent.write_bytes(content)
     assert openvino_telemetry_opted_in(tmp_path) is opted_in
     assert openvino_telemetry_opted_in(tmp_path / "missing") is False
+
+
+@pytest.mark.parametrize("config, env, expected", [
+    (None, None, "0"),  # Ray's default is on: off for the clusters this package starts
+    ({"usage_stats": True}, None, None),  # `ray enable-usage-stats`: the user's choice is kept
+    ({"usage_stats": False}, None, "0"),
+    (None, "1", "1"),  # a value the user set is theirs
+])
+def test_ray_usage_statistics_are_off_unless_the_user_opted_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  config: dict | None, env: str | None,
+                                                                  expected: str | None) -> None:
+    """What :func:`~convnets.deploy.telemetry.import_without_telemetry` leaves in the environment that a cluster
+    started by ``--ray local`` inherits (Ray's head node reads it: ``usage_lib._usage_stats_enabledness``)."""
+    from convnets.deploy import telemetry
+
+    path = tmp_path / "config.json"
+    if config is not None:
+        path.write_text(json.dumps(config))
+    monkeypatch.setenv("RAY_USAGE_STATS_CONFIG_PATH", str(path))
+    monkeypatch.delenv(telemetry.RAY_USAGE_STATS_ENABLED, raising=False)
+    if env is not None:
+        monkeypatch.setenv(telemetry.RAY_USAGE_STATS_ENABLED, env)
+    monkeypatch.setattr(telemetry.importlib, "import_module", lambda name: None)  # the switch only, not Ray itself
+    telemetry.import_without_telemetry("ray.data")
+    assert os.environ.get(telemetry.RAY_USAGE_STATS_ENABLED) == expected
