@@ -30,7 +30,7 @@ ray = require_module("ray", extra="ray")
 psutil = require_module("psutil")
 
 BATCH = 2
-N_GOOD = 200  # + 2 unreadable files, in two subfolders: enough batches for a kill to land mid-run
+N_GOOD = 120  # + 2 unreadable files, in two subfolders: enough batches for a kill to land mid-run
 
 #: The cluster's processes read it; this module's runs send Ray no usage statistics.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -54,11 +54,11 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ckpt = root / "tiny.pth.tar"
     torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict()}, ckpt)
     images = root / "images"
-    _write_images(images, N_GOOD, (90, 120), seed=0)
+    _write_images(images, N_GOOD, (60, 80), seed=0)
     (images / "part0" / "broken.png").write_bytes(b"not an image")
     good = (images / "part1" / "img001.png").read_bytes()
     (images / "part1" / "cut.png").write_bytes(good[: len(good) // 2])
-    args = ["--weights", str(ckpt), "--image-size", "64", "--batch-size", str(BATCH), "--no-progress", "--recursive",
+    args = ["--weights", str(ckpt), "--image-size", "48", "--batch-size", str(BATCH), "--no-progress", "--recursive",
             "--device", "cpu", "--engine", "torch"]
     single = root / "single"
     single.mkdir()
@@ -147,12 +147,13 @@ def test_embed_on_a_cluster_equals_one_process(data: dict[str, Any], cluster: An
 
 def test_python_api_classifies_bytes_and_embeds_arrays(data: dict[str, Any], cluster: Any) -> None:
     """``read_binary_files`` (bytes, decoded as predict decodes) through :class:`~convnets.ray.Preprocessor` in CPU
-    tasks and :class:`~convnets.ray.Classifier` in actors; :class:`~convnets.ray.Embedder` on ``read_images``'
-    arrays. An unreadable file is a row with its error, not a failed batch."""
+    tasks and :class:`~convnets.ray.Classifier` in actors; :class:`~convnets.ray.Embedder` on a batch of
+    ``read_images``' arrays (called here: an actor pool of it runs in test_embed_on_a_cluster_equals_one_process).
+    An unreadable file is a row with its error, not a failed batch."""
     from convnets.ray import Classifier, Embedder, Preprocessor, pool_options
 
     few = data["root"] / "few"
-    _write_images(few, 6, (90, 120), seed=2)
+    _write_images(few, 6, (60, 80), seed=2)
     (few / "broken.png").write_bytes(b"not an image")
     single = [cli_in_process("predict", str(few), *data["args"], "--output", str(data["root"] / "few.jsonl")),
               cli_in_process("embed", str(few), *data["args"], "--output", str(data["root"] / "few.npy"))]
@@ -160,22 +161,23 @@ def test_python_api_classifies_bytes_and_embeds_arrays(data: dict[str, Any], clu
     want = {r["input"]: r for r in _records(data["root"] / "few.jsonl")}
     vectors = dict(zip((data["root"] / "few.npy.inputs.txt").read_text().splitlines(), np.load(data["root"] / "few.npy")))
     model = convnets.load_model(data["ckpt"])
-    kwargs = {"model": model, "image_size": 64, "device": "cpu", "engine": "torch"}
+    kwargs = {"model": model, "image_size": 48, "device": "cpu", "engine": "torch"}
     ray.init(address=cluster.address, logging_level="WARNING")
     try:
         # The GPU pattern, on CPUs: decoding in tasks (one CPU left for them), the model in the actors.
         encoded = ray.data.read_binary_files(str(few), include_paths=True)
-        staged = encoded.map_batches(Preprocessor(model, image_size=64), batch_size=BATCH, num_cpus=1)
+        staged = encoded.map_batches(Preprocessor(model, image_size=48), batch_size=BATCH, num_cpus=1)
         rows = staged.map_batches(Classifier, fn_constructor_kwargs=kwargs, batch_size=BATCH,
-                                  **pool_options("cpu", cpus=1)).take_all()
+                                  **pool_options("cpu")).take_all()
         assert sorted(row["path"] for row in rows) == sorted(want)  # each file once
         for row in rows:
             _check_row(row, want[row["path"]])
-        arrays = ray.data.read_images(sorted(vectors), include_paths=True, mode="RGB")  # Ray's reader fails on broken.png
-        embedded = arrays.map_batches(Embedder, fn_constructor_kwargs=kwargs, batch_size=BATCH,
-                                      **pool_options("cpu")).take_all()
+        # Ray's decoder's arrays, read by Ray; the Embedder called here on them (its pool is the Classifier's code).
+        arrays = ray.data.read_images(sorted(vectors), include_paths=True, mode="RGB").take_batch(len(vectors))
     finally:
         ray.shutdown()
+    out = Embedder(**kwargs)(arrays)
+    embedded = [{column: out[column][i] for column in out} for i in range(len(out["path"]))]
     assert sorted(r["path"] for r in embedded) == sorted(vectors)
     for row in embedded:  # PNGs and JPEGs without EXIF: Ray's decoder gives PIL's pixels
         assert row["error"] == "" and np.allclose(row["embedding"], vectors[row["path"]], rtol=0, atol=1e-5)

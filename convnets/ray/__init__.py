@@ -65,19 +65,20 @@ def _ray() -> Any:
     return require("ray", extra="ray", purpose="Ray Data (convnets.ray, --ray)")
 
 
-def pool_options(device: torch.device | str | None = "cpu", *, cpus: float | None = None,
+def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, cpus: float | None = None,
                  gpus: float | None = None) -> dict[str, Any]:
-    """``map_batches`` options for :class:`Classifier` and :class:`Embedder` on the connected cluster: one actor per
-    CPU, or per GPU on ``"cuda"`` (``None``: on CUDA when the cluster has GPUs), scaled from one up as the work
-    queues.
+    """``map_batches`` options for :class:`Classifier` and :class:`Embedder` on the connected cluster: requests that
+    cannot starve Ray's own tasks, on any cluster size. The pool grows from one actor as the work queues.
 
-    CPU actors ask for one CPU each (PyTorch then runs one thread each); a pool that takes every CPU is
-    safe when nothing else in the pipeline needs one (``from_items``), so give ``read_*`` or
-    :class:`Preprocessor` tasks room with ``cpus`` (the CPUs the pool may take). GPU actors ask for a GPU
-    and no CPU, so decoding tasks are never starved of CPUs by them.
+    * CPU actors ask for one CPU each (PyTorch and the engines then run one thread each), at most one per CPU
+      but ``spare_cpus``, which are left to the pipeline's tasks (``read_binary_files``, :class:`Preprocessor`).
+      A cluster with no CPU to spare gets one actor that asks for none.
+    * GPU actors (``"cuda"``) ask for a GPU and no CPU, one per GPU: every CPU is left to the tasks that decode.
 
     Args:
-        device: ``"cpu"`` or ``"cuda"``.
+        device: ``"cpu"``, ``"cuda"``, or ``None``: CUDA when the cluster has GPUs.
+        spare_cpus: CPUs the pool leaves free (0 when nothing else runs: ``convnets predict --ray`` sends the
+            inputs from this process, ``from_items``).
         cpus, gpus: the cluster's (default: what ``ray.cluster_resources()`` reports).
     """
     ray = _ray()
@@ -87,14 +88,14 @@ def pool_options(device: torch.device | str | None = "cpu", *, cpus: float | Non
     if device is None:
         device = "cuda" if gpus else "cpu"
     if str(device).partition(":")[0] == "cuda":
-        count = int(gpus)
-        if count < 1:
+        if int(gpus) < 1:
             raise InvalidArgumentError("device='cuda' but the Ray cluster has no GPU; add GPU nodes or use the CPU",
                                        keyword="device", cli="--device cuda but the Ray cluster has no GPU; add GPU "
                                                              "nodes or pass --device cpu")
-        return {"compute": ray.data.ActorPoolStrategy(min_size=1, max_size=count), "num_gpus": 1, "num_cpus": 0}
-    count = max(1, int(cpus if cpus is not None else resources.get("CPU", 1)))
-    return {"compute": ray.data.ActorPoolStrategy(min_size=1, max_size=count), "num_cpus": 1}
+        return {"compute": ray.data.ActorPoolStrategy(min_size=1, max_size=int(gpus)), "num_gpus": 1, "num_cpus": 0}
+    actors = int(cpus if cpus is not None else resources.get("CPU", 1)) - spare_cpus
+    return {"compute": ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, actors)),
+            "num_cpus": 1 if actors >= 1 else 0}
 
 
 #: Seconds to wait for a cluster's address to accept a connection (ray.init itself retries for minutes).
@@ -168,7 +169,7 @@ def iter_results(worker: type[Worker[R]], options: dict[str, Any], items: Sequen
         blocks = min(math.ceil(len(names) / batch_size), 10_000)
         dataset = ray.data.from_items([{"input": name} for name in names], override_num_blocks=blocks)
         dataset = dataset.map_batches(worker, fn_constructor_kwargs=options, batch_size=batch_size,
-                                      batch_format="numpy", **pool_options(options.get("device")))
+                                      batch_format="numpy", **pool_options(options.get("device"), spare_cpus=0))
         rows = _rows(dataset)
     count = 0
     for name, error in items:
