@@ -65,10 +65,11 @@ def _ray() -> Any:
     return require("ray", extra="ray", purpose="Ray Data (convnets.ray, --ray)")
 
 
-def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, cpus: float | None = None,
+def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, grow: bool = True, cpus: float | None = None,
                  gpus: float | None = None) -> dict[str, Any]:
     """``map_batches`` options for :class:`Classifier` and :class:`Embedder` on the connected cluster: requests that
-    cannot starve Ray's own tasks, on any cluster size. The pool grows from one actor as the work queues.
+    cannot starve Ray's own tasks, on any cluster size. The pool grows from one actor as the work queues (``grow``),
+    or starts whole.
 
     * CPU actors ask for one CPU each (PyTorch and the engines then run one thread each), at most one per CPU
       but ``spare_cpus``, which are left to the pipeline's tasks (``read_binary_files``, :class:`Preprocessor`).
@@ -79,6 +80,8 @@ def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, cpus: float
         device: ``"cpu"``, ``"cuda"``, or ``None``: CUDA when the cluster has GPUs.
         spare_cpus: CPUs the pool leaves free (0 when nothing else runs: ``convnets predict --ray`` sends the
             inputs from this process, ``from_items``).
+        grow: start one actor and add more as the work queues; ``False``: start them all (``--ray``: a run with
+            a known amount of work, where actors started late are throughput lost).
         cpus, gpus: the cluster's (default: what ``ray.cluster_resources()`` reports).
     """
     ray = _ray()
@@ -92,9 +95,11 @@ def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, cpus: float
             raise InvalidArgumentError("device='cuda' but the Ray cluster has no GPU; add GPU nodes or use the CPU",
                                        keyword="device", cli="--device cuda but the Ray cluster has no GPU; add GPU "
                                                              "nodes or pass --device cpu")
-        return {"compute": ray.data.ActorPoolStrategy(min_size=1, max_size=int(gpus)), "num_gpus": 1, "num_cpus": 0}
+        return {"compute": ray.data.ActorPoolStrategy(min_size=1 if grow else int(gpus), max_size=int(gpus)),
+                "num_gpus": 1, "num_cpus": 0}
     actors = int(cpus if cpus is not None else resources.get("CPU", 1)) - spare_cpus
-    return {"compute": ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, actors)),
+    size = max(1, actors)
+    return {"compute": ray.data.ActorPoolStrategy(min_size=1 if grow else size, max_size=size),
             "num_cpus": 1 if actors >= 1 else 0}
 
 
@@ -169,7 +174,7 @@ def iter_results(worker: type[Worker[R]], options: dict[str, Any], items: Sequen
         blocks = min(math.ceil(len(names) / batch_size), 10_000)
         dataset = ray.data.from_items([{"input": name} for name in names], override_num_blocks=blocks)
         dataset = dataset.map_batches(worker, fn_constructor_kwargs=options, batch_size=batch_size,
-                                      batch_format="numpy", **pool_options(options.get("device"), spare_cpus=0))
+                                      batch_format="numpy", **pool_options(options.get("device"), spare_cpus=0, grow=False))
         rows = _rows(dataset)
     count = 0
     for name, error in items:
