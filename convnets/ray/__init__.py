@@ -42,8 +42,6 @@ from convnets.errors import InvalidArgumentError
 from convnets.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    import torch
-
     from convnets.inference.inputs import InputItem
     from convnets.ray.workers import Classifier, Embedder, Preprocessor, R, Worker
 
@@ -173,8 +171,10 @@ def iter_results(worker: type[Worker[R]], options: dict[str, Any], items: Sequen
     if names:
         blocks = min(math.ceil(len(names) / batch_size), 10_000)
         dataset = ray.data.from_items([{"input": name} for name in names], override_num_blocks=blocks)
+        # Nothing else here needs a CPU (from_items), and the amount of work is known: every actor at once.
+        pool = pool_options(options.get("device"), spare_cpus=0, grow=False)
         dataset = dataset.map_batches(worker, fn_constructor_kwargs=options, batch_size=batch_size,
-                                      batch_format="numpy", **pool_options(options.get("device"), spare_cpus=0, grow=False))
+                                      batch_format="numpy", **pool)
         rows = _rows(dataset)
     count = 0
     for name, error in items:
