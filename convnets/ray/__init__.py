@@ -63,8 +63,8 @@ def _ray() -> Any:
     return require("ray", extra="ray", purpose="Ray Data (convnets.ray, --ray)")
 
 
-def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, grow: bool = True, cpus: float | None = None,
-                 gpus: float | None = None) -> dict[str, Any]:
+def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, grow: bool = True, most: int | None = None,
+                 cpus: float | None = None, gpus: float | None = None) -> dict[str, Any]:
     """``map_batches`` options for :class:`Classifier` and :class:`Embedder` on the connected cluster: requests that
     cannot starve Ray's own tasks, on any cluster size. The pool grows from one actor as the work queues (``grow``),
     or starts whole.
@@ -80,6 +80,7 @@ def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, grow: bool 
             inputs from this process, ``from_items``).
         grow: start one actor and add more as the work queues; ``False``: start them all (``--ray``: a run with
             a known amount of work, where actors started late are throughput lost).
+        most: at most this many actors (the blocks there are to compute: more would have nothing to do).
         cpus, gpus: the cluster's (default: what ``ray.cluster_resources()`` reports).
     """
     ray = _ray()
@@ -93,10 +94,11 @@ def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, grow: bool 
             raise InvalidArgumentError("device='cuda' but the Ray cluster has no GPU; add GPU nodes or use the CPU",
                                        keyword="device", cli="--device cuda but the Ray cluster has no GPU; add GPU "
                                                              "nodes or pass --device cpu")
-        return {"compute": ray.data.ActorPoolStrategy(min_size=1 if grow else int(gpus), max_size=int(gpus)),
+        size = min(int(gpus), most or int(gpus))
+        return {"compute": ray.data.ActorPoolStrategy(min_size=1 if grow else size, max_size=size),
                 "num_gpus": 1, "num_cpus": 0}
     actors = int(cpus if cpus is not None else resources.get("CPU", 1)) - spare_cpus
-    size = max(1, actors)
+    size = max(1, min(actors, most or actors))
     return {"compute": ray.data.ActorPoolStrategy(min_size=1 if grow else size, max_size=size),
             "num_cpus": 1 if actors >= 1 else 0}
 
@@ -172,7 +174,7 @@ def iter_results(worker: type[Worker[R]], options: dict[str, Any], items: Sequen
         blocks = min(math.ceil(len(names) / batch_size), 10_000)
         dataset = ray.data.from_items([{"input": name} for name in names], override_num_blocks=blocks)
         # Nothing else here needs a CPU (from_items), and the amount of work is known: every actor at once.
-        pool = pool_options(options.get("device"), spare_cpus=0, grow=False)
+        pool = pool_options(options.get("device"), spare_cpus=0, grow=False, most=blocks)
         dataset = dataset.map_batches(worker, fn_constructor_kwargs=options, batch_size=batch_size,
                                       batch_format="numpy", **pool)
         rows = _rows(dataset)
