@@ -25,6 +25,7 @@ from PIL import Image
 from strict_skips import require_module
 
 import convnets
+from convnets.deploy.engines.base import EngineSettings
 
 ray = require_module("ray", extra="ray")
 psutil = require_module("psutil")
@@ -174,6 +175,11 @@ def test_python_api_classifies_bytes_and_embeds_arrays(data: dict[str, Any], clu
             _check_row(row, want[row["path"]])
         # Ray's decoder's arrays, read by Ray; the Embedder called here on them (its pool is the Classifier's code).
         arrays = ray.data.read_images(sorted(vectors), include_paths=True, mode="RGB").take_batch(len(vectors))
+        assert ray.get(_settings_in_an_actor.remote(kwargs, EngineSettings())) == (1, {
+            "INFERENCE_NUM_THREADS": 1, "ENABLE_CPU_PINNING": False})
+        asked = EngineSettings(threads=2, runtime={"openvino": {"ENABLE_CPU_PINNING": True}})
+        assert ray.get(_settings_in_an_actor.remote(kwargs, asked)) == (2, {
+            "INFERENCE_NUM_THREADS": 2, "ENABLE_CPU_PINNING": True})
     finally:
         ray.shutdown()
     out = Embedder(**kwargs)(arrays)
@@ -181,6 +187,17 @@ def test_python_api_classifies_bytes_and_embeds_arrays(data: dict[str, Any], clu
     assert sorted(r["path"] for r in embedded) == sorted(vectors)
     for row in embedded:  # PNGs and JPEGs without EXIF: Ray's decoder gives PIL's pixels
         assert row["error"] == "" and np.allclose(row["embedding"], vectors[row["path"]], rtol=0, atol=1e-5)
+
+
+@ray.remote(num_cpus=1)
+def _settings_in_an_actor(kwargs: dict[str, Any], settings: Any) -> tuple[int | None, dict[str, Any]]:
+    """A one-CPU Ray worker's :class:`~convnets.ray.Classifier`: its threads, and what OpenVINO would be given. Its
+    threads are the worker's CPUs and are not pinned: OpenVINO pins each process's threads to the first cores, so
+    every actor of a node ran on the same core (half speed with two, benchmarks/bench_ray.py)."""
+    from convnets.ray import Classifier
+
+    classifier = Classifier(**{**kwargs, "settings": settings})
+    return classifier.settings.threads, classifier.settings.runtime_options("openvino")
 
 
 def _check_row(row: dict[str, Any], expected: dict[str, Any]) -> None:

@@ -113,6 +113,18 @@ def _actor_cpus() -> int | None:
     return max(1, int(cpus)) if cpus else None
 
 
+def _actor_settings(settings: EngineSettings) -> EngineSettings:
+    """``settings`` for an actor that Ray gave CPUs: as many threads as those CPUs (OpenVINO and ONNX Runtime would
+    take every core in every actor), and OpenVINO's threads not pinned to cores unless the user asked. OpenVINO pins
+    a process's threads to the first cores it may use, so the actors on one node all pinned theirs to the same
+    core: two one-CPU actors on two cores ran at half speed each (measured, benchmarks/bench_ray.py)."""
+    if not (cpus := _actor_cpus()):
+        return settings
+    openvino = {"ENABLE_CPU_PINNING": False, **settings.runtime.get("openvino", {})}
+    return dataclasses.replace(settings, threads=settings.threads or cpus,
+                               runtime={**settings.runtime, "openvino": openvino})
+
+
 def _device(device: torch.device | str | None) -> torch.device:
     return torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
 
@@ -140,8 +152,7 @@ class Worker(Generic[R]):
                  interface: Interface = "python") -> None:
         self.model = _load(model, weights, pretrained)
         self.device = _device(device)
-        if settings.threads is None and (cpus := _actor_cpus()):  # OpenVINO and ONNX Runtime would take every core
-            settings = dataclasses.replace(settings, threads=cpus)
+        settings = _actor_settings(settings)
         self.precision, self.engine, self.compile, self.cache, self.settings = precision, engine, compile, cache, settings
         preset = preset_for_model(self.model).with_crop_size(image_size or self.model.input_size)
         self.decode = _Decode(preset, timeout=timeout, allow_private=allow_private, fast_decode=fast_decode,
