@@ -3,8 +3,8 @@ no mock of Ray.
 
 The runs through the cluster are compared with single-process runs of the same command on the same
 folder (subfolders, two unreadable files): the same records in the same order, probabilities within
-1e-5, the same vectors. One run has its busiest actor SIGKILLed while the output is being written:
-Ray restarts it, and the output still holds each input once.
+1e-5, the same vectors. One run has its busiest actor SIGKILLed while the output is being written, and
+another loses a whole node: Ray restarts the actors, and the output still holds each input once.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,10 @@ def cluster() -> Any:
     """Two nodes of one CPU each, started here and stopped at the end of the module."""
     from ray.cluster_utils import Cluster
 
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    # A lost node is declared dead after two missed health checks of 1 s (default: 5 of 3 s).
+    health = {"health_check_period_ms": 1000, "health_check_timeout_ms": 1000, "health_check_failure_threshold": 2}
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                          "_system_config": health})
     nodes.add_node(num_cpus=1)
     nodes.wait_for_nodes()
     yield nodes
@@ -107,10 +111,10 @@ def _map_workers() -> list[Any]:
     return [p for p in psutil.process_iter(["cmdline"]) if any("MapWorker" in part for part in p.info["cmdline"] or [])]
 
 
-def test_predict_on_a_cluster_equals_one_process_though_a_worker_is_killed(data: dict[str, Any], cluster: Any) -> None:
-    """Each input once, in order, the same records: the busiest actor is SIGKILLed once records are being
-    written, Ray restarts it and reruns its batch."""
-    output = data["root"] / "cluster.jsonl"
+def _predict_through_a_fault(data: dict[str, Any], cluster: Any, name: str, fault: Callable[[], None]) -> None:
+    """``predict --ray`` with ``fault`` done once records are being written: each input once, in order, the same
+    records, errors and exit status as one process."""
+    output = data["root"] / f"{name}.jsonl"
     spool = output.with_name(output.name + ".partial.jsonl")
     run = start_cli("predict", str(data["images"]), *data["args"], "--output", str(output), "--ray", cluster.address,
                     stderr=subprocess.PIPE)
@@ -120,19 +124,26 @@ def test_predict_on_a_cluster_equals_one_process_though_a_worker_is_killed(data:
             assert run.poll() is None, (run.communicate()[1] or b"")[-3000:].decode()
             assert time.monotonic() < deadline, "no record was written"
             time.sleep(0.005)
-        busiest = max(_map_workers(), key=lambda p: sum(p.cpu_times()[:2]))
-        busiest.send_signal(signal.SIGKILL)
-        killed_mid_run = run.poll() is None
+        fault()
+        mid_run = run.poll() is None
         stderr = (run.communicate(timeout=240)[1] or b"").decode()
     finally:
         if run.poll() is None:
             run.kill()
-    assert killed_mid_run, "the run ended before a worker could be killed"
+    assert mid_run, "the run ended before the fault"
     assert run.returncode == 1, stderr[-3000:]  # the two unreadable files
     _assert_same_predictions(_records(output), _records(data["single"] / "p.jsonl"))
     assert _error_lines(stderr) == data["errors"] and len(data["errors"]) == 2
     assert stderr.splitlines()[-1] == f"convnets predict: 2 of {N_GOOD + 2} inputs could not be read"
     assert not spool.exists() and not output.with_name(output.name + ".lock").exists()
+
+
+def test_predict_on_a_cluster_equals_one_process_though_a_worker_is_killed(data: dict[str, Any], cluster: Any) -> None:
+    """The busiest actor is SIGKILLed mid-run: Ray restarts it and reruns its batches."""
+    def kill_the_busiest() -> None:
+        max(_map_workers(), key=lambda p: sum(p.cpu_times()[:2])).send_signal(signal.SIGKILL)
+
+    _predict_through_a_fault(data, cluster, "killed", kill_the_busiest)
 
 
 def test_embed_on_a_cluster_equals_one_process(data: dict[str, Any], cluster: Any) -> None:
@@ -187,6 +198,17 @@ def test_python_api_classifies_bytes_and_embeds_arrays(data: dict[str, Any], clu
     assert sorted(r["path"] for r in embedded) == sorted(vectors)
     for row in embedded:  # PNGs and JPEGs without EXIF: Ray's decoder gives PIL's pixels
         assert row["error"] == "" and np.allclose(row["embedding"], vectors[row["path"]], rtol=0, atol=1e-5)
+
+
+def test_predict_on_a_cluster_finishes_though_a_node_is_lost(data: dict[str, Any], cluster: Any) -> None:
+    """The node without the driver is removed mid-run (its raylet and actor SIGKILLed): Ray marks it dead, restarts its
+    actor on the other node once that node's actor has a free CPU (when the rest of the work is done), and reruns the
+    lost batches; the records wait for them, in order. Run after the other cluster tests: it leaves one node."""
+    def lose_a_node() -> None:
+        cluster.remove_node(next(n for n in cluster.list_all_nodes() if n is not cluster.head_node),
+                            allow_graceful=False)
+
+    _predict_through_a_fault(data, cluster, "node-lost", lose_a_node)
 
 
 @ray.remote(num_cpus=1)
