@@ -147,13 +147,25 @@ class Server:
         return status, time.monotonic() - start
 
 
-def start_server(python: str, *args: str, tmp: Path, timeout: float = 300) -> Server:
-    """``python -m convnets serve ARGS`` on free loopback ports, once it says it is ready."""
+def start_server(python: str, *args: str, tmp: Path, timeout: float = 300, abort_first: bool = False) -> Server:
+    """``python -m convnets serve ARGS`` on free loopback ports, once it says it is ready; with ``abort_first``, its
+    first Triton is SIGABRTed as soon as it runs (long before its model is loaded)."""
     stderr = tmp / f"serve-{time.monotonic_ns()}.err"
     with stderr.open("w") as err:
         process = subprocess.Popen([python, "-m", "convnets", "serve", *args, "--http-port", "0",
                                     "--grpc-port", "0", "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=err,
                                    text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def abort_the_first_triton() -> None:
+        while process.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                tritons = [p for p in psutil.Process(process.pid).children() if "tritonserver" in p.name()]
+                if tritons:
+                    tritons[0].send_signal(signal.SIGABRT)
+                    return
+            time.sleep(0.002)
+    if abort_first:
+        threading.Thread(target=abort_the_first_triton, daemon=True).start()
     lines: queue.Queue[str] = queue.Queue()
 
     def read() -> None:
@@ -242,8 +254,11 @@ def expected(checkpoint: Path, photos: list[Path]) -> dict[str, list[tuple[int, 
 
 @pytest.fixture(scope="module")
 def served(serve_python: str, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The module's server. Its first Triton is aborted while it starts
+    (:func:`test_a_triton_killed_while_starting_is_started_again`)."""
     server = start_server(serve_python, "--weights", str(checkpoint), "--engine", "torch", "--name", "tiny", "--max-batch-size",
-                          str(MAX_BATCH), "--max-queue-delay-ms", "20", tmp=tmp_path_factory.mktemp("served"))
+                          str(MAX_BATCH), "--max-queue-delay-ms", "20", tmp=tmp_path_factory.mktemp("served"),
+                          abort_first=True)
     yield server
     if server.process.poll() is None:
         server.stop(signal.SIGINT)
@@ -545,6 +560,14 @@ def test_triton_listens_on_no_port_only_on_sockets_other_users_cannot_reach(serv
     assert {s.name for s in sockets} >= {"http", "grpc:2", "metrics"} and len(folders) == 1, sockets
     assert folders.pop().stat().st_mode & 0o777 == 0o700
     assert served.get("/v2/health/ready")[0] == 200  # through the front
+
+
+def test_a_triton_killed_while_starting_is_started_again(served: Server) -> None:
+    """Triton once aborted in its gRPC poller while starting under load ("epoll_wait error: Bad file descriptor"):
+    the server starts it once more, as it restarts a Triton that crashes later. The fixture aborted the first."""
+    log = served.stderr.read_text()
+    assert "the Triton server exited while starting (status -6)" in log and "; starting it again" in log, log
+    assert served.get("/v2/health/ready")[0] == 200
 
 
 def test_a_dead_backend_or_a_crashed_server_is_restarted(served: Server, photos: list[Path]) -> None:

@@ -39,8 +39,8 @@ says why: the model's load error, else the server's last error lines). :meth:`Tr
 then supervises it: if Triton exits on its own (a crash) or a model's backend process dies, it is
 stopped and started again on the same ports (the fronts answer ``503`` meanwhile, readiness too);
 :data:`MAX_RESTARTS` restarts within :data:`RESTART_WINDOW_S` seconds, or one that fails, end it
-with :class:`ServeError`. Stopping sends Triton ``SIGINT``: it
-finishes the requests in flight, for :data:`EXIT_TIMEOUT_S` seconds at most, unloads the models
+with :class:`ServeError`. A Triton killed by a signal while it starts is started once more.
+Stopping sends Triton ``SIGINT``: it finishes the requests in flight, for :data:`EXIT_TIMEOUT_S` seconds at most, unloads the models
 (their stub processes exit) and exits; anything left after that is killed, so every process it
 started is gone and the ports are free. The server is also given ``PR_SET_PDEATHSIG``: if this
 process is killed outright, the kernel sends it ``SIGTERM``.
@@ -367,7 +367,19 @@ class TritonServer:
                 "metrics": str(self._sockets / "metrics")}
 
     def _launch(self) -> None:
-        """Start Triton on its unix sockets and wait until it is ready."""
+        """Start Triton on its unix sockets and wait until it is ready; once more if a signal killed it meanwhile,
+        as a crash later would be (its gRPC poller once aborted it under load: "epoll_wait error: Bad file
+        descriptor"). Its own exits (a model that fails to load) and the startup timeout are not retried."""
+        try:
+            self._start()
+        except ServeError as error:
+            if self.process is None or (self.process.returncode or 0) >= 0:
+                raise
+            log.warning("%s; starting it again", error)
+            self._stop_triton()
+            self._start()
+
+    def _start(self) -> None:
         distribution = triton_distribution()
         assert self._sockets is not None
         for stale in self._sockets.iterdir():  # a crashed Triton's sockets: binding them again would fail
