@@ -76,8 +76,9 @@ def cluster() -> Any:
     """Two nodes of one CPU each, started here and stopped at the end of the module."""
     from ray.cluster_utils import Cluster
 
-    # A lost node is declared dead after two missed health checks of 1 s (default: 5 of 3 s).
-    health = {"health_check_period_ms": 1000, "health_check_timeout_ms": 1000, "health_check_failure_threshold": 2}
+    # A lost node (its raylet gone: refused at once) is declared dead after 3 failed health checks 1 s apart (default:
+    # 5, 3 s apart); a raylet slowed by a busy machine still has the default 10 s to answer each.
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                           "_system_config": health})
     nodes.add_node(num_cpus=1)
