@@ -98,8 +98,8 @@ def test_the_workers_are_asked_for_where_pytest_xdist_is(tmp_path: Path, args: l
     workers, most, dist = json.loads((tmp_path / "options.json").read_text())
     if args:
         assert [workers, most, dist] == [0, None, "no"]
-    else:  # `-n auto`: a worker per core (xdist counts them)
-        assert workers >= 1 and [most, dist] == [4, "loadscope"]
+    else:  # a worker per CPU, and one more
+        assert workers == min(len(os.sched_getaffinity(0)) + 1, 4) and [most, dist] == [4, "loadscope"]
 
 
 def test_one_file_runs_with_pytest_alone() -> None:
