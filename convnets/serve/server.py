@@ -40,10 +40,10 @@ then supervises it: if Triton exits on its own (a crash) or a model's backend pr
 stopped and started again on the same ports (the fronts answer ``503`` meanwhile, readiness too);
 :data:`MAX_RESTARTS` restarts within :data:`RESTART_WINDOW_S` seconds, or one that fails, end it
 with :class:`ServeError`. A Triton killed by a signal while it starts is started once more.
-Stopping sends Triton ``SIGINT``: it finishes the requests in flight, for :data:`EXIT_TIMEOUT_S` seconds at most, unloads the models
-(their stub processes exit) and exits; anything left after that is killed, so every process it
-started is gone and the ports are free. The server is also given ``PR_SET_PDEATHSIG``: if this
-process is killed outright, the kernel sends it ``SIGTERM``.
+Stopping sends Triton ``SIGINT``: it finishes the requests in flight, for :data:`EXIT_TIMEOUT_S` seconds
+at most, unloads the models (their stub processes exit) and exits; anything left after that is
+killed, so every process it started is gone and the ports are free. The server is also given
+``PR_SET_PDEATHSIG``: if this process is killed outright, the kernel sends it ``SIGTERM``.
 """
 
 from __future__ import annotations
