@@ -52,11 +52,12 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.loadscopereorder = False  # the collection's order (SLOW_MODULES first), not the largest first
 
 
-#: The slowest modules, slowest first (seconds on one worker, 2026-11-28: 97, 64, 58, 56, 43, 42, 41): they start
-#: the run. Workers take modules in collection order (loadscope without its reordering, which puts the modules of
-#: most tests first), and a slow one taken late ran alone at the end: test_ray.py finished 42 s after the others.
+#: The slowest modules, slowest first (seconds on one worker, 2026-11-28: 97, 64, 58, 56, 43, 42, 41; test_typing's
+#: mypy takes 30 s more without the .mypy_cache of earlier runs, as in CI): they start the run. Workers take modules
+#: in collection order (loadscope without its reordering, which puts the modules of most tests first), and a slow
+#: one taken late ran alone at the end: test_ray.py finished 42 s after the others.
 SLOW_MODULES = ("test_ray.py", "test_serve.py", "test_notebook.py", "test_docs.py", "test_int8.py", "test_bounds.py",
-                "test_hub_and_packaging.py")
+                "test_hub_and_packaging.py", "test_typing.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
