@@ -94,13 +94,12 @@ def pool_options(device: str | None = "cpu", *, spare_cpus: int = 1, grow: bool 
             raise InvalidArgumentError("device='cuda' but the Ray cluster has no GPU; add GPU nodes or use the CPU",
                                        keyword="device", cli="--device cuda but the Ray cluster has no GPU; add GPU "
                                                              "nodes or pass --device cpu")
-        size = min(int(gpus), most or int(gpus))
-        return {"compute": ray.data.ActorPoolStrategy(min_size=1 if grow else size, max_size=size),
-                "num_gpus": 1, "num_cpus": 0}
-    actors = int(cpus if cpus is not None else resources.get("CPU", 1)) - spare_cpus
-    size = max(1, min(actors, most or actors))
-    return {"compute": ray.data.ActorPoolStrategy(min_size=1 if grow else size, max_size=size),
-            "num_cpus": 1 if actors >= 1 else 0}
+        count, requests = int(gpus), {"num_gpus": 1, "num_cpus": 0}
+    else:
+        actors = int(cpus if cpus is not None else resources.get("CPU", 1)) - spare_cpus
+        count, requests = max(1, actors), {"num_cpus": 1 if actors >= 1 else 0}
+    size = min(count, most or count)
+    return {"compute": ray.data.ActorPoolStrategy(min_size=1 if grow else size, max_size=size), **requests}
 
 
 #: Seconds to wait for a cluster's address to accept a connection (ray.init itself retries for minutes).
