@@ -159,8 +159,7 @@ def start_server(python: str, *args: str, tmp: Path, timeout: float = 300, abort
     def abort_the_first_triton() -> None:
         while process.poll() is None:
             with contextlib.suppress(psutil.Error):
-                tritons = [p for p in psutil.Process(process.pid).children() if "tritonserver" in p.name()]
-                if tritons:
+                if tritons := _tritons(process.pid):
                     tritons[0].send_signal(signal.SIGABRT)
                     return
             time.sleep(0.002)
@@ -529,8 +528,13 @@ def test_a_base64_image_in_plain_json_is_told_to_send_raw_bytes(served: Server) 
     assert status == 400 and "base64" in answer and "raw bytes" in answer, answer
 
 
+def _tritons(pid: int) -> list[psutil.Process]:
+    """The Triton servers that process ``pid`` started."""
+    return [p for p in psutil.Process(pid).children() if "tritonserver" in p.name()]
+
+
 def _triton(served: Server) -> psutil.Process:
-    (triton,) = [p for p in psutil.Process(served.process.pid).children() if "tritonserver" in p.name()]
+    (triton,) = _tritons(served.process.pid)
     return triton
 
 
