@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import functools
 import gc
 import importlib
 import logging
@@ -43,6 +44,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
@@ -105,23 +107,56 @@ class Terminated(KeyboardInterrupt):
     that a run stops the same way (code that handles an interrupt handles this too)."""
 
 
+#: Non-empty while os.fork() runs its hooks (os.register_at_fork), from before logging's to after them: logging holds
+#: its module lock in between. An exception that a signal raises in a hook is printed as "Exception ignored in
+#: _releaseLock" and lost: the run went on as if SIGTERM had not come, or hung on the lock left held (seen in 1 of
+#: 10 evaluate runs stopped as their decoding processes started). Appended and cleared by builtins, registered after
+#: logging's hooks (which this module imports first): no Python code of ours runs inside the window.
+_FORKING: list[None] = []
+os.register_at_fork(before=functools.partial(_FORKING.append, None), after_in_parent=_FORKING.clear,
+                    after_in_child=_FORKING.clear)
+
+
+def _send_after_fork(signum: int) -> None:
+    """Send ``signum`` to this process again once the fork under way is done, from a thread of its own."""
+    def send() -> None:
+        while _FORKING:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signum)
+    threading.Thread(target=send, name=f"convnets-signal-{signum}", daemon=True).start()
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise Terminated(f"signal {signum}")
+    if _FORKING:
+        _send_after_fork(signum)
+    else:
+        raise Terminated(f"signal {signum}")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    if _FORKING:
+        _send_after_fork(signum)
+    else:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Handle SIGTERM with :class:`Terminated` inside the block, unless something else (a host
-    application, ``SIG_IGN``) already handles it; the previous handler is restored at the end."""
-    main_thread = threading.current_thread() is threading.main_thread()
-    if not main_thread or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:  # signal() works in the main thread only
+def _signals_as_interrupts() -> Iterator[None]:
+    """Handle SIGTERM with :class:`Terminated` and SIGINT with :class:`KeyboardInterrupt` inside the block, as
+    Python's own SIGINT handler does, except while a fork is under way (:data:`_FORKING`): then the signal comes
+    again after it. A signal that something else (a host application, ``SIG_IGN``) already handles stays as it is;
+    the previous handlers are restored at the end."""
+    if threading.current_thread() is not threading.main_thread():  # signal() works in the main thread only
         yield
         return
-    signal.signal(signal.SIGTERM, _terminate)
+    ours = {signal.SIGTERM: (signal.SIG_DFL, _terminate), signal.SIGINT: (signal.default_int_handler, _interrupt)}
+    taken = {signum: signal.signal(signum, handler) for signum, (default, handler) in ours.items()
+             if signal.getsignal(signum) == default}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum, previous in taken.items():
+            signal.signal(signum, previous)
 
 
 class CommandLineParser(argparse.ArgumentParser):
@@ -236,7 +271,7 @@ def _interrupt_ends_the_exit() -> None:
 
 def _interruptible(argv: list[str]) -> int:
     """:func:`_main`, with SIGTERM and SIGINT ending it as an interruption (one line, status 143 or 130)."""
-    with _sigterm_as_interrupt():
+    with _signals_as_interrupts():
         try:
             return _main(argv)
         except KeyboardInterrupt as stop:

@@ -260,6 +260,34 @@ def test_sigterm_while_the_workers_start_is_quiet_too(weights: list[str], names:
     assert not out.exists()
 
 
+_MID_FORK = """
+import os, signal, sys
+sent = []
+
+def signal_mid_fork():  # a hook of os.fork(), as logging's are: the signal is handled while the fork is under way
+    if not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+os.register_at_fork(before=signal_mid_fork)  # before convnets' own hooks: inside the window they open
+from convnets.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_a_fork_is_under_way_still_stops_the_run(weights: list[str], names: list[str],
+                                                               tmp_path: Path) -> None:
+    """A signal handled inside os.fork()'s hooks (where logging holds its lock) is not lost: raised there, it was
+    printed as "Exception ignored in ..." and the run went on to the end (1 in 10 evaluate runs SIGTERMed as their
+    decoding processes started), or hung on logging's lock. It comes again once the fork is done."""
+    out = tmp_path / "r.jsonl"
+    done = run_cli("predict", *weights, *COMMON, "--workers", "2", "--output", str(out), *names[:20], code=_MID_FORK,
+                   timeout=120)
+    assert done.returncode == 143 and "Exception ignored" not in done.stderr, done.stderr
+    assert command_lines(done.stderr) == ["convnets: terminated"], done.stderr
+    assert not out.exists() and not (tmp_path / "r.jsonl.lock").exists()
+
+
 _SLOW_EXIT = """
 import atexit, sys, time
 from convnets.cli import main
@@ -267,7 +295,7 @@ from convnets.cli import main
 def shutting_down():  # an atexit callback as the interpreter's shutdown runs them (joining workers, ...)
     sys.stderr.write("shutting down\\n")
     sys.stderr.flush()
-    time.sleep(30)
+    time.sleep(300)
 
 atexit.register(shutting_down)
 sys.argv = ["convnets", *sys.argv[1:]]
@@ -278,14 +306,13 @@ sys.exit(main())  # as the console script calls it: the program
 @pytest.mark.parametrize("args", [["--version"], ["cache", "list"]])
 def test_ctrl_c_while_the_program_exits_is_quiet(args: list[str], tmp_path: Path) -> None:
     """Ctrl-C once the run is over, during the interpreter's shutdown (an atexit callback): the process
-    ends at once with status 130, its output complete and nothing more (no ``Exception ignored in atexit
-    callback ... KeyboardInterrupt``)."""
+    ends with status 130, without waiting for the callback's 300 s, its output complete and nothing more (no
+    ``Exception ignored in atexit callback ... KeyboardInterrupt``)."""
     proc = start_cli(*args, code=_SLOW_EXIT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                      env={"CONVNETS_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.stderr is not None and proc.stdout is not None
     assert proc.stderr.readline() == b"shutting down\n"
-    started = time.monotonic()
     os.kill(proc.pid, signal.SIGINT)
-    assert proc.wait(timeout=20) == 130 and time.monotonic() - started < 10
+    assert proc.wait(timeout=120) == 130  # the callback would sleep on for 300 s
     assert proc.stderr.read() == b""
     assert proc.stdout.read().strip()  # what the run printed (the version, the cache listing) is all there
