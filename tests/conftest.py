@@ -196,6 +196,7 @@ class Route:
     content_type: str = "application/octet-stream"
     declared_length: int | None = None  # Content-Length to announce (a larger one truncates)
     delay_s: float = 0.0
+    gate: threading.Event | None = None  # the answer waits until the test sets it (at most 120 s)
 
 
 @dataclass
@@ -216,6 +217,8 @@ def http_server() -> Iterator[LoopbackServer]:
             state.hits[self.path] += 1
             route = state.routes.get(self.path, Route(b"not found", status=404, content_type="text/plain"))
             time.sleep(route.delay_s)
+            if route.gate is not None:
+                route.gate.wait(120)
             self.send_response(route.status)
             self.send_header("Content-Type", route.content_type)
             self.send_header("Content-Length", str(route.declared_length or len(route.body)))
@@ -300,7 +303,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     The process is forked from an interpreter that has imported torch and torchvision and nothing
     else (tests/forked_cli.py, whose docstring says why, with the measurement): the run, its exit and its exit status are its
     own, without the 4.5 CPU-seconds of those imports per call. ``run``: :func:`forked_cli.run`'s
-    ``input``, ``limit_as``.
+    ``input``, ``extra_as``.
 
     ``fresh``: a new interpreter under ``python -X importtime`` instead, for tests of what a command imports
     before it answers: the result's ``imported`` is the set of modules the interpreter's own report

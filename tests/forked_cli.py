@@ -113,9 +113,11 @@ os.environ.clear()
 os.environ.update(request["env"])
 sys.path[0] = os.getcwd() if request["code"] is None else ""  # -m puts the working directory first, -c ""
 sys.argv = request["argv"]
-if request["limit_as"] is not None:  # as a preexec_fn's setrlimit would, before the run
+if request["extra_as"] is not None:  # as a preexec_fn's setrlimit would, before the run
     import resource
-    resource.setrlimit(resource.RLIMIT_AS, (request["limit_as"], request["limit_as"]))
+    with open("/proc/self/status") as status:  # what this process maps already: PyTorch, its CUDA libraries
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + request["extra_as"], mapped + request["extra_as"]))
 import runpy, types
 module, code = request["module"], request["code"]
 del json, select, socket, listener, waiting, serve, request, fds, worker, exited_r, exited_w
@@ -212,15 +214,17 @@ class CliProcess:
 
     ``stdin`` / ``stdout`` / ``stderr``: ``subprocess.PIPE``, ``subprocess.DEVNULL`` or ``None`` (both
     mean /dev/null: a test worker's own streams are not a terminal), or an open file. ``env`` (default:
-    this process's) and ``cwd`` are the run's; ``start_new_session`` as for Popen; ``limit_as``: an
-    address-space limit (RLIMIT_AS, bytes) set before the run, as a ``preexec_fn`` would; ``code``:
+    this process's) and ``cwd`` are the run's; ``start_new_session`` as for Popen; ``extra_as``: the
+    address space (bytes) the run may map beyond what its process maps when it starts, set as an RLIMIT_AS
+    before the run, as a ``preexec_fn`` would (relative, because what ``import torch`` maps differs between
+    machines and builds: 3.26 GB here, most of it CUDA libraries that are mapped, not used); ``code``:
     run ``python -c CODE ARGS`` instead of ``-m MODULE``; ``zygote``: the socket of the zygote to
     fork from (default: this process's for ``env``).
     """
 
     def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike[str],
                  stdin: Any = None, stdout: Any = None, stderr: Any = None, start_new_session: bool = False,
-                 module: str = "convnets", code: str | None = None, limit_as: int | None = None,
+                 module: str = "convnets", code: str | None = None, extra_as: int | None = None,
                  zygote: str | None = None) -> None:
         self.args = [sys.executable, *(["-m", module] if code is None else ["-c", code]), *args]
         env = dict(os.environ if env is None else env)
@@ -228,7 +232,7 @@ class CliProcess:
         self.stdin, self.stdout, self.stderr = (ours for _, ours in ends)
         request = {"argv": [module if code is None else "-c", *args], "env": env, "cwd": os.fspath(cwd),
                    "new_session": start_new_session, "module": module, "code": code,
-                   "limit_as": limit_as}  # runpy sets argv[0] to the module's file
+                   "extra_as": extra_as}  # runpy sets argv[0] to the module's file
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(zygote or _zygote_for(env).path)
         try:
@@ -312,12 +316,12 @@ class CliProcess:
 
 def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike[str], timeout: float,
         input: bytes | None = None, module: str = "convnets", code: str | None = None,
-        limit_as: int | None = None) -> subprocess.CompletedProcess[str]:
+        extra_as: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run to the end, as ``subprocess.run(..., capture_output=True, text=True, timeout=...)``; on a
     timeout the run is killed and :class:`subprocess.TimeoutExpired` raised."""
     proc = CliProcess(args, env=env, cwd=cwd, stdin=subprocess.PIPE if input is not None else None,
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, module=module, code=code,
-                      limit_as=limit_as)
+                      extra_as=extra_as)
     try:
         out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -74,6 +74,8 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True  # never wait for a handler still streaming at shutdown
     stopping: threading.Event
     image: bytes
+    barriers: dict[str, threading.Barrier]
+    barriers_lock: threading.Lock
 
 
 MAX_STREAM_SECONDS = 20.0  # bound on every endless route, even if the client never hangs up
@@ -109,6 +111,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(image)
             elif route.startswith("/delay/"):  # /delay/<milliseconds>/...
                 if self._wait(int(route.split("/")[2]) / 1000):
+                    self._headers(200, "image/png", len(image))
+                    self.wfile.write(image)
+            elif route.startswith("/together/"):  # /together/<name>/<n>/...: answered once n requests wait at once
+                name, count = route.split("/")[2:4]
+                with self.server.barriers_lock:
+                    barrier = self.server.barriers.setdefault(name, threading.Barrier(int(count)))
+                try:
+                    barrier.wait(MAX_STREAM_SECONDS)
+                except threading.BrokenBarrierError:  # fewer came together: a client that fetches one at a time
+                    self.send_error(504)
+                else:
                     self._headers(200, "image/png", len(image))
                     self.wfile.write(image)
             elif route == "/page.html":
@@ -165,6 +178,7 @@ def http_server() -> Iterator[str]:
         server = _Server(("127.0.0.1", 0), _Handler)
         server.stopping = threading.Event()
         server.image = small_png()
+        server.barriers, server.barriers_lock = {}, threading.Lock()
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                   daemon=True)
         thread.start()

@@ -416,8 +416,9 @@ def test_class_folders_with_links_to_themselves_are_scanned_once(command: str, t
         (tmp_path / "data" / split / "cat" / "split").symlink_to("..")  # to the split's folder: not dog's files too
         (tmp_path / "data" / split / "dog" / "root").symlink_to("../..")  # nor, from data/, the other split's
     arch = json.dumps({**TINY_ARCH, "num_classes": 2})
-    # Under a 4 GB address space: a runaway scan ends in MemoryError there, not in the machine's OOM killer.
-    limits = {"limit_as": 4 << 30, "timeout": 120, "cwd": tmp_path}
+    # With 2 GB of address space beyond what the process maps at start: a runaway scan ends in MemoryError there, not
+    # in the machine's OOM killer.
+    limits = {"extra_as": 2 << 30, "timeout": 120, "cwd": tmp_path}
     if command == "evaluate":
         done = run_cli("evaluate", "--random-init", "--model", "resnet50", "--arch-kwargs", arch, "--engine", "torch",
                        "--workers", "0", "--no-progress", "--data", str(tmp_path / "data" / "val"), "--output",

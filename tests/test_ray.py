@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, cli_in_process, run_cli, start_cli
+from conftest import TINY, LoopbackServer, Route, cli_in_process, run_cli, start_cli
 from PIL import Image
 from strict_skips import require_module
 
@@ -32,7 +33,7 @@ ray = require_module("ray", extra="ray")
 psutil = require_module("psutil")
 
 BATCH = 2
-N_GOOD = 120  # + 2 unreadable files, in two subfolders: enough batches for a kill to land mid-run
+N_GOOD = 120  # + 2 unreadable files, in two subfolders: enough batches that a fault meets an actor at work
 
 #: The cluster's processes read it; this module's runs send Ray no usage statistics.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -112,39 +113,54 @@ def _map_workers() -> list[Any]:
     return [p for p in psutil.process_iter(["cmdline"]) if any("MapWorker" in part for part in p.info["cmdline"] or [])]
 
 
-def _predict_through_a_fault(data: dict[str, Any], cluster: Any, name: str, fault: Callable[[], None]) -> None:
-    """``predict --ray`` with ``fault`` done once records are being written: each input once, in order, the same
-    records, errors and exit status as one process."""
+def _predict_through_a_fault(data: dict[str, Any], cluster: Any, server: LoopbackServer, name: str,
+                             fault: Callable[[], None]) -> None:
+    """``predict --ray`` with ``fault`` done mid-run: each input once, in order, the same records, errors and exit
+    status as one process.
+
+    Mid-run for certain, on a machine of any speed: the first input is a URL of the test's server, which answers
+    only after the fault. The fault comes once an actor has asked for it; the run cannot end before the answer (the
+    records are written in order), while the other actor works through the folder."""
     output = data["root"] / f"{name}.jsonl"
     spool = output.with_name(output.name + ".partial.jsonl")
-    run = start_cli("predict", str(data["images"]), *data["args"], "--output", str(output), "--ray", cluster.address,
-                    stderr=subprocess.PIPE)
+    photo = data["images"] / "part1" / "img001.png"
+    server.routes["/first.png"] = gate = Route(photo.read_bytes(), content_type="image/png", gate=threading.Event())
+    url = f"{server.base_url}/first.png"
+    run = start_cli("predict", url, str(data["images"]), *data["args"], "--output", str(output), "--ray",
+                    cluster.address, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240
-        while not (spool.exists() and spool.stat().st_size > 0):  # records are being written
+        while not server.hits["/first.png"]:  # an actor waits for the first input's answer
             assert run.poll() is None, (run.communicate()[1] or b"")[-3000:].decode()
-            assert time.monotonic() < deadline, "no record was written"
-            time.sleep(0.005)
+            assert time.monotonic() < deadline, "no actor asked for the first input"
+            time.sleep(0.01)
         fault()
         mid_run = run.poll() is None
+        assert gate.gate is not None
+        gate.gate.set()
         stderr = (run.communicate(timeout=240)[1] or b"").decode()
     finally:
         if run.poll() is None:
             run.kill()
     assert mid_run, "the run ended before the fault"
     assert run.returncode == 1, stderr[-3000:]  # the two unreadable files
-    _assert_same_predictions(_records(output), _records(data["single"] / "p.jsonl"))
+    first, *rest = _records(output)
+    _assert_same_predictions(rest, _records(data["single"] / "p.jsonl"))
+    (same,) = [r for r in rest if r["input"] == str(photo)]
+    _assert_same_predictions([{**first, "input": same["input"]}], [same])  # the URL served that file's bytes
+    assert first["input"] == url
     assert _error_lines(stderr) == data["errors"] and len(data["errors"]) == 2
-    assert stderr.splitlines()[-1] == f"convnets predict: 2 of {N_GOOD + 2} inputs could not be read"
+    assert stderr.splitlines()[-1] == f"convnets predict: 2 of {N_GOOD + 3} inputs could not be read"
     assert not spool.exists() and not output.with_name(output.name + ".lock").exists()
 
 
-def test_predict_on_a_cluster_equals_one_process_though_a_worker_is_killed(data: dict[str, Any], cluster: Any) -> None:
+def test_predict_on_a_cluster_equals_one_process_though_a_worker_is_killed(data: dict[str, Any], cluster: Any,
+                                                                           http_server: LoopbackServer) -> None:
     """The busiest actor is SIGKILLed mid-run: Ray restarts it and reruns its batches."""
     def kill_the_busiest() -> None:
         max(_map_workers(), key=lambda p: sum(p.cpu_times()[:2])).send_signal(signal.SIGKILL)
 
-    _predict_through_a_fault(data, cluster, "killed", kill_the_busiest)
+    _predict_through_a_fault(data, cluster, http_server, "killed", kill_the_busiest)
 
 
 def test_embed_on_a_cluster_equals_one_process(data: dict[str, Any], cluster: Any) -> None:
@@ -201,15 +217,21 @@ def test_python_api_classifies_bytes_and_embeds_arrays(data: dict[str, Any], clu
         assert row["error"] == "" and np.allclose(row["embedding"], vectors[row["path"]], rtol=0, atol=1e-5)
 
 
-def test_predict_on_a_cluster_finishes_though_a_node_is_lost(data: dict[str, Any], cluster: Any) -> None:
+def test_predict_on_a_cluster_finishes_though_a_node_is_lost(data: dict[str, Any], cluster: Any,
+                                                             http_server: LoopbackServer) -> None:
     """The node without the driver is removed mid-run (its raylet and actor SIGKILLed): Ray marks it dead, restarts its
     actor on the other node once that node's actor has a free CPU (when the rest of the work is done), and reruns the
-    lost batches; the records wait for them, in order. Run after the other cluster tests: it leaves one node."""
+    lost batches; the records wait for them, in order. A node like it is added back for the tests after this one."""
     def lose_a_node() -> None:
         cluster.remove_node(next(n for n in cluster.list_all_nodes() if n is not cluster.head_node),
                             allow_graceful=False)
 
-    _predict_through_a_fault(data, cluster, "node-lost", lose_a_node)
+    try:
+        _predict_through_a_fault(data, cluster, http_server, "node-lost", lose_a_node)
+    finally:
+        if len(cluster.list_all_nodes()) < 2:
+            cluster.add_node(num_cpus=1)
+            cluster.wait_for_nodes()
 
 
 @ray.remote(num_cpus=1)
@@ -234,12 +256,19 @@ def _check_row(row: dict[str, Any], expected: dict[str, Any]) -> None:
     assert np.allclose(row["top_probabilities"], [t["probability"] for t in expected["top"]], rtol=0, atol=1e-5)
 
 
-def test_unreachable_address_is_one_line(closed_port_url: str) -> None:
+def test_unreachable_address_is_one_line(closed_port_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused at once, before the model loads (its loading is made to fail here: it is never reached)."""
+    import convnets.commands.predict
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model loaded before the address was checked")
+
+    monkeypatch.setattr(convnets.commands.predict, "load_from_args", never)
     assert not ray.is_initialized()  # else --ray would use this process's connection
     port = closed_port_url.rsplit(":", 1)[1].strip("/")
     started = time.monotonic()
     proc = cli_in_process("predict", "examples/", "--random-init", "--ray", f"127.0.0.1:{port}")
-    assert proc.returncode == 2 and time.monotonic() - started < 15  # before the model loads
+    assert proc.returncode == 2 and time.monotonic() - started < 60  # no retries: a refused connection is final
     assert proc.stderr.strip().splitlines()[-1].startswith(f"convnets predict: error: --ray 127.0.0.1:{port}: "
                                                             "nothing answers there")
 
