@@ -1,5 +1,7 @@
 """Run settings shared by every feature and command: precision, device, memory format, CPU bf16.
 
+Whether bf16 outruns fp32 on a CPU is measured (:mod:`convnets.machine`), not read from its flags.
+
 One home for the choices that training, ``predict``, ``export`` and ``benchmark`` all make, so
 that they are spelled, checked and explained the same way everywhere.
 
@@ -14,6 +16,7 @@ command-line option (``"--precision"``) makes them say ``--precision bf16``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -24,6 +27,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Literal
 
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
+from convnets.machine import cpu_bf16_speedup
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["AMP_DTYPES", "GRAD_SCALER_INIT", "MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "Precision",
            "PrecisionName", "check_precision", "check_precision_name", "check_workers", "cpu_has_bf16",
            "default_workers", "init_worker", "memory_format_name", "parse_memory_format", "precision_dtype",
-           "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores"]
+           "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores", "warn_if_bf16_is_slower"]
 
 log = logging.getLogger(__name__)
 
@@ -92,23 +96,28 @@ def precision_name(dtype: torch.dtype) -> str:
 def cpu_has_bf16() -> bool:
     """Whether this CPU does bf16 arithmetic natively (x86 AVX512-BF16 / AMX-BF16, Arm BF16).
 
-    Elsewhere oneDNN emulates bf16 with fp32 instructions, which is slower than fp32 itself; so
-    training turns CPU autocast on by default only where this is true, and inference warns.
+    Elsewhere oneDNN emulates bf16 with fp32 instructions. This says what the CPU can do, not what is faster:
+    that is measured (:func:`convnets.machine.cpu_bf16_speedup`), since bf16 instructions alone did not make
+    bf16 faster than fp32 on every CPU that has them.
     """
     # The one detection for the package. Read from the CPU flags rather than from
     # torch.ops.mkldnn._is_mkldnn_bf16_supported(): that private op answers "can oneDNN run bf16
     # at all" and is True on every AVX512-BW/VL/DQ CPU (e.g. Skylake-X), which has no bf16
-    # instructions and runs bf16 slower than fp32 -- not the question either caller asks. It also
+    # instructions -- not the question asked. It also
     # covers Arm (the `bf16` Features flag) and needs no torch. Linux only: elsewhere we cannot
-    # tell, and False (fp32 by default) is the safe answer.
+    # tell, and say False.
     return bool(_cpu_flags() & _BF16_CPU_FLAGS)
 
 
-def cpu_has_amx() -> bool:
-    """Whether this CPU has AMX's bf16 tiles (``amx_bf16``), where PyTorch's bf16 convolutions outrun
-    fp32. With AVX512-BF16 alone they do not: ResNeXt101-32x4d through the torch engine ran bf16 at
-    0.55x its fp32 speed on such a CPU (docs/engines.md)."""
-    return "amx_bf16" in _cpu_flags()
+@functools.cache  # once per process
+def warn_if_bf16_is_slower() -> None:
+    """Warn once when bf16 runs slower than fp32 on this CPU, as measured here
+    (:func:`convnets.machine.cpu_bf16_speedup`): the advice holds on the machine that gives it."""
+    speedup = cpu_bf16_speedup()
+    if speedup < 1.0:
+        # In words for every interface (precision='fp32' / --precision fp32): the callers do not know which.
+        log.warning("bf16 runs slower than fp32 on this CPU (measured here: %.2fx fp32's speed); run fp32 for speed",
+                    speedup)
 
 
 def _cpu_flags() -> set[str]:
@@ -152,9 +161,6 @@ def check_precision(name: str, device: torch.device | str, *, option: str = "pre
         if not torch.backends.mkldnn.is_available():
             raise UnsupportedPrecisionError(f"{setting(option, 'bf16')} on a CPU needs PyTorch built with "
                                             "oneDNN (mkldnn), which this one is not; use fp32")
-        if not cpu_has_bf16():
-            log.warning("this CPU has no native bf16 instructions (AVX512-BF16 / AMX); bf16 will be emulated "
-                        "and probably slower than fp32")
     # Without CUDA there is no GPU to ask; whether the device exists is resolve_device's question.
     if name == "bf16" and kind == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise UnsupportedPrecisionError(f"this GPU does not support bf16 ({setting(option, 'bf16')}); "
@@ -216,7 +222,8 @@ def resolve_precision(device: torch.device, amp: bool | None = None, amp_dtype: 
 
     Rules: on CUDA, AMP is on by default with fp16 and a GradScaler (bf16 on request, without a
     scaler). On CPU, AMP (always bf16: CPU autocast has no fp16 training path) is on by default
-    only when :func:`convnets.runtime.cpu_has_bf16`. The layout defaults to ``channels_last``
+    only where bf16 is measured faster than fp32 (:func:`convnets.machine.cpu_bf16_speedup`; an explicit bf16
+    where it is slower logs a warning). The layout defaults to ``channels_last``
     (NHWC) under AMP, where tensor cores and oneDNN's bf16 kernels want it, and to ``contiguous``
     (NCHW) in fp32.
 
@@ -239,11 +246,13 @@ def resolve_precision(device: torch.device, amp: bool | None = None, amp_dtype: 
         raise InvalidArgumentError(f"amp dtype must be one of {', '.join(AMP_DTYPES)}, got {amp_dtype!r}")
     layout = None if memory_format is None else parse_memory_format(memory_format)
     if amp is None:
-        amp = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) or amp_dtype is not None
+        amp = device.type == "cuda" or (device.type == "cpu" and cpu_bf16_speedup() >= 1.0) or amp_dtype is not None
     dtype: torch.dtype | None = None
     if amp:
         name = amp_dtype or ("fp16" if device.type == "cuda" else "bf16")
         check_precision(name, device, option=option)
+        if name == "bf16" and device.type == "cpu":
+            warn_if_bf16_is_slower()
         dtype = precision_dtype(name)
     if layout is None:
         layout = torch.channels_last if dtype is not None else torch.contiguous_format

@@ -199,10 +199,10 @@ def test_precision_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda_bf16 = resolve_precision(torch.device("cuda"), amp_dtype="bf16")
     assert (cuda_bf16.amp_dtype, cuda_bf16.use_scaler) == (torch.bfloat16, False)
     assert resolve_precision(torch.device("cuda"), amp=False).amp_dtype is None
-    monkeypatch.setattr("convnets.runtime.cpu_has_bf16", lambda: True)
+    monkeypatch.setattr("convnets.runtime.cpu_bf16_speedup", lambda: 2.9)  # measured faster: mixed precision
     cpu = resolve_precision(torch.device("cpu"))
     assert (cpu.amp_dtype, cpu.use_scaler, cpu.memory_format) == (torch.bfloat16, False, torch.channels_last)
-    monkeypatch.setattr("convnets.runtime.cpu_has_bf16", lambda: False)
+    monkeypatch.setattr("convnets.runtime.cpu_bf16_speedup", lambda: 0.6)  # measured slower: fp32
     cpu = resolve_precision(torch.device("cpu"))
     assert (cpu.amp_dtype, cpu.memory_format) == (None, torch.contiguous_format)
     assert resolve_precision(torch.device("cpu"), memory_format="nhwc").memory_format == torch.channels_last
@@ -210,8 +210,7 @@ def test_precision_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_precision(torch.device("cpu"), amp=True, amp_dtype="fp16")
 
 
-# CPU bf16 detection itself (convnets.runtime.cpu_has_bf16) is tested in test_runtime.py, against
-# given cpuinfo texts and against PyTorch's CPUID checks.
+# The measurement itself (convnets.machine.cpu_bf16_speedup) is tested in test_machine.py.
 
 
 def test_config_rejects_bad_values() -> None:

@@ -55,8 +55,8 @@ def optimize_for_inference(
         model: a classifier in eval mode (e.g. from :func:`convnets.get_model` with weights, or
             :func:`convnets.load_model`).
         precision: ``"fp32"`` (within 1e-4 relative of the original), ``"bf16"`` (CPUs with
-            AVX512-BF16 / AMX, and GPUs; through the torch engine faster than fp32 only with AMX, a
-            warning says so once), ``"fp16"`` (CUDA only) or ``"int8"`` (CPU, ``engine=
+            AVX512-BF16 / AMX, and GPUs; where it is measured slower than fp32 on a CPU, the torch
+            engine warns once: :func:`convnets.machine.cpu_bf16_speedup`), ``"fp16"`` (CUDA only) or ``"int8"`` (CPU, ``engine=
             "openvino"`` or ``"auto"``, needs ``calibration_data``; NNCF post-training
             quantization). The logits are float32 in all cases.
         device: where to run; default: where ``model``'s parameters are.

@@ -37,7 +37,6 @@ import os
 import re
 import secrets
 import stat
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 from convnets.constants import CACHE_DIR_ENV
 from convnets.deploy.cache.keys import digest, entry_key
 from convnets.fileio import atomic_write
+from convnets.machine import cache_root
 
 __all__ = ["MARKER", "PinnedRoot", "cache_root", "damage", "file_digest", "ignore", "mark", "read_manifest",
            "read_verdict", "remove", "root_problem", "seal", "touch", "untrusted", "usable", "write_private"]
@@ -74,22 +74,6 @@ _DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXE
 _FIELDS = {"layout": int, "model": str, "weights": str, "engine": str, "precision": str, "shape": list,
            "versions": dict}
 _warned: set[str] = set()
-
-
-def cache_root() -> Path:
-    """The cache directory: ``$CONVNETS_CACHE_DIR``, else ``torch.hub.get_dir()/convnets-engines``
-    (``$TORCH_HOME/hub/convnets-engines``; worked out without importing PyTorch when it is not loaded)."""
-    explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
-    if explicit:
-        return Path(explicit).expanduser()
-    torch_module = sys.modules.get("torch")
-    if torch_module is not None and hasattr(torch_module, "hub"):
-        hub = Path(torch_module.hub.get_dir())
-    else:  # torch.hub.get_dir()'s rule
-        home = os.environ.get("TORCH_HOME") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME", os.path.join("~", ".cache")), "torch")
-        hub = Path(os.path.expanduser(home)) / "hub"
-    return hub / "convnets-engines"
 
 
 def warn_once(message: str) -> None:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, Engine, EngineSettings
-from convnets.runtime import (PRECISIONS, PrecisionName, check_precision, check_precision_name, cpu_has_amx,
-                              cpu_has_bf16, precision_dtype)
+from convnets.runtime import (PRECISIONS, PrecisionName, check_precision, check_precision_name, precision_dtype,
+                              warn_if_bf16_is_slower)
 
 if TYPE_CHECKING:
     import torch
@@ -56,19 +56,11 @@ class TorchEngine(Engine):
               settings: EngineSettings = DEFAULT_SETTINGS,
               calibration_data: list[torch.Tensor] | None = None) -> nn.Module:
         # calibration_data: int8 only, which this engine does not run (check refuses it).
-        if precision == "bf16" and device.type == "cpu" and cpu_has_bf16() and not cpu_has_amx():
-            _warn_slow_bf16()  # (without native bf16 at all, check_precision has warned already)
+        if precision == "bf16" and device.type == "cpu":
+            warn_if_bf16_is_slower()
 
         return optimize_with_torch(model, check_precision_name(precision), device, compile=compile,
                                    settings=settings)
-
-
-@functools.cache  # once per process
-def _warn_slow_bf16() -> None:
-    """Say that bf16 through this engine is slower than fp32 here, and what is faster."""
-    # In words for both interfaces (precision='fp32' / --precision fp32): build() does not know which.
-    log.warning("bf16 through the torch engine runs slower than fp32 on this CPU (AVX512-BF16 without AMX: "
-                "ResNeXt101 at about 0.55-0.7x its fp32 speed, and OpenVINO's bf16 no faster); run fp32 for speed")
 
 
 def compile_unavailable_reason(device: torch.device) -> str | None:
