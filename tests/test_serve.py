@@ -450,13 +450,36 @@ def test_the_serving_page_snippet_classifies_a_jpeg(served: Server, checkpoint: 
 
     (block,) = [b for b in python_blocks(REPO / "docs" / "serving.md") if "tritonclient" in b.code]
     assert block.not_run and "tests/test_serve.py" in block.not_run
-    code = block.code.replace("localhost:8000", f"127.0.0.1:{served.http_port}").replace('"se_resnext101_32x4d"',
-                                                                                          '"tiny"')
+    # As written but for the port: the block asks the server for the model's name (here --name tiny).
+    code = block.code.replace("localhost:8000", f"127.0.0.1:{served.http_port}")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert main(["predict", "--weights", str(checkpoint), "--engine", "torch", "--json", "examples/rocket.jpg"]) == 0
     (record,) = json.loads(capsys.readouterr().out)
     assert done.stdout.splitlines() == [f"{100 * t['probability']:6.2f}%  {t['label']}" for t in record["top"]]
+
+
+def test_the_serving_page_curl_classifies_a_jpeg(served: Server, checkpoint: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The page's curl command, run by bash as written but for the port: raw bytes in KServe's binary format."""
+    import shutil
+
+    if shutil.which("curl") is None or shutil.which("bash") is None:
+        pytest.skip("needs curl and bash")
+    page = (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
+    script = page.split("<!-- curl-infer -->\n```bash\n", 1)[1].split("\n```", 1)[0]
+    assert script.count("localhost:8000") == 2 and "Inference-Header-Content-Length" in script
+    done = subprocess.run(["bash", "-c", script.replace("localhost:8000", f"127.0.0.1:{served.http_port}")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    answer = json.loads(done.stdout)
+    outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+    assert answer["model_name"] == "tiny" and sorted(outputs) == ["top_labels", "top_probabilities"]
+    assert main(["predict", "--weights", str(checkpoint), "--engine", "torch", "--json",
+                 "examples/rocket.jpg"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert outputs["top_labels"] == [t["label"] for t in record["top"]]
+    np.testing.assert_allclose(outputs["top_probabilities"], [t["probability"] for t in record["top"]], atol=1e-5)
 
 
 def _post(served: Server, body: bytes, content_type: str | None, port: int | None = None,
@@ -525,7 +548,7 @@ def test_a_base64_image_in_plain_json_is_told_to_send_raw_bytes(served: Server) 
     text = base64.b64encode((REPO / "examples" / "rocket.jpg").read_bytes()).decode()
     body = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]})
     status, answer = _post(served, body.encode(), "application/json")
-    assert status == 400 and "base64" in answer and "raw bytes" in answer, answer
+    assert status == 400 and "does not decode base64" in answer and "raw bytes" in answer, answer
 
 
 def _tritons(pid: int) -> list[psutil.Process]:
