@@ -270,3 +270,32 @@ def test_a_missing_ray_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPat
     assert proc.returncode == 1
     (line,) = [line for line in proc.stderr.splitlines() if "error" in line]
     assert "install the 'ray' extra" in line and ".[ray]" in line
+
+
+def test_the_docs_block_without_weights_stops_on_the_driver_in_a_few_lines_naming_the_fix(tmp_path: Path) -> None:
+    """docs/ray.md's block with nothing to get the weights from (an empty mirror): one error at its first line,
+    before Ray starts, with the builder's keyword for a checkpoint, not hundreds of lines of actor retries."""
+    from test_docs import python_blocks
+
+    (block,) = [b for b in python_blocks(Path(__file__).parents[1] / "docs" / "ray.md") if b.not_run is None]
+    empty = tmp_path / "mirror"
+    empty.mkdir()
+    (tmp_path / "examples").symlink_to(Path(__file__).parents[1] / "examples")
+    done = run_cli(code=block.code, cwd=tmp_path, env={"CONVNETS_WEIGHTS_MIRROR": str(empty)}, timeout=240)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) <= 20, done.stderr[-3000:]
+    assert lines[-1].startswith("convnets.errors.WeightsUnavailableError: could not get ")
+    assert "pass pretrained_from_file=PATH" in lines[-1] and "CONVNETS_WEIGHTS_MIRROR" in lines[-1]
+    assert "Ray instance" not in done.stderr and not (tmp_path / "predictions").exists()  # it stopped before Ray
+
+
+def test_a_classifier_without_weights_advises_its_own_keyword(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An actor given a name gets the weights itself: its error advises ``weights=PATH``, Classifier's keyword."""
+    from convnets.errors import WeightsUnavailableError
+    from convnets.ray import Classifier
+
+    monkeypatch.setenv("CONVNETS_WEIGHTS_MIRROR", str(tmp_path))  # holds no weights
+    with pytest.raises(WeightsUnavailableError) as caught:
+        Classifier("se_resnext101_32x4d", topk=3)
+    assert "pass weights=PATH" in str(caught.value) and "pretrained_from_file" not in str(caught.value)
+    assert caught.value.keyword == "weights" and "--weights FILE" in caught.value.message_for("cli")
