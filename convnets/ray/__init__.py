@@ -175,24 +175,24 @@ def _without_restart_false_alarm() -> Iterator[None]:
     less :data:`_RESTART_FALSE_ALARM`. Entered once the cluster runs: processes started inside would hold the pipe."""
     sys.stderr.flush()
     original = os.dup(2)
-    read, write = os.pipe()
-    os.dup2(write, 2)
-    os.close(write)
+    reader, writer = os.pipe()
+    os.dup2(writer, 2)
+    os.close(writer)
 
-    def write(data: bytes) -> None:
+    def send(data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(original, view):]
 
     def forward() -> None:
         pending = b""
-        while chunk := os.read(read, 1 << 16):
+        while chunk := os.read(reader, 1 << 16):
             lines, end, tail = (pending + chunk).rpartition(b"\n")
             out = _RESTART_FALSE_ALARM.sub(b"", lines + end)
             # A line that may be Ray's ("[time E pid tid] ...") waits for its end; the rest (progress bars) goes now.
             pending = tail if tail.startswith(b"[") else b""
-            write(out + (b"" if pending else tail))
-        write(pending)
+            send(out + (b"" if pending else tail))
+        send(pending)
 
     thread = threading.Thread(target=forward, name="convnets-stderr", daemon=True)
     thread.start()
@@ -203,7 +203,7 @@ def _without_restart_false_alarm() -> Iterator[None]:
         os.dup2(original, 2)  # the pipe's last writer closed: the thread reads to its end
         thread.join(timeout=10)
         os.close(original)
-        os.close(read)
+        os.close(reader)
 
 
 def iter_results(worker: type[Worker[R]], options: dict[str, Any], items: Sequence[InputItem], *, batch_size: int,
