@@ -725,6 +725,7 @@ def test_exported_python_backend_repositories_are_served(serve_python: str, chec
 @pytest.mark.parametrize(("args", "message"), [
     (["--weights", "CK", "--repository", "."], "--repository serves the models it holds as they are; drop --weights"),
     (["--decode", "device", "--repository", "."], "--repository serves the models it holds as they are; drop --decode"),
+    (["--topk", "3", "--repository", "."], "--repository serves the models it holds as they are; drop --topk"),
     (["--name", "a/b"], "--name 'a/b': invalid Triton model name"),
     (["--name", "x\n"], "--name 'x\\n': invalid Triton model name"),
     (["--repository", "."], "--repository .: not a Triton model repository (no NAME/config.pbtxt in it)"),
