@@ -169,6 +169,13 @@ _RESTART_FALSE_ALARM = re.compile(rb"^\[[^\]\n]*\] core_worker\.cc:\d+: Actor wi
                                   rb"has constructor arguments in the object store and max_restarts > 0\.[^\n]*\n", re.M)
 
 
+def _read_or_end(fd: int) -> bytes:
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:  # closed under the read
+        return b""
+
+
 @contextlib.contextmanager
 def _without_restart_false_alarm() -> Iterator[None]:
     """This process's stderr (the file descriptor, where Ray's C++ logging writes) passed through as it comes,
@@ -186,7 +193,9 @@ def _without_restart_false_alarm() -> Iterator[None]:
 
     def forward() -> None:
         pending = b""
-        while chunk := os.read(reader, 1 << 16):
+        # Until the last writer is gone; a process started meanwhile keeps a copy, so the pipe may be closed
+        # under the read instead (below: 10 s at most), which ends it too.
+        while chunk := _read_or_end(reader):
             lines, end, tail = (pending + chunk).rpartition(b"\n")
             out = _RESTART_FALSE_ALARM.sub(b"", lines + end)
             # A line that may be Ray's ("[time E pid tid] ...") waits for its end; the rest (progress bars) goes now.
