@@ -30,7 +30,9 @@ setup(
     # setuptools copies the file it points to into the wheel.
     package_data={
         # py.typed (PEP 561): type checkers read the inline annotations of an installed copy.
-        "convnets": ["weights_manifest.json", "py.typed"],
+        # constraints.txt (a symlink too): the versions CI installs, which the install hints of an installed
+        # copy pass to pip (-c), as a checkout's do (convnets/extras.py).
+        "convnets": ["weights_manifest.json", "py.typed", "constraints.txt"],
         "processing_utils": ["py.typed"],
         "convnets.preprocessing": ["imagenet_classes.tsv"],
         # The example photos: export verification runs on them when the user passes no images.
@@ -68,6 +70,8 @@ setup(
         "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50"],
         # `convnets explain`, convnets.explain: Grad-CAM and its variants (pytorch-grad-cam; it brings OpenCV)
         "explain": ["grad-cam>=1.5"],
+        # Jupyter, to open examples/quickstart.ipynb (which also needs the plots and explain extras).
+        "notebook": ["notebook>=7", "ipykernel>=6.29"],
         # `convnets export --triton`: config.pbtxt is written with the ModelConfig protobuf that tritonclient ships
         # (its grpc part holds it).
         "triton": ["tritonclient[grpc]>=2.50"],

@@ -66,6 +66,11 @@ def rank_world() -> tuple[int, int]:
     return rank, world
 
 
+def local_processes() -> int:
+    """The processes of this job on this machine (torchrun's ``LOCAL_WORLD_SIZE``; 1 outside torchrun)."""
+    return max(1, _env_int("LOCAL_WORLD_SIZE", 1))
+
+
 def setup(device: str | None = None) -> DistContext:
     """Join the ``torchrun`` process group, if any, and pick this process's device.
 

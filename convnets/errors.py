@@ -135,7 +135,21 @@ class CheckpointError(ConvnetsError, ValueError):
 
 
 class WeightsUnavailableError(ConvnetsError, OSError):
-    """Pretrained weights could not be found in the cache, the mirror or downloaded."""
+    """Pretrained weights could not be found in the cache, the mirror or downloaded.
+
+    Its advice names the builders' keyword for a checkpoint, ``pretrained_from_file=PATH``
+    (``keyword``); a function whose keyword for it differs rewords it with :meth:`for_keyword`.
+    """
+
+    def for_keyword(self, keyword: str) -> WeightsUnavailableError:
+        """The same error advising ``keyword=PATH`` (the caller's keyword for a checkpoint, e.g. ``weights``)
+        where it advises ``self.keyword=PATH``."""
+        if not self.keyword or self.keyword == keyword:
+            return self
+        reworded = WeightsUnavailableError(str(self).replace(f"{self.keyword}=PATH", f"{keyword}=PATH"),
+                                           cli=self.cli, keyword=keyword)
+        reworded.__cause__ = self.__cause__
+        return reworded
 
 
 class ImageLoadError(ConvnetsError, ValueError):

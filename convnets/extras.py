@@ -8,8 +8,9 @@ environment is not activated.
   ``pip install -e .``, or ``PYTHONPATH``): ``PYTHON -m pip install -c constraints.txt -e '.[EXTRA]'`` in
   the checkout, with the versions CI installs.
 * From an installed wheel: the distribution, ``convnets-hub``, is not on the package index yet, so
-  ``pip install 'convnets-hub[EXTRA]'`` cannot work; the hint names the extra's own requirements as
-  the installed metadata lists them, which is what that command would add.
+  installing ``convnets-hub[EXTRA]`` from it cannot work; the hint names the extra's own requirements as
+  the installed metadata lists them, which is what that command would add, with the constraints file the
+  wheel ships (``convnets/constraints.txt``, a copy of the checkout's).
 * The ``serve`` extra pins ``numpy<2``, which other extras do not run on: its hint makes an environment
   of its own, :data:`SERVE_ENV` (``PYTHON -m venv .venv-serve && .venv-serve/bin/python -m pip install
   ...``), where ``.venv-serve/bin/convnets serve`` then runs.
@@ -48,8 +49,8 @@ def install_hint(extra: str) -> str:
 
     Returns:
         A shell command: ``/path/to/python -m pip install -c constraints.txt -e '.[export]'`` (prefixed with
-        ``cd CHECKOUT &&`` when the working directory is elsewhere), or ``/path/to/python -m pip install
-        'onnx>=1.15' 'onnxruntime>=1.17'``; for ``serve``, the same in a new environment, :data:`SERVE_ENV`.
+        ``cd CHECKOUT &&`` when the working directory is elsewhere), or ``/path/to/python -m pip install -c
+        /path/to/site-packages/convnets/constraints.txt 'onnx>=1.15' 'onnxruntime>=1.17'``; for ``serve``, the same in a new environment, :data:`SERVE_ENV`.
     """
     python = shlex.quote(sys.executable)
     if extra == "serve":  # numpy<2: an environment of its own, made with this interpreter (its Python version)
@@ -64,10 +65,12 @@ def install_hint(extra: str) -> str:
         requires = []
     marker = re.compile(rf"""extra\s*==\s*["']{re.escape(extra)}["']""")
     packages = [r.partition(";")[0].strip() for r in requires if marker.search(r.partition(";")[2])]
+    shipped = Path(__file__).with_name("constraints.txt")
+    constraints = f"-c {shlex.quote(str(shipped))} " if shipped.is_file() else ""
     if not packages:  # no metadata to read (a copied tree): the extra by name
-        return f"{python} -m pip install '{DISTRIBUTION}[{extra}]'"
+        return f"{python} -m pip install {constraints}'{DISTRIBUTION}[{extra}]'"
     wheel = "path/to/convnets_hub-VERSION-py3-none-any.whl " if extra == "serve" else ""  # the new environment's
-    return f"{python} -m pip install {wheel}" + " ".join(shlex.quote(p) for p in packages)
+    return f"{python} -m pip install {constraints}{wheel}" + " ".join(shlex.quote(p) for p in packages)
 
 
 def serve_convnets() -> str:

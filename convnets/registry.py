@@ -167,7 +167,8 @@ def fetch_pretrained(name: str, *, progress: bool = True,
         raise WeightsUnavailableError(
             f"{problem}; build it with pretrained=False (command line: --random-init) or load your own checkpoint "
             "with pretrained_from_file=PATH (--weights PATH)",
-            cli=f"{problem}; use --random-init, or load your own checkpoint with --weights FILE")
+            cli=f"{problem}; use --random-init, or load your own checkpoint with --weights FILE",
+            keyword="pretrained_from_file")
     validate = functools.partial(_validate, name=name, spec=MODEL_SPECS[name], key_map_fn=key_map_fn)
     return fetch_weights(manifest[name], progress=progress, validate=validate)
 
@@ -401,7 +402,12 @@ def choose_model(name: str | None = None, *, path: str | os.PathLike[str] | None
         if arch_kwargs:
             raise InvalidArgumentError(f"{words['arch_kwargs']} changes the architecture, so it needs "
                                        f"{words['random_init']} or {words['path']}", keyword="arch_kwargs")
-        return ChosenModel(get_model(name, pretrained=True, device=device).eval(), name, "pretrained")
+        try:
+            return ChosenModel(get_model(name, pretrained=True, device=device).eval(), name, "pretrained")
+        except WeightsUnavailableError as e:  # its advice in the caller's words: its keyword for a checkpoint
+            if not words["path"].isidentifier():  # the command line's --weights: the error's cli message says it
+                raise
+            raise e.for_keyword(words["path"]) from None
     log.warning("using randomly initialised weights: the outputs mean nothing")
     check_classifier_kwargs(arch_kwargs or {}, words["arch_kwargs"])
     try:

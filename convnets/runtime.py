@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["AMP_DTYPES", "GRAD_SCALER_INIT", "MEMORY_FORMATS", "MEMORY_FORMAT_ALIASES", "PRECISIONS", "Precision",
            "PrecisionName", "check_precision", "check_precision_name", "check_workers", "cpu_has_bf16",
-           "default_workers", "init_worker", "memory_format_name", "parse_memory_format", "precision_dtype",
-           "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores", "warn_if_bf16_is_slower"]
+           "default_workers", "default_workers_text", "init_worker", "memory_format_name", "parse_memory_format",
+           "precision_dtype", "precision_name", "resolve_device", "resolve_precision", "setting", "usable_cores",
+           "warn_if_bf16_is_slower"]
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,11 @@ class Precision:
 
         return torch.amp.GradScaler(self.device.type, init_scale=GRAD_SCALER_INIT)
 
+    @property
+    def name(self) -> str:
+        """``"fp32"``, or the autocast dtype's name (``"bf16"``, ``"fp16"``): what the numbers were computed in."""
+        return "fp32" if self.amp_dtype is None else precision_name(self.amp_dtype)
+
     def describe(self) -> str:
         """E.g. ``'cuda fp16 autocast, channels_last'``."""
         import torch
@@ -332,8 +338,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_workers(device_type: str = "cpu") -> int:
-    """Decoding processes when none are asked for (``convnets predict`` / ``embed``).
+def default_workers(device_type: str = "cpu", *, processes: int = 1) -> int:
+    """Decoding (data-loader) processes when none are asked for: ``convnets predict``, ``embed``, ``evaluate``
+    and ``train``, so that every command decodes with as many on the same machine (never more than the cores
+    PyTorch's DataLoader warns about).
 
     For a model on the CPU, ``min(4, cores - 2)``: the model's own threads keep two cores, and a
     small machine decodes in-process between batches (one decoding process beside the model lost
@@ -344,10 +352,19 @@ def default_workers(device_type: str = "cpu") -> int:
 
     Args:
         device_type: where the model runs (``torch.device.type``).
+        processes: the processes on this machine that each start as many (``torchrun``'s local world
+            size): they share the cores.
     """
+    cores = usable_cores() // max(1, processes)
     if device_type == "cpu":
-        return max(0, min(4, usable_cores() - 2))
-    return max(0, min(16, usable_cores() - 1))
+        return max(0, min(4, cores - 2))
+    return max(0, min(16, cores - 1))
+
+
+def default_workers_text() -> str:
+    """:func:`default_workers` in words, with this machine's numbers, for the ``--workers`` help of every command."""
+    return (f"min(4, cores - 2) for a model on the CPU, here {default_workers()} of {usable_cores()} cores; "
+            "min(16, cores - 1) on a GPU, where decoding is the bottleneck")
 
 
 def check_workers(workers: object, *, option: str = "workers") -> int:

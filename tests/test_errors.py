@@ -194,7 +194,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[ConvnetsError], type[Exceptio
     ("data.make_data", _make_data, InvalidArgumentError, ValueError, "unknown data backend"),
     ("data.make_data directory", lambda t: _fit(t, data_backend="pytorch", data=t / "missing"), DataError,
      ValueError, "does not exist"),
-    ("dali without DALI", _dali_missing, MissingDependencyError, ImportError, "pip install nvidia-dali-cuda130"),
+    ("dali without DALI", _dali_missing, MissingDependencyError, ImportError, "-m pip install -c constraints.txt -e '.[dali]' (nvidia-dali-cuda130"),
     # models
     ("specs.ArchSpec.replace", lambda t: _tiny().spec.replace(depth=3), UnknownArgumentError, TypeError,
      "unknown architecture field"),

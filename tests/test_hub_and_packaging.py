@@ -141,7 +141,9 @@ def test_wheel_contains_manifest_and_class_names(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         manifest = json.loads(zf.read("convnets/weights_manifest.json"))
+        constraints = zf.read("convnets/constraints.txt")  # what an installed copy's install hints pass to pip
     assert manifest == json.loads((REPO / "weights_manifest.json").read_text())
+    assert constraints == (REPO / "constraints.txt").read_bytes()
     assert "convnets/preprocessing/imagenet_classes.tsv" in names
     assert {"convnets/py.typed", "processing_utils/py.typed"} <= names  # PEP 561: the annotations are used
     assert "hubconf.py" not in names and not any(n.startswith("tests/") for n in names)

@@ -119,16 +119,21 @@ def test_from_an_installed_wheel_the_hint_names_the_extras_packages(monkeypatch:
     if metadata.requires(name) is None:
         pytest.skip(f"{name} is not installed here (pip install -e .)")
     python = shlex.quote(sys.executable)
-    for extra in ("export", "plots", "openvino"):
-        assert extras.install_hint(extra) == f"{python} -m pip install " + " ".join(
+    # The constraints file the wheel ships, beside the package: the checkout's (here, through the symlink).
+    shipped = Path(extras.__file__).with_name("constraints.txt")
+    assert shipped.read_text() == (REPO / "constraints.txt").read_text()
+    constraints = f"-c {shlex.quote(str(shipped))}"
+    for extra in ("export", "plots", "openvino", "explain"):
+        assert extras.install_hint(extra) == f"{python} -m pip install {constraints} " + " ".join(
             f"'{r}'" for r in _extra_requirements(extra))
-    assert extras.install_hint("serve").startswith(f"{python} -m venv .venv-serve && .venv-serve/bin/python -m pip "
-                                                   "install path/to/convnets_hub-VERSION-py3-none-any.whl 'nvidia-pytriton")
+    serve = extras.install_hint("serve")  # the requirements in the metadata's order
+    assert serve.startswith(f"{python} -m venv .venv-serve && .venv-serve/bin/python -m pip install {constraints} "
+                            "path/to/convnets_hub-VERSION-py3-none-any.whl '") and " 'nvidia-pytriton>=" in serve
 
     def missing(dist: str) -> list[str]:
         raise metadata.PackageNotFoundError(dist)
     monkeypatch.setattr(metadata, "requires", missing)  # no metadata at all: the extra by name
-    assert extras.install_hint("plots") == f"{python} -m pip install '{name}[plots]'"
+    assert extras.install_hint("plots") == f"{python} -m pip install {constraints} '{name}[plots]'"
 
 
 def test_the_hints_pip_installs_into_the_environment_that_runs_convnets() -> None:
@@ -143,3 +148,50 @@ def test_the_hints_pip_installs_into_the_environment_that_runs_convnets() -> Non
     prefix = subprocess.run([words[0], "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert prefix == sys.prefix
+
+
+#: What a user reads: the README, the documentation pages and the notebooks.
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "examples").glob("*.ipynb"))]
+#: An install line that works as written: pip run by a named interpreter (the environment's own, activated or not),
+#: with the constraints file (the versions CI installs). ``PYTHON``: the placeholder of docs/design.md.
+INTERPRETERS_PIP = re.compile(r"(?:\S*bin/python3?|PYTHON) -m pip install (?P<rest>[^`\n]*)")
+
+
+def _page_text(page: Path) -> str:
+    """A page's text (a notebook's: its cells'), the lines of a paragraph joined (an inline command may be
+    wrapped); a code block's lines kept apart."""
+    import json
+
+    text = page.read_text(encoding="utf-8")
+    if page.suffix == ".ipynb":
+        text = "\n\n".join("".join(cell["source"]) for cell in json.loads(text)["cells"])
+    out, fenced = [], False
+    for line in text.splitlines():
+        fence = line.lstrip().startswith("```")
+        fenced ^= fence
+        out.append(("\n" if fenced or fence or not line.strip() else " ") + line.strip())
+    return "".join(out)
+
+
+def test_every_install_line_of_the_docs_and_notebooks_uses_the_interpreter_s_pip_and_the_constraints() -> None:
+    """A bare ``pip install`` is whichever pip the shell finds first (the system's when the environment is not
+    activated), and without ``-c constraints.txt`` it installs versions CI never ran."""
+    assert len(PAGES) > 10 and any(p.suffix == ".ipynb" for p in PAGES)
+    found, wrong = 0, []
+    for page in PAGES:
+        text = _page_text(page)
+        good = {m.start("rest") - len("pip install "): m["rest"] for m in INTERPRETERS_PIP.finditer(text)}
+        for m in re.finditer(r"pip3? install", text):
+            found += 1
+            rest = good.get(m.start())
+            if rest is None or not re.match(r"(?:-\w+ )*-c \S*constraints\.txt ", rest):
+                wrong.append(f"{page.relative_to(REPO)}: ...{text[max(0, m.start() - 40):m.end() + 50]}...")
+    assert found >= 20 and wrong == []
+
+
+def test_the_readme_lists_every_extra() -> None:
+    _, extras = _distribution()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    index = (REPO / "docs" / "index.md").read_text(encoding="utf-8")
+    assert [e for e in sorted(extras) if f"`[{e}]`" not in readme] == []
+    assert [e for e in sorted(extras - {"docs", "test"}) if f"| `{e}` |" not in index] == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -169,6 +170,10 @@ def test_embed_on_a_cluster_equals_one_process(data: dict[str, Any], cluster: An
                        timeout=240)
     assert embedded.returncode == 1, embedded.stderr[-3000:]
     assert _error_lines(embedded.stderr) == [line.replace("predict", "embed", 1) for line in data["errors"]]
+    # No error-level line of Ray's C++ logging ("[time E pid tid] file:line: ..."): Ray Data's false alarm about
+    # its own actors' arguments (convnets.ray._RESTART_FALSE_ALARM) is not shown; the rest of stderr is.
+    assert not re.search(r"^\[[^\]\n]* E \d+ \d+\] ", embedded.stderr, re.M), embedded.stderr[-3000:]
+    assert embedded.stderr.strip().splitlines()[-1].startswith(f"convnets embed: 2 of {N_GOOD + 2} inputs could not")
     assert (data["root"] / "cluster.npy.inputs.txt").read_bytes() == (data["single"] / "e.npy.inputs.txt").read_bytes()
     got, want = np.load(output), np.load(data["single"] / "e.npy")
     assert got.shape == want.shape == (N_GOOD, 256) and np.allclose(got, want, rtol=0, atol=1e-5)
@@ -299,3 +304,50 @@ def test_a_missing_ray_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPat
     assert proc.returncode == 1
     (line,) = [line for line in proc.stderr.splitlines() if "error" in line]
     assert "install the 'ray' extra" in line and ".[ray]" in line
+
+
+def test_the_docs_block_without_weights_stops_on_the_driver_in_a_few_lines_naming_the_fix(tmp_path: Path) -> None:
+    """docs/ray.md's block with nothing to get the weights from (an empty mirror): one error at its first line,
+    before Ray starts, with the builder's keyword for a checkpoint, not hundreds of lines of actor retries."""
+    from test_docs import python_blocks
+
+    (block,) = [b for b in python_blocks(Path(__file__).parents[1] / "docs" / "ray.md") if b.not_run is None]
+    empty = tmp_path / "mirror"
+    empty.mkdir()
+    (tmp_path / "examples").symlink_to(Path(__file__).parents[1] / "examples")
+    done = run_cli(code=block.code, cwd=tmp_path, env={"CONVNETS_WEIGHTS_MIRROR": str(empty)}, timeout=240)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) <= 20, done.stderr[-3000:]
+    assert lines[-1].startswith("convnets.errors.WeightsUnavailableError: could not get ")
+    assert "pass pretrained_from_file=PATH" in lines[-1] and "CONVNETS_WEIGHTS_MIRROR" in lines[-1]
+    assert "Ray instance" not in done.stderr and not (tmp_path / "predictions").exists()  # it stopped before Ray
+
+
+def test_a_classifier_without_weights_advises_its_own_keyword(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An actor given a name gets the weights itself: its error advises ``weights=PATH``, Classifier's keyword."""
+    from convnets.errors import WeightsUnavailableError
+    from convnets.ray import Classifier
+
+    monkeypatch.setenv("CONVNETS_WEIGHTS_MIRROR", str(tmp_path))  # holds no weights
+    with pytest.raises(WeightsUnavailableError) as caught:
+        Classifier("se_resnext101_32x4d", topk=3)
+    assert "pass weights=PATH" in str(caught.value) and "pretrained_from_file" not in str(caught.value)
+    assert caught.value.keyword == "weights" and "--weights FILE" in caught.value.message_for("cli")
+
+
+def test_only_ray_s_restart_false_alarm_is_kept_off_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    """What reaches file descriptor 2 in a run goes through at once and whole (a progress bar's partial line
+    too), but the one line Ray core logs about Ray Data's own actors (see convnets.ray._RESTART_FALSE_ALARM)."""
+    from convnets.ray import _without_restart_false_alarm
+
+    alarm = ("[2026-11-29 08:19:56,476 E 10556 10556] core_worker.cc:2465: Actor with class name: 'MapWorker(MapBatches("
+             "Classifier))' and ID: 'e7bb025178efbb749c347f7501000000' has constructor arguments in the object store "
+             "and max_restarts > 0. If the arguments in the object store go out of scope or are lost, the actor restart "
+             "will fail. See https://github.com/ray-project/ray/issues/53727 for more details.\n")
+    other = "[2026-11-29 08:19:57,000 E 10556 10557] task_manager.cc:1545: Failed to push error to driver\n"
+    with _without_restart_false_alarm():
+        os.write(2, b"convnets predict: 3 inputs\n[2026-11-29 08:19:56,476 E 10556 10556] core_")
+        os.write(2, alarm.encode()[len("[2026-11-29 08:19:56,476 E 10556 10556] core_"):])
+        os.write(2, other.encode() + b"\r 50%|#####     |")
+        os.write(2, b" 60%|######    |\n")
+    assert capfd.readouterr().err == f"convnets predict: 3 inputs\n{other}\r 50%|#####     | 60%|######    |\n"

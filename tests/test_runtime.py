@@ -285,3 +285,11 @@ def test_default_workers_leave_the_model_its_cores(cores: int, cpu: int, cuda: i
     # process's decodes (runtime.default_workers has the measurements), 16 processes at most.
     monkeypatch.setattr(runtime, "usable_cores", lambda: cores)
     assert (runtime.default_workers("cpu"), runtime.default_workers("cuda")) == (cpu, cuda)
+
+
+@pytest.mark.parametrize("cores,processes,cuda", [(64, 8, 7), (16, 8, 1), (8, 8, 0), (16, 1, 15)])
+def test_default_workers_share_the_cores_between_a_machine_s_processes(cores: int, processes: int, cuda: int,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchrun's processes on one machine (train) each start their share: 8 GPUs on 64 cores, 7 loaders each.
+    monkeypatch.setattr(runtime, "usable_cores", lambda: cores)
+    assert runtime.default_workers("cuda", processes=processes) == cuda

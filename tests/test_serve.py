@@ -450,13 +450,36 @@ def test_the_serving_page_snippet_classifies_a_jpeg(served: Server, checkpoint: 
 
     (block,) = [b for b in python_blocks(REPO / "docs" / "serving.md") if "tritonclient" in b.code]
     assert block.not_run and "tests/test_serve.py" in block.not_run
-    code = block.code.replace("localhost:8000", f"127.0.0.1:{served.http_port}").replace('"se_resnext101_32x4d"',
-                                                                                          '"tiny"')
+    # As written but for the port: the block asks the server for the model's name (here --name tiny).
+    code = block.code.replace("localhost:8000", f"127.0.0.1:{served.http_port}")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert main(["predict", "--weights", str(checkpoint), "--engine", "torch", "--json", "examples/rocket.jpg"]) == 0
     (record,) = json.loads(capsys.readouterr().out)
     assert done.stdout.splitlines() == [f"{100 * t['probability']:6.2f}%  {t['label']}" for t in record["top"]]
+
+
+def test_the_serving_page_curl_classifies_a_jpeg(served: Server, checkpoint: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The page's curl command, run by bash as written but for the port: raw bytes in KServe's binary format."""
+    import shutil
+
+    if shutil.which("curl") is None or shutil.which("bash") is None:
+        pytest.skip("needs curl and bash")
+    page = (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
+    script = page.split("<!-- curl-infer -->\n```bash\n", 1)[1].split("\n```", 1)[0]
+    assert script.count("localhost:8000") == 2 and "Inference-Header-Content-Length" in script
+    done = subprocess.run(["bash", "-c", script.replace("localhost:8000", f"127.0.0.1:{served.http_port}")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    answer = json.loads(done.stdout)
+    outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+    assert answer["model_name"] == "tiny" and sorted(outputs) == ["top_labels", "top_probabilities"]
+    assert main(["predict", "--weights", str(checkpoint), "--engine", "torch", "--json",
+                 "examples/rocket.jpg"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert outputs["top_labels"] == [t["label"] for t in record["top"]]
+    np.testing.assert_allclose(outputs["top_probabilities"], [t["probability"] for t in record["top"]], atol=1e-5)
 
 
 def _post(served: Server, body: bytes, content_type: str | None, port: int | None = None,
@@ -525,7 +548,7 @@ def test_a_base64_image_in_plain_json_is_told_to_send_raw_bytes(served: Server) 
     text = base64.b64encode((REPO / "examples" / "rocket.jpg").read_bytes()).decode()
     body = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]})
     status, answer = _post(served, body.encode(), "application/json")
-    assert status == 400 and "base64" in answer and "raw bytes" in answer, answer
+    assert status == 400 and "does not decode base64" in answer and "raw bytes" in answer, answer
 
 
 def _tritons(pid: int) -> list[psutil.Process]:
@@ -702,6 +725,7 @@ def test_exported_python_backend_repositories_are_served(serve_python: str, chec
 @pytest.mark.parametrize(("args", "message"), [
     (["--weights", "CK", "--repository", "."], "--repository serves the models it holds as they are; drop --weights"),
     (["--decode", "device", "--repository", "."], "--repository serves the models it holds as they are; drop --decode"),
+    (["--topk", "3", "--repository", "."], "--repository serves the models it holds as they are; drop --topk"),
     (["--name", "a/b"], "--name 'a/b': invalid Triton model name"),
     (["--name", "x\n"], "--name 'x\\n': invalid Triton model name"),
     (["--repository", "."], "--repository .: not a Triton model repository (no NAME/config.pbtxt in it)"),
@@ -715,13 +739,55 @@ def test_bad_options_are_one_line_errors(checkpoint: Path, capsys: pytest.Captur
     assert status == 1 and len(err) == 1 and err[0].startswith("convnets serve: error: ") and message in err[0], err
 
 
-def test_topk_above_the_classes_is_refused_before_serving(serve_python: str, checkpoint: Path) -> None:
-    done = subprocess.run([serve_python, "-m", "convnets", "serve", "--weights", str(checkpoint), "--topk", "6",
-                           "--engine", "torch", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.strip().splitlines()[-1] == ("convnets serve: error: --topk 6 is more than the 5 classes of the "
-                                                    "model; use --topk 5 or less")
+@pytest.fixture(scope="module")
+def three_classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fine-tuned model of one's own, as `convnets train` writes it: 3 classes."""
+    torch.manual_seed(1)
+    model = convnets.get_model("resnet50", num_classes=3, **TINY["resnet50"])
+    path = tmp_path_factory.mktemp("three") / "three.pth.tar"
+    torch.save({"state_dict": model.state_dict(), "arch_spec": model.spec.to_dict(), "class_names": NAMES[:3]}, path)
+    return path
+
+
+def test_topk_above_the_classes_is_refused_before_the_model_loads(three_classes: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Read off the checkpoint: no model is built and no Triton is needed to say so."""
+    import convnets.commands.serve as serve
+
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before --topk was checked")
+    monkeypatch.setattr(serve, "load_from_args", no_loading)
+    status = main(["serve", "--weights", str(three_classes), "--topk", "5", "--http-port", "0", "--grpc-port", "0",
+                   "--metrics-port", "0"])
+    assert status == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "convnets serve: error: --topk 5 is more than the 3 classes of the model; use --topk 3 or less"]
+
+
+@pytest.mark.parametrize(("options", "topk"), [([], 3), (["--topk", "2"], 2)])
+def test_a_small_model_is_served_with_the_default_topk(three_classes: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str], options: list[str],
+                                                       topk: int) -> None:
+    """Without --topk, a 3-class model's top_* outputs are 3 wide: the repository that Triton would be given says
+    so (the server is stopped as it starts; the repository is the one `convnets serve` wrote)."""
+    import convnets.serve.server as server
+    from convnets.errors import ServeError
+
+    written: dict[str, str] = {}
+
+    class Stop:
+        def __init__(self, repository: Path, *args: object, **kwargs: object) -> None:
+            (model,) = Path(repository).iterdir()
+            written.update(served=(model / "served.json").read_text(), config=(model / "config.pbtxt").read_text())
+            raise ServeError("stopped by the test")
+    monkeypatch.setattr(server, "triton_distribution", lambda: None)  # the serve extra is not needed
+    monkeypatch.setattr(server, "TritonServer", Stop)
+    status = main(["serve", "--weights", str(three_classes), "--engine", "torch", *options, "--http-port", "0",
+                   "--grpc-port", "0", "--metrics-port", "0"])
+    assert status == 1 and "stopped by the test" in capsys.readouterr().err
+    assert json.loads(written["served"])["topk"] == topk
+    tops = re.findall(r'name: "top_(?:labels|indices|probabilities)"\s+data_type: \w+\s+dims: (\d+)', written["config"])
+    assert tops == [str(topk)] * 3, written["config"]
 
 
 def test_a_port_in_use_is_named(capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,7 +80,9 @@ def test_missing_dali_names_the_pip_package(digits: Path, monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # makes `import nvidia.dali` fail
     # A missing optional package is a MissingDependencyError (an ImportError), not a DataError:
     # the data are fine, the installation is not.
-    with pytest.raises(MissingDependencyError, match="pip install nvidia-dali-cuda130") as info:
+    # The interpreter's own pip with the constraints file (the extra), and the package it brings.
+    with pytest.raises(MissingDependencyError,
+                       match=r"-m pip install -c constraints\.txt -e '\.\[dali\]' \(nvidia-dali-cuda130") as info:
         source("dali-cpu", digits)
     assert isinstance(info.value, ImportError) and not isinstance(info.value, DataError)
 

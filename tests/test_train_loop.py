@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from strict_skips import require_module
 from torchvision import transforms
-from conftest import cli_in_process
+from conftest import cli_in_process, run_cli
 from train_support import (N_TRAIN, N_VAL, REPO, TINY_ARCH, cli_env, make_digits, one_thread, read_metrics,
                            reference_top1, run_train, tiny_args)
 
@@ -270,3 +270,32 @@ def test_curves_are_drawn_at_the_end_and_by_convnets_plot(trained: tuple[Path, s
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "matplotlib" in imported and not any(m == "torch" or m.startswith("torch.") for m in imported)
     assert np.array_equal(_curve_pixels(tmp_path / "again.png"), pixels)
+
+
+#: ``python -c`` that runs ``convnets ARGS`` on two cores (this process's first two): a 2-core machine.
+ON_TWO_CORES = ("import os, runpy, sys; os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2]); "
+                "sys.argv[0] = 'convnets'; runpy.run_module('convnets', run_name='__main__')")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+def test_train_and_evaluate_on_two_cores_start_as_many_loaders_as_predict(digits: Path, tmp_path: Path) -> None:
+    """Without --workers, no PyTorch warning that the loader's processes outnumber the cores, and the summary says
+    which precision validation ran in."""
+    import os
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    out = tmp_path / "out"
+    args = [a for a in tiny_args(digits, out, 1, "--no-amp") if a not in ("--workers", "0")]
+    assert "--workers" not in args
+    trained = run_cli("train", *args, code=ON_TWO_CORES, env=cli_env(1))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "worker" not in trained.stderr, trained.stderr[-3000:]
+    summary = trained.stdout.strip().splitlines()[-1]
+    top1 = read_metrics(out)[-1]["val_top1"]
+    assert summary.startswith(f"trained 1 epochs in ") and f": val top-1 {top1:.2f}% (fp32) (best " in summary, summary
+    evaluated = run_cli("evaluate", "--weights", str(out / "checkpoint.pth.tar"), "--data", str(digits / "val"),
+                        "--device", "cpu", code=ON_TWO_CORES, env=cli_env(1))
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "worker" not in evaluated.stderr, evaluated.stderr[-3000:]
+    assert "fp32 on cpu" in evaluated.stdout, evaluated.stdout

@@ -62,7 +62,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: int = 16) -> None:
     """Add the ``batches`` group: ``--batch-size``, ``--workers``, ``--image-size``, ``--timeout``,
     ``--deny-private-urls``, ``--fast-decode``, ``--decode``."""
-    from convnets.runtime import default_workers, usable_cores  # no PyTorch: os only
+    from convnets.runtime import default_workers_text  # no PyTorch: os only
 
     group = parser.add_argument_group("batches")
     group.add_argument("--batch-size", type=batch_size, default=default_batch_size, metavar="B",
@@ -70,9 +70,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser, *, default_batch_size: 
     group.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
                        help="processes that decode and preprocess the next batches while the model runs (a "
                             "PyTorch DataLoader; same tensors, same order); 0: decode in this process, between "
-                            f"batches (default: min(4, cores - 2) for a model on the CPU, here {default_workers()} "
-                            f"of {usable_cores()} cores; min(16, cores - 1) on a GPU, where decoding is the "
-                            "bottleneck)")
+                            f"batches (default: {default_workers_text()})")
     add_image_size_argument(group, default=None,
                             help="center-crop size; the shorter side is resized to PX*256/224 first (default: "
                                  "what the weights were trained for, 224 for the NGC weights)")

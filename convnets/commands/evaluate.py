@@ -49,6 +49,8 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
+    from convnets.runtime import default_workers_text  # no PyTorch: os only
+
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
     data = parser.add_argument_group("data and report")
@@ -62,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_force_argument(data, what="report.json and confusion.png in DIR")
     data.add_argument("--batch-size", type=batch_size, default=64, metavar="B",
                       help="images per forward pass (default 64)")
-    data.add_argument("--workers", type=non_negative_int, default=4, metavar="N",
-                      help="data-loader processes (default 4; 0: decode in this process)")
+    data.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
+                      help="data-loader processes; 0: decode in this process (default: as many as `convnets predict` "
+                           f"starts, {default_workers_text()})")
     data.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                       help="progress bar on stderr (default: when stderr is a terminal)")
     add_fast_decode_argument(data)

@@ -11,7 +11,9 @@ They mean the same in every command:
 * ``--arch-kwargs JSON`` changes the architecture of ``--random-init`` models only.
 
 :func:`load_from_args` builds the model they describe, by :func:`convnets.registry.choose_model`
-(PyTorch is imported then, not when the options are added or parsed).
+(PyTorch is imported then, not when the options are added or parsed). ``--topk`` (``predict``,
+``serve``) is capped by the model's classes: :func:`known_classes` tells them before the model is
+loaded where that is cheap, :func:`resolve_topk` checks the option or picks its default.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from convnets.commands.options import Parser, argparse_type
-from convnets.constants import DEFAULT_IMAGE_SIZE
+from convnets.commands.options import Parser, argparse_type, positive_int
+from convnets.constants import DEFAULT_IMAGE_SIZE, DEFAULT_TOPK
 from convnets.errors import CheckpointError, InvalidArgumentError
 from convnets.models.specs import MODEL_SPECS, list_models
 
@@ -32,8 +34,8 @@ if TYPE_CHECKING:
     from convnets.registry import ChosenModel
 
 __all__ = ["MODEL_OPTION_NAMES", "WEIGHT_SOURCES", "add_arch_kwargs_argument", "add_model_argument",
-           "add_model_arguments", "add_pretrained_argument", "add_weights_argument", "load_from_args", "model_name",
-           "parse_arch_kwargs"]
+           "add_model_arguments", "add_pretrained_argument", "add_topk_argument", "add_weights_argument", "known_classes",
+           "load_from_args", "model_name", "parse_arch_kwargs", "pretrained_classes", "resolve_topk"]
 
 #: Where a model's weights come from when no ``--weights`` file is given.
 WEIGHT_SOURCES: tuple[str, ...] = ("pretrained", "random-init")
@@ -186,3 +188,52 @@ def load_from_args(args: argparse.Namespace, *, device: torch.device | str | Non
             e.add_cli_advice(f"Its recorded architecture is wrong, so no --model can load it; save it again "
                              f"with the {e.architecture} architecture recorded, or with none.")
         raise
+
+
+def add_topk_argument(parser: Parser, *, what: str) -> None:
+    """Add ``--topk K``: ``what`` (e.g. "classes per image"), at most the model's classes; without it
+    :data:`~convnets.constants.DEFAULT_TOPK`, or all the classes of a model that has fewer (:func:`resolve_topk`).
+    A positive integer while parsing; its upper limit, the number of classes, once that is known."""
+    parser.add_argument("--topk", type=positive_int, default=None, metavar="K",
+                        help=f"{what}, at most the model's number of classes (default {DEFAULT_TOPK}, or all of them "
+                             "when the model has fewer)")
+
+
+def resolve_topk(topk: int | None, classes: int) -> int:
+    """``--topk``, or its default for a model with ``classes`` classes: :data:`DEFAULT_TOPK` or all of them.
+
+    Raises:
+        InvalidArgumentError: an explicit ``--topk`` above ``classes``.
+    """
+    if topk is None:
+        return min(DEFAULT_TOPK, classes)
+    if topk > classes:
+        raise InvalidArgumentError(f"--topk {topk} is more than the {classes} classes of the model; use --topk "
+                                   f"{classes} or less")
+    return topk
+
+
+def pretrained_classes(args: argparse.Namespace) -> int | None:
+    """The number of classes of the model when it is NVIDIA's pretrained one (``weights_manifest.json``
+    says, without PyTorch); ``None`` for ``--weights`` and ``--random-init``."""
+    if args.weights is not None or args.weight_source != "pretrained":
+        return None
+    from convnets.weights.manifest import load_manifest
+
+    entry = load_manifest().get(args.model or args.default_model)
+    return None if entry is None else entry.num_classes
+
+
+def known_classes(args: argparse.Namespace) -> int | None:
+    """The number of classes of the model the options describe, without building it: the manifest's for
+    NVIDIA's weights, the classifier's rows in a ``--weights`` checkpoint (memory-mapped: nothing else is
+    read); ``None`` for ``--random-init`` or a checkpoint that cannot be read, whose error the loading reports
+    in its own words."""
+    if args.weights is None:
+        return pretrained_classes(args)
+    from convnets.weights.load import checkpoint_classes  # PyTorch
+
+    try:
+        return checkpoint_classes(args.weights)
+    except CheckpointError:
+        return None

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.batch_options import (add_batch_arguments, add_input_arguments, add_output_arguments,
                                              add_progress_argument, add_ray_argument, prepare_job, ray_results)
-from convnets.commands.model_options import add_model_arguments, load_from_args
-from convnets.commands.options import add_json_argument, positive_int
+from convnets.commands.model_options import (add_model_arguments, add_topk_argument, load_from_args,
+                                             pretrained_classes, resolve_topk)
+from convnets.commands.options import add_json_argument
 from convnets.commands.path_checks import usage_errors
 from convnets.commands.run_options import (add_cache_argument, add_compile_argument, add_device_argument,
                                            add_engine_argument, add_engine_settings_arguments, add_precision_argument,
                                            device_from_args, engine_settings_from_args)
-from convnets.constants import DEFAULT_MODEL, DEFAULT_TOPK
-from convnets.errors import InvalidArgumentError
+from convnets.constants import DEFAULT_MODEL
 from convnets.inference.job import BatchJob
 
 if TYPE_CHECKING:
@@ -51,29 +51,13 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "prepare"]
 
 
-def resolve_topk(topk: int | None, classes: int) -> int:
-    """``--topk``, or its default for a model with ``classes`` classes: :data:`DEFAULT_TOPK` or all of them.
-
-    Raises:
-        InvalidArgumentError: an explicit ``--topk`` above ``classes``.
-    """
-    if topk is None:
-        return min(DEFAULT_TOPK, classes)
-    if topk > classes:
-        raise InvalidArgumentError(f"--topk {topk} is more than the {classes} classes of the model; use --topk "
-                                   f"{classes} or less")
-    return topk
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this command's options."""
     add_input_arguments(parser)
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
-    # A positive integer while parsing (a usage error, no torch); its upper limit, the number of classes, in
-    # prepare for NVIDIA's weights (the manifest's), else in PredictJob.load (the model's).
-    parser.add_argument("--topk", type=positive_int, default=None, metavar="K",
-                        help=f"classes per image, at most the model's number of classes (default {DEFAULT_TOPK}, or "
-                             "all of them when the model has fewer)")
+    # Its upper limit, the number of classes, is checked in prepare for NVIDIA's weights (the manifest's),
+    # else in PredictJob.load (the model's).
+    add_topk_argument(parser, what="classes per image")
     add_device_argument(parser)
     add_precision_argument(parser, help="fp32 (default); bf16 (CPUs with AVX512-BF16 or AMX, GPUs); fp16 (GPUs). "
                                         "The model runs through convnets.optimize_for_inference: BatchNorm "
@@ -115,17 +99,6 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int] | i
 
             check_sheet_destination(args.show, option="show")
     return prepare_job(PredictJob(args), args, stack)
-
-
-def pretrained_classes(args: argparse.Namespace) -> int | None:
-    """The number of classes of the model when it is NVIDIA's pretrained one (``weights_manifest.json``
-    says, without PyTorch); ``None`` for ``--weights`` and ``--random-init``, whose classes the model tells."""
-    if args.weights is not None or args.weight_source != "pretrained":
-        return None
-    from convnets.weights.manifest import load_manifest
-
-    entry = load_manifest().get(args.model or args.default_model)
-    return None if entry is None else entry.num_classes
 
 
 class PredictJob(BatchJob):

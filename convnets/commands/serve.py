@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from convnets.commands.batch_options import add_decode_argument, add_fast_decode_argument
-from convnets.commands.model_options import add_model_arguments, load_from_args
+from convnets.commands.model_options import (add_model_arguments, add_topk_argument, known_classes, load_from_args,
+                                             resolve_topk)
 from convnets.commands.options import add_image_size_argument, batch_size, non_negative_int, positive_int
 from convnets.commands.run_options import (add_cache_argument, add_device_argument, add_engine_argument,
                                            add_precision_argument, device_from_args)
@@ -69,9 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "`convnets export --triton --triton-backend python` wrote")
     model.add_argument("--name", default=None,
                        help="the model's name on the server, /v2/models/NAME (default: the architecture's name)")
-    model.add_argument("--topk", type=positive_int, default=5, metavar="K",
-                       help="classes in the top_labels / top_indices / top_probabilities outputs, at most the "
-                            "model's number of classes (default 5)")
+    add_topk_argument(model, what="classes in the top_labels / top_indices / top_probabilities outputs")
     model.add_argument("--embedding", action="store_true",
                        help="also output `embedding`: the pooled layer4 features the classifier reads "
                             "(computed in the same pass)")
@@ -118,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     given = _check_repository(args) if args.repository is not None else None
     if args.name is not None:
         _check_name(args.name)
+    if given is None and args.topk is not None and (classes := known_classes(args)) is not None:
+        resolve_topk(args.topk, classes)  # before the model loads (seconds): the checkpoint's head, or the manifest
     triton_distribution()  # the serve extra is installed: checked before a model loads
     with tempfile.TemporaryDirectory(prefix="convnets-serve-") as workspace:
         if given is not None:
@@ -149,7 +150,7 @@ def _listening(names: list[str], endpoints: Endpoints) -> str:
             f"metrics {urls['metrics']}")
 
 
-_MODEL_OPTIONS = ("model", "weights", "name", "embedding", "image_size", "fast_decode")
+_MODEL_OPTIONS = ("model", "weights", "name", "topk", "embedding", "image_size", "fast_decode")
 
 
 def _check_repository(args: argparse.Namespace) -> Path:
@@ -190,9 +191,7 @@ def _served_model(args: argparse.Namespace) -> ServedModel:
     loaded = load_from_args(args, device=device)
     model = loaded.model
     labels = class_labels(model)
-    if args.topk > len(labels):
-        raise InvalidArgumentError(f"--topk {args.topk} is more than the {len(labels)} classes of the model; use "
-                                   f"--topk {len(labels)} or less")
+    topk = resolve_topk(args.topk, len(labels))  # the default: 5, or all the classes of a smaller model
     if args.embedding:
         net = features_model(model, "layer4", precision=args.precision, device=device, engine=args.engine,
                              cache=args.cache)
@@ -206,7 +205,7 @@ def _served_model(args: argparse.Namespace) -> ServedModel:
         image_size=args.image_size or model.input_size,
         # The engine auto picked: the server builds that one (from the cache), without checking again.
         engine=str(getattr(net, "engine", args.engine)), precision=args.precision, device=str(device),
-        cache=args.cache, fast_decode=args.fast_decode, decode=args.decode, topk=args.topk, embedding=args.embedding,
+        cache=args.cache, fast_decode=args.fast_decode, decode=args.decode, topk=topk, embedding=args.embedding,
         threads=args.threads or usable_cores(), max_batch_size=args.max_batch_size,
         max_queue_delay_us=round(args.max_queue_delay_ms * 1000), max_image_bytes=DEFAULT_MAX_BYTES,
         labels=tuple(labels), num_features=int(getattr(model, "num_features", 0)),

@@ -37,8 +37,8 @@ def _import_dali() -> Any:
         import nvidia.dali.plugin.pytorch  # noqa: F401  (the iterator lives there)
     except ImportError as e:
         raise MissingDependencyError(f"the DALI data backends need NVIDIA DALI, which is not installed: "
-                                     f"{install_hint('dali')} (or pip install {DALI_PACKAGE}; or use the "
-                                     f"pytorch data backend)") from e
+                                     f"{install_hint('dali')} ({DALI_PACKAGE}; or use the pytorch data "
+                                     "backend)") from e
     return dali
 
 

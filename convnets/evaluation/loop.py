@@ -180,7 +180,7 @@ def _resolve_model(model: nn.Module | str | os.PathLike[str]) -> tuple[nn.Module
 
 def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.PathLike[str], *,
                    labels: str | os.PathLike[str] | None = None, output: str | os.PathLike[str] | None = None,
-                   batch_size: int = 64, workers: int = 4, device: str | torch.device | None = None,
+                   batch_size: int = 64, workers: int | None = None, device: str | torch.device | None = None,
                    precision: str = "fp32", memory_format: str | None = None, progress: bool = False,
                    fast_decode: bool = False, engine: str | None = None, compile: bool = False,
                    cache: bool = True, settings: EngineSettings = DEFAULT_SETTINGS,
@@ -203,7 +203,8 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
             the per-class chart ``ap.png``); ``None``: none written.
             Files of an earlier report there are refused before the evaluation, unless ``force``.
         batch_size: images per forward pass.
-        workers: data-loader processes.
+        workers: data-loader processes; ``None``: as many as :func:`convnets.predict` starts for ``device``
+            (:func:`convnets.runtime.default_workers`).
         device: ``"auto"`` / ``None`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast).
         memory_format: ``"channels_last"`` / ``"contiguous"``; ``None``: channels_last under autocast.
@@ -234,11 +235,11 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
             exists (without ``force``).
         CheckpointError, WeightsUnavailableError: from loading the model.
     """
-    from convnets.runtime import PRECISIONS, resolve_device, resolve_precision
+    from convnets.runtime import PRECISIONS, default_workers, resolve_device, resolve_precision
 
     if output is not None:
         check_report_destination(output, force=force)  # before the evaluation, not after it
-    for name, value in (("batch_size", batch_size), ("workers", workers)):
+    for name, value in (("batch_size", batch_size), ("workers", 0 if workers is None else workers)):
         if not isinstance(value, int) or value < (1 if name == "batch_size" else 0):
             raise InvalidArgumentError(f"{name} must be a {'positive' if name == 'batch_size' else 'non-negative'} "
                                        f"integer, got {value!r}")
@@ -251,6 +252,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
     start = time.perf_counter()
     net, model_name, weights = _resolve_model(model)
     dev = resolve_device(device, option="device")
+    workers = default_workers(dev.type) if workers is None else workers
     decode = resolve_decode(decode, dev)
     amp = precision != "fp32"
     run = resolve_precision(dev, amp=amp, amp_dtype=precision if amp else None, memory_format=memory_format,

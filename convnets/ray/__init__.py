@@ -33,8 +33,13 @@ dead actor and retries its batch; the ordered stream holds each input once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+import re
+import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -155,6 +160,61 @@ def connect(address: str) -> None:
                                        "with `ray start --head`, or pass --ray local") from e
 
 
+#: What Ray core logs at error level once per driver process when an actor that may restart takes constructor
+#: arguments by reference (ray-project/ray#53727). Ray Data 2.60 starts every actor of a pool with its own ray.put()
+#: references (the data context, the map transformer) and max_restarts=-1, so any pool logs it, whatever the
+#: actors' arguments (ray-project/ray#57733, open). Here it is a false alarm: the driver holds those references
+#: until the run ends, so a restarted actor finds them (tests/test_ray.py kills actors mid-run).
+_RESTART_FALSE_ALARM = re.compile(rb"^\[[^\]\n]*\] core_worker\.cc:\d+: Actor with class name: '[^'\n]*' and ID: '\w+' "
+                                  rb"has constructor arguments in the object store and max_restarts > 0\.[^\n]*\n", re.M)
+
+
+def _read_or_end(fd: int) -> bytes:
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:  # closed under the read
+        return b""
+
+
+@contextlib.contextmanager
+def _without_restart_false_alarm() -> Iterator[None]:
+    """This process's stderr (the file descriptor, where Ray's C++ logging writes) passed through as it comes,
+    less :data:`_RESTART_FALSE_ALARM`. Entered once the cluster runs: processes started inside would hold the pipe."""
+    sys.stderr.flush()
+    original = os.dup(2)
+    reader, writer = os.pipe()
+    os.dup2(writer, 2)
+    os.close(writer)
+
+    def send(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(original, view):]
+
+    def forward() -> None:
+        pending = b""
+        # Until the last writer is gone; a process started meanwhile keeps a copy, so the pipe may be closed
+        # under the read instead (below: 10 s at most), which ends it too.
+        while chunk := _read_or_end(reader):
+            lines, end, tail = (pending + chunk).rpartition(b"\n")
+            out = _RESTART_FALSE_ALARM.sub(b"", lines + end)
+            # A line that may be Ray's ("[time E pid tid] ...") waits for its end; the rest (progress bars) goes now.
+            pending = tail if tail.startswith(b"[") else b""
+            send(out + (b"" if pending else tail))
+        send(pending)
+
+    thread = threading.Thread(target=forward, name="convnets-stderr", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # the pipe's last writer closed: the thread reads to its end
+        thread.join(timeout=10)
+        os.close(original)
+        os.close(reader)
+
+
 def iter_results(worker: type[Worker[R]], options: dict[str, Any], items: Sequence[InputItem], *, batch_size: int,
                  on_batch: Callable[[int], None] | None = None) -> Iterator[R]:
     """The results of ``worker`` (:class:`Classifier` or :class:`Embedder`, built with ``options``) over ``items``,
@@ -167,6 +227,13 @@ def iter_results(worker: type[Worker[R]], options: dict[str, Any], items: Sequen
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # the records' order is the inputs'
     context.enable_progress_bars = False  # the driver shows its own
+    with _without_restart_false_alarm():
+        yield from _ordered_results(worker, options, items, batch_size=batch_size, on_batch=on_batch)
+
+
+def _ordered_results(worker: type[Worker[R]], options: dict[str, Any], items: Sequence[InputItem], *,
+                     batch_size: int, on_batch: Callable[[int], None] | None) -> Iterator[R]:
+    ray = _ray()
     names = [name for name, error in items if error is None]
     rows: Iterator[dict[str, Any]] = iter(())
     if names:

@@ -99,8 +99,9 @@ def _load(model: ResNet | str, weights: str | os.PathLike[str] | None, pretraine
         return model.eval()
     from convnets.registry import choose_model
 
+    # Messages in this class's keywords: model=, weights= (a missing download advises weights=PATH).
     return choose_model(None if weights is not None and model == DEFAULT_MODEL else model, path=weights,
-                        pretrained=pretrained).model
+                        pretrained=pretrained, names={"name": "model", "path": "weights"}).model
 
 
 def _actor_cpus() -> int | None:

@@ -124,7 +124,9 @@ class TrainConfig:
         memory_format: ``"channels_last"`` or ``"contiguous"`` (``"nhwc"`` / ``"nchw"`` are
             accepted for them); ``None``: channels_last under AMP, else contiguous.
         data_backend: ``"pytorch"``, ``"dali-cpu"``, ``"dali-gpu"`` or ``"synthetic"``.
-        workers: data-loader processes (pytorch) or decoding threads (DALI) per training process.
+        workers: data-loader processes (pytorch) or decoding threads (DALI) per training process; ``None``:
+            as many as ``convnets predict`` starts (:func:`convnets.runtime.default_workers`), the machine's
+            share of each process under ``torchrun``.
         device: ``"auto"`` or ``None`` (CUDA when available), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         seed: seed of initialisation, data order and augmentation.
         resume: continue from this training checkpoint.
@@ -196,8 +198,10 @@ class TrainConfig:
         "are accepted for them)", DEVICES, shared="memory_format"))
     data_backend: str = field(default="pytorch", metadata=option(
         "input pipeline (default: %(default)s; dali-* need nvidia-dali-cuda130)", DATA, choices=BACKENDS))
-    workers: int = field(default=4, metadata=option(
-        "loader processes / DALI threads per training process (default: %(default)s)", DATA))
+    workers: int | None = field(default=None, metadata=option(
+        "loader processes / DALI threads per training process (default: as many as `convnets predict` starts: "
+        "min(4, cores - 2) on the CPU, min(16, cores - 1) with a GPU, the cores shared by a machine's processes)",
+        DATA))
     device: str | None = field(default=None, metadata=option(
         "auto (default): cuda when available, else cpu; or cpu, cuda, cuda:N (under torchrun each process "
         "takes GPU LOCAL_RANK)", DEVICES, shared="device"))
@@ -228,6 +232,8 @@ class TrainConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 problems.append((name, f"must be a positive integer, got {getattr(self, name)!r}"))
         for name in NON_NEGATIVE_INT_FIELDS:
+            if name == "workers" and self.workers is None:  # the machine's default, chosen where it runs
+                continue
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 problems.append((name, f"must be a non-negative integer, got {getattr(self, name)!r}"))
         for name, value, ok in (

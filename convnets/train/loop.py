@@ -39,7 +39,7 @@ from convnets.train.curves import CURVES, write_curves
 from convnets.data.folders import Batch, DataSource, make_data, to_device
 from convnets.evaluation.loop import accumulate
 from convnets.train.metrics import METRICS, TrainSummary, append_metrics, format_rate, write_history
-from convnets.runtime import Precision, resolve_precision
+from convnets.runtime import Precision, default_workers, resolve_precision
 from convnets.train.recipe import MultiLabelLoss, default_warmup_epochs, scaled_lr
 from convnets.train.step import Trainer, configure_backends
 from convnets.train.tensorboard import TENSORBOARD_DIR, TensorBoardLog, open_tensorboard
@@ -122,10 +122,16 @@ def _build_model(cfg: TrainConfig, num_classes: int | None, ctx: DistContext, *,
                                    cli=f"--arch-kwargs: {message_for(e, 'cli')}") from e
 
 
+def _workers(cfg: TrainConfig, ctx: DistContext) -> int:
+    """``workers``, or as many as ``convnets predict`` starts on this machine (its share under torchrun)."""
+    return cfg.workers if cfg.workers is not None else default_workers(ctx.device.type,
+                                                                        processes=dist.local_processes())
+
+
 def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSummary:
     start = time.perf_counter()
     data = make_data(cfg.data_backend, cfg.data, batch_size=cfg.batch_size, image_size=cfg.image_size,
-                     workers=cfg.workers, seed=cfg.seed, ctx=ctx, train=False, labels=cfg.labels)
+                     workers=_workers(cfg, ctx), seed=cfg.seed, ctx=ctx, train=False, labels=cfg.labels)
     models = {}
     if cfg.resume is not None:
         models["val"] = load_model(cfg.resume)
@@ -142,7 +148,7 @@ def _evaluate_only(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> 
         result = evaluate(model, data.val(), precision, ctx, criterion, multilabel=data.multilabel)
         metrics.update({f"{prefix}_{k}": v for k, v in result.items() if k in ("loss", "top1", "top5", "mAP", "f1")})
         metrics["images"], metrics["unreadable_images"] = result["images"], result["unreadable"]
-    return TrainSummary(0, metrics, unreadable_images=metrics["unreadable_images"],
+    return TrainSummary(0, metrics, unreadable_images=metrics["unreadable_images"], precision=precision.name,
                         seconds=time.perf_counter() - start)
 
 
@@ -177,7 +183,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
     if ctx.is_main:
         _prepare_output(out, resuming=ckpt is not None)
     data = make_data(cfg.data_backend, cfg.data, batch_size=cfg.batch_size, image_size=cfg.image_size,
-                     workers=cfg.workers, seed=cfg.seed, ctx=ctx, labels=cfg.labels)
+                     workers=_workers(cfg, ctx), seed=cfg.seed, ctx=ctx, labels=cfg.labels)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and every run
     model = _build_model(cfg, len(data.classes), ctx, init_only=ckpt is not None)
     model.class_names = list(data.classes)
@@ -277,7 +283,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, precision: Precision) -> TrainSum
         checkpoint=out / CHECKPOINT, best_checkpoint=out / BEST, metrics_file=out / METRICS,
         unreadable_images=sum(r.get("unreadable_images", 0) for r in history),
         skipped_steps=sum(r.get("skipped_steps", 0) for r in history), seconds=time.perf_counter() - start,
-        history=history)
+        history=history, precision=precision.name)
 
 
 def _draw_curves(out: Path) -> None:

@@ -83,24 +83,28 @@ class TrainSummary:
     skipped_steps: int = 0
     seconds: float = 0.0
     history: list[dict[str, Any]] = field(default_factory=list)
+    precision: str | None = None  # what validation computed in ("fp32", "bf16", "fp16"): scores differ a little
 
     def line(self) -> str:
         """One human-readable line."""
         m = self.metrics
+        # Validation runs in training's precision (bf16 autocast on CPUs that have it): said, since `convnets
+        # evaluate` in fp32 gives a slightly different score for the same checkpoint.
+        ran = f" ({self.precision})" if self.precision else ""
         if "val_mAP" in m:  # multi-label
             if self.checkpoint is None:
-                text = f"evaluated {m['images']} images: loss {m['val_loss']:.4f}, mAP {m['val_mAP']:.4f}"
+                text = f"evaluated {m['images']} images{ran}: loss {m['val_loss']:.4f}, mAP {m['val_mAP']:.4f}"
             else:
-                text = (f"trained {self.epochs} epochs in {self.seconds:.0f} s: val mAP {m['val_mAP']:.4f} (best "
+                text = (f"trained {self.epochs} epochs in {self.seconds:.0f} s: val mAP {m['val_mAP']:.4f}{ran} (best "
                         f"{self.best_top1 or 0:.4f} at epoch {self.best_epoch}), macro F1 {m['val_f1']:.3f} at its "
                         f"thresholds, {format_rate(m.get('img_per_s', 0))} img/s; checkpoint {self.checkpoint}")
         elif self.checkpoint is None:  # --evaluate
-            text = (f"evaluated {m['images']} images: loss {m['val_loss']:.4f}, top-1 {m['val_top1']:.2f}%, "
+            text = (f"evaluated {m['images']} images{ran}: loss {m['val_loss']:.4f}, top-1 {m['val_top1']:.2f}%, "
                     f"top-5 {m['val_top5']:.2f}%")
             if "ema_val_top1" in m:
                 text += f"; EMA top-1 {m['ema_val_top1']:.2f}%, top-5 {m['ema_val_top5']:.2f}%"
         else:
-            text = (f"trained {self.epochs} epochs in {self.seconds:.0f} s: val top-1 {m.get('val_top1', 0):.2f}% "
+            text = (f"trained {self.epochs} epochs in {self.seconds:.0f} s: val top-1 {m.get('val_top1', 0):.2f}%{ran} "
                     f"(best {self.best_top1 or 0:.2f}% at epoch {self.best_epoch}), "
                     f"{format_rate(m.get('img_per_s', 0))} img/s; checkpoint {self.checkpoint}")
             if self.skipped_steps:

@@ -339,9 +339,10 @@ def fetch_weights(entry: WeightsEntry, *, progress: Progress = True,
         failed = (f"could not get {entry.file_name}, the pretrained weights of {entry.model}, from "
                   f"{source}{via}: {e}. {cached} To work offline, pass ")
         mirror = f"or set {MIRROR_ENV} to a directory or URL that holds {entry.file_name}."
+        # The reason is in the message: no chain of the same words (a few lines in a notebook, not forty).
         raise WeightsUnavailableError(
             f"{failed}pretrained_from_file=PATH (--weights FILE on the command line; any checkpoint layout), {mirror}",
-            cli=f"{failed}--weights FILE (any checkpoint layout), {mirror}") from e
+            cli=f"{failed}--weights FILE (any checkpoint layout), {mirror}", keyword="pretrained_from_file") from None
     except TimeoutError as e:
         raise WeightsUnavailableError(
             f"waited {LOCK_TIMEOUT_S:.0f} s for another process to finish downloading {dst}: {e}") from e

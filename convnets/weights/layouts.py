@@ -31,7 +31,7 @@ from convnets.models.resnet import ArchSpec
 from convnets.models.specs import check_num_classes
 from convnets.weights.record import STATE_DICT, STATE_DICT_EMA, ModelRecord
 
-__all__ = ["infer_spec", "split_checkpoint", "to_canonical"]
+__all__ = ["head_size", "infer_spec", "split_checkpoint", "to_canonical"]
 
 _DDP_PREFIX = "module."
 _WRAPPER_PREFIXES = (_DDP_PREFIX, "_orig_mod.")
@@ -126,6 +126,11 @@ def to_canonical(state_dict: Mapping[str, Tensor],
     return out, naming + (f" ({', '.join(notes)})" if notes else "")
 
 
+def head_size(state_dict: Mapping[str, Tensor]) -> int:
+    """The classifier's outputs in a canonical state dict: its ``fc.weight`` rows (0 without a classifier)."""
+    return state_dict["fc.weight"].shape[0] if "fc.weight" in state_dict else 0
+
+
 def infer_spec(state_dict: Mapping[str, Tensor], source: str = "checkpoint") -> tuple[ArchSpec, int]:
     """Read the architecture off a canonical state dict's tensor shapes.
 
@@ -160,7 +165,7 @@ def infer_spec(state_dict: Mapping[str, Tensor], source: str = "checkpoint") -> 
     expansion = shape("layer1.0.conv3.weight")[0] // widths[0]
     cardinality = widths[0] // shape("layer1.0.conv2.weight")[1]
     se = state_dict.get("layer1.0.squeeze.squeeze.weight")
-    num_classes = shape("fc.weight")[0] if "fc.weight" in state_dict else 0
+    num_classes = head_size(state_dict)
     try:
         check_num_classes(num_classes, "its classifier's outputs (fc.weight rows)")
         spec = ArchSpec(layers=tuple(layers), widths=tuple(widths), expansion=expansion,

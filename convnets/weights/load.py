@@ -22,9 +22,9 @@ from convnets.errors import CheckpointError
 from convnets.models.resnet import ResNet
 from convnets.models.specs import ArchSpec, registered_name
 from convnets.weights.files import read_checkpoint
-from convnets.weights.layouts import infer_spec, split_checkpoint, to_canonical
+from convnets.weights.layouts import head_size, infer_spec, split_checkpoint, to_canonical
 
-__all__ = ["build_model", "check_fits", "meta_model", "read_state_dict"]
+__all__ = ["build_model", "check_fits", "checkpoint_classes", "meta_model", "read_state_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,16 @@ def read_state_dict(path: str | os.PathLike[str], *, key_map_fn: Callable[[str],
     state_dict, metadata = split_checkpoint(read_checkpoint(path), use_ema=use_ema, source=str(path))
     state_dict, layout = to_canonical(state_dict, key_map_fn)
     return state_dict, metadata, layout
+
+
+def checkpoint_classes(path: str | os.PathLike[str]) -> int:
+    """The number of classes of the model in a checkpoint file, without building it: the file is
+    memory-mapped where its format allows, and only the classifier's shape is read.
+
+    Raises:
+        CheckpointError: the file cannot be read as a checkpoint (see :func:`read_state_dict`).
+    """
+    return head_size(read_state_dict(path)[0])
 
 
 def check_fits(model: torch.nn.Module, state_dict: Mapping[str, Tensor], *, model_name: str,
@@ -107,9 +117,8 @@ def meta_model(spec: ArchSpec, state_dict: Mapping[str, Tensor],
                model_kwargs: Mapping[str, Any] | None = None) -> ResNet:
     """``spec`` built on the meta device with the checkpoint's head size: nothing allocated, ready
     for :func:`check_fits` and ``load_state_dict(assign=True)``."""
-    num_classes = state_dict["fc.weight"].shape[0] if "fc.weight" in state_dict else 0
     with torch.device("meta"):
-        return ResNet(spec, num_classes, **(model_kwargs or {}))
+        return ResNet(spec, head_size(state_dict), **(model_kwargs or {}))
 
 
 def build_model(
