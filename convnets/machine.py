@@ -130,7 +130,7 @@ def _measure() -> float:
     threads = torch.get_num_threads()
     generator = torch.Generator().manual_seed(0)
     fp32 = block().to(memory_format=torch.channels_last)
-    bf16 = block().to(torch.bfloat16, memory_format=torch.channels_last)
+    bf16 = block().to(torch.bfloat16).to(memory_format=torch.channels_last)
     x = torch.randn(8, 512, 28, 28, generator=generator).contiguous(memory_format=torch.channels_last)
     inputs = {fp32: x, bf16: x.to(torch.bfloat16)}
     best = {fp32: float("inf"), bf16: float("inf")}
