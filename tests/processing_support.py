@@ -143,9 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
                         break
                     self.wfile.write(bytes([byte]))
                     self.wfile.flush()
-            elif route == "/stall.png":  # 16 bytes over 0.8 s, then silence
+            elif route == "/stall.png":  # 80 bytes over 4 s, then silence
                 self._headers(200, "image/png", len(image))
-                for byte in image[:16]:
+                for byte in image[:80]:
                     self.wfile.write(bytes([byte]))
                     self.wfile.flush()
                     if not self._wait(0.05):

@@ -8,6 +8,7 @@ import hashlib
 import io
 import logging
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -237,12 +238,12 @@ def test_unusable_file_in_the_cache_is_replaced(tiny, http_server: LoopbackServe
 
 def test_silent_server_times_out(tiny, http_server: LoopbackServer, monkeypatch: pytest.MonkeyPatch) -> None:
     entry, _, validate = tiny
-    http_server.routes["/w/tiny.pth.tar"].delay_s = 3.0
+    http_server.routes["/w/tiny.pth.tar"].gate = threading.Event()  # never set: no answer for 120 s
     monkeypatch.setattr(download, "READ_TIMEOUT_S", 0.5)
     start = time.monotonic()
     with pytest.raises(WeightsUnavailableError, match="timed out"):
         download.fetch_weights(entry, progress=False, validate=validate)
-    assert time.monotonic() - start < 2.5
+    assert time.monotonic() - start < 20
 
 
 def test_concurrent_processes_download_once(tiny, http_server: LoopbackServer, isolated_cache: Path) -> None:
@@ -355,7 +356,7 @@ def test_offline_fails_fast_with_advice(how: str, closed_port_url: str, monkeypa
     start = time.monotonic()
     with pytest.raises(WeightsUnavailableError) as info:
         convnets.se_resnext101_32x4d(pretrained=True, progress=False)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 20  # no retries with back-off: a refused connection is final
     message = str(info.value)
     for needle in (NGC_NAME, "pretrained_from_file", "CONVNETS_WEIGHTS_MIRROR", "cannot reach 127.0.0.1"):
         assert needle in message

@@ -136,7 +136,7 @@ def test_lock_times_out_while_another_holder_has_it(tmp_path: Path) -> None:
         start = time.monotonic()
         with pytest.raises(TimeoutError, match="w.pth.lock"), exclusive_lock(lock, timeout=0.3):
             pass
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < 30  # without the timeout: for ever
 
 
 def test_deleting_the_lock_file_keeps_mutual_exclusion(tmp_path: Path) -> None:

@@ -179,7 +179,7 @@ def test_ten_slow_hops_end_at_the_one_deadline(server) -> None:
     with pytest.raises(ImageDownloadError, match=r"did not finish within timeout=2 s") as caught:
         download(f"{base}/hop/1", timeout=2, allow_private=True)
     elapsed = time.monotonic() - start
-    assert elapsed < 4.0, f"{elapsed:.1f} s: the timeout was applied per hop"
+    assert elapsed < 8.0, f"{elapsed:.1f} s: the timeout was applied per hop"  # per hop: 15 s
     assert "\n" not in str(caught.value) and f"{base}/hop/1" in str(caught.value)
 
 
@@ -313,7 +313,7 @@ def test_weights_download_stops_at_its_deadline(server, isolated_cache: Path, mo
         weights_download.fetch_weights(_entry(f"{base}/w/drip"), progress=False)
     message = str(caught.value)
     assert f"{base}/w/drip" in message and "did not finish within 1 s" in message and "\n" not in message
-    assert time.monotonic() - start < 3.5 and _leftovers(isolated_cache) == []
+    assert time.monotonic() - start < 8 and _leftovers(isolated_cache) == []  # the drip goes on for minutes
 
 
 def test_weights_redirects_follow_the_same_rules(server, isolated_cache: Path) -> None:
@@ -321,7 +321,7 @@ def test_weights_redirects_follow_the_same_rules(server, isolated_cache: Path) -
     start = time.monotonic()
     with pytest.raises(WeightsUnavailableError, match="did not finish within 2 s"):
         weights_download.fetch_weights(_entry(f"{base}/hop/1"), progress=False, timeout=2)
-    assert time.monotonic() - start < 4.0
+    assert time.monotonic() - start < 8.0  # per hop: 15 s
     with pytest.raises(WeightsUnavailableError, match="more than 5 redirects"):
         weights_download.fetch_weights(_entry(f"{base}/chain/6"), progress=False)
     with pytest.raises(WeightsUnavailableError, match="only redirects to http and https"):

@@ -169,12 +169,12 @@ def test_html_page_with_status_200(http_server: str) -> None:
 
 @pytest.mark.parametrize(("route", "options", "reason", "within"), [
     # No answer at all until long after the timeout.
-    ("slow.png", {"timeout": 0.5}, "did not finish within timeout=0.5 s", 3.0),
+    ("slow.png", {"timeout": 0.5}, "did not finish within timeout=0.5 s", 10.0),
     # One byte every 50 ms never trips a per-read timeout of 0.5 s, and the whole image would
     # take minutes: only a total deadline stops it.
-    ("drip.png", {"timeout": 0.5}, "did not finish within timeout=0.5 s", 2.0),
-    # Bytes flow for 0.8 s, then stop: a fresh per-read timeout would end the call at ~1.8 s.
-    ("stall.png", {"timeout": 1.0}, "did not finish within timeout=1 s", 1.5),
+    ("drip.png", {"timeout": 0.5}, "did not finish within timeout=0.5 s", 10.0),
+    # Bytes flow for 4 s, then stop: a fresh per-read timeout would end the call at ~5 s.
+    ("stall.png", {"timeout": 1.0}, "did not finish within timeout=1 s", 3.0),
     # Zeros forever, as fast as they can be read.
     ("endless.png", {"max_bytes": 2**20}, "larger than max_bytes=1048576", 5.0),
 ])
