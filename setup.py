@@ -88,6 +88,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.6",  # pyproject.toml's addopts runs the tests on parallel workers (-n, --dist loadscope)
+            "pytest-randomly>=3.15",  # off by default (pyproject.toml); `-p randomly` runs the tests in a random order
             "mypy>=1.11",  # tests/test_typing.py type-checks the package as pyproject.toml configures
             "timm>=1.0",
             "scikit-image>=0.22",
