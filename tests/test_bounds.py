@@ -626,7 +626,7 @@ def test_an_error_on_its_way_is_not_replaced_by_closing_the_file(tmp_path: Path,
     def half(f: io.BufferedWriter) -> None:
         f.write(b"x" * 100)
         _no_space()
-    monkeypatch.setattr(convnets.fileio, "open", lambda path, mode: Full(io.FileIO(path, "x")), raising=False)
+    monkeypatch.setattr(convnets.fileio, "open", lambda path, mode, **kw: Full(io.FileIO(path, "x", **kw)), raising=False)
     with pytest.raises(OSError) as info:
         atomic_write(tmp_path / "out.npy", half)
     assert len(closed) == 1 and info.value.filename == str(tmp_path / "out.npy")

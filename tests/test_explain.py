@@ -99,7 +99,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
         torch.set_num_threads(before)
     model.eval()
     model.class_names, model.input_size = list(NAMES), SIZE
-    model.multilabel = True  # sigmoid scores (convnets.inference.explain.class_scores)
+    model.multilabel = True  # sigmoid scores (convnets.explanations.class_scores)
     folder = tmp_path_factory.mktemp("patterns")
     val = draw(rng, 40)
     paths = []
@@ -254,7 +254,7 @@ def test_predictions_show_their_heat_maps_beside_the_thumbnails(trained) -> None
 
 def test_default_classes_are_the_best_or_a_multilabel_models_labels_above_their_thresholds(trained,
                                                                                         monkeypatch) -> None:
-    from convnets.inference.explain import default_targets
+    from convnets.explanations import default_targets
 
     scores = [0.2, 0.9, 0.6, 0.1]
     assert default_targets(scores) == [1]

@@ -271,7 +271,7 @@ def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) ->
 MEMORY_PROBE = textwrap.dedent("""
     import resource, sys, tracemalloc
     from convnets.inference.predict import iter_inputs
-    from convnets.inference.inputs import read_list as _read_list
+    from convnets.inputs.listing import read_list as _read_list
 
     def peak(n, path):
         with open(path, "w") as f:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from contextlib import ExitStack
 
-    from convnets.inference.inputs import InputItem
+    from convnets.inputs.listing import InputItem
     from convnets.inference.job import BatchJob, JobSettings
     from convnets.inference.loader import Decoding
     from convnets.ray import R, Worker

@@ -69,7 +69,7 @@ def check_inputs_are_images(name: str, *values: str, recursive: bool = False) ->
         InvalidArgumentError: a directory without images, or a file that is not an image.
     """
     from convnets.constants import IMAGE_SUFFIXES
-    from convnets.inference.inputs import iter_inputs
+    from convnets.inputs.listing import iter_inputs
 
     for value in values:
         if is_url(value) or not os.access(value, os.R_OK):
@@ -114,7 +114,7 @@ def check_output_file(path: str | os.PathLike[str], *, option: str = "output",
     Raises:
         InvalidArgumentError: what is wrong, naming the option.
     """
-    from convnets.fileio import directory_problem
+    from convnets.paths import directory_problem
     from convnets.inference.outputs import suffix_format
 
     if formats is not None:
@@ -134,7 +134,7 @@ def check_output_directory(path: str | os.PathLike[str], *, option: str = "outpu
     Raises:
         InvalidArgumentError: what is wrong, naming the option.
     """
-    from convnets.fileio import directory_problem
+    from convnets.paths import directory_problem
 
     existing = Path(path)
     while not os.path.lexists(existing) and existing.parent != existing:  # "a/b" -> "a" -> "."; "/a" -> "/"

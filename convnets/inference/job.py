@@ -22,7 +22,7 @@ from convnets.errors import ConvnetsError, InvalidArgumentError, message_for
 if TYPE_CHECKING:
     import torch
 
-    from convnets.inference.inputs import InputItem
+    from convnets.inputs.listing import InputItem
     from convnets.inference.loader import Decoding, Result
     from convnets.inference.outputs import Output
     from convnets.inference.outputs.spool import Record, SpoolWriter
@@ -131,7 +131,8 @@ def run_job(job: BatchJob, settings: JobSettings, destination: Destination | Non
 def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None:
     """Hold ``FILE.lock`` beside the output ``path`` until ``stack`` unwinds; a second run is refused, naming
     the holder. Creating it is the first write in the directory, so a missing or read-only one fails here."""
-    from convnets.fileio import LockHeldError, directory_problem, exclusive_lock
+    from convnets.paths import directory_problem
+    from convnets.locking import LockHeldError, exclusive_lock
 
     lock = path.with_name(path.name + ".lock")
     where = f"--{option} {path}"
@@ -154,7 +155,7 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
     """:func:`run_job` once the output is checked and locked."""
     from tqdm.auto import tqdm
 
-    from convnets.inference.inputs import iter_inputs, read_sources
+    from convnets.inputs.listing import iter_inputs, read_sources
     from convnets.inference.outputs.spool import read_spool
     from convnets.preprocessing.presets import preset_for_model
 

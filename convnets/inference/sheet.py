@@ -19,8 +19,9 @@ from PIL import Image, ImageDraw, ImageFont
 
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import Interface, InvalidArgumentError, UnknownArgumentError, message_for
-from convnets.fileio import atomic_write, directory_problem
-from convnets.inference.names import safe_text
+from convnets.fileio import atomic_write
+from convnets.paths import directory_problem
+from convnets.inputs.names import safe_text
 
 if TYPE_CHECKING:
     from convnets.inference.predict import Prediction

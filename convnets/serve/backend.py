@@ -85,7 +85,7 @@ class Classifier:
 
         from convnets.deploy.optimize import optimize_for_inference
         from convnets.inference.embed import features_model
-        from convnets.inference.labels import class_labels
+        from convnets.preprocessing.classes import class_labels
         from convnets.preprocessing.presets import preset_for_model
         from convnets.registry import choose_model
         from convnets.runtime import resolve_device

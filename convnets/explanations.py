@@ -32,11 +32,10 @@ from PIL import Image
 
 from convnets.constants import DEFAULT_EXPLAIN_METHOD, DEFAULT_TIMEOUT, EXPLAIN_METHODS
 from convnets.errors import ImageLoadError, InvalidArgumentError, InvalidArgumentTypeError
-from convnets.inference.inputs import InputItem, iter_inputs
-from convnets.inference.labels import class_labels
-from convnets.inference.loader import iter_chunks
-from convnets.inference.names import safe_text
+from convnets.inputs.listing import InputItem, iter_chunks, iter_inputs
+from convnets.inputs.names import safe_text
 from convnets.models.resnet import ResNet
+from convnets.preprocessing.classes import class_labels
 from convnets.preprocessing.pipeline import prepare_batch, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
@@ -270,14 +269,14 @@ def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *,
                   layer: str | None = None, labels: Sequence[str] | None = None, batch_size: int = 8,
                   device: torch.device | str | None = None, preset: EvalPreset | None = None,
                   timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True) -> Iterator[ExplainedInput]:
-    """Explain ``(input, error)`` items (:func:`~convnets.inference.inputs.iter_inputs`' ) a batch at a time.
+    """Explain ``(input, error)`` items (:func:`~convnets.inputs.listing.iter_inputs`' ) a batch at a time.
 
     Args:
         model: the classifier (its parameters' device is where it runs; it is put in eval mode).
         items: the inputs; an item with an error is yielded with it.
         choose: the classes of each input, from its position in ``items`` and its row of :func:`class_scores`.
         method, layer: as for :func:`explain`.
-        labels: the class names (default :func:`~convnets.inference.labels.class_labels`).
+        labels: the class names (default :func:`~convnets.preprocessing.classes.class_labels`).
         batch_size: images per forward pass (each class of each image is a row of the backward pass).
         device: where the batches go; default: where the model's parameters are.
         preset: the preprocessing (default: the model's, as ``convnets predict``).

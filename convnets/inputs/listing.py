@@ -6,6 +6,7 @@ number of inputs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import stat
@@ -16,10 +17,10 @@ from typing import TextIO
 
 from convnets.constants import IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.fileio import file_kind
+from convnets.paths import file_kind
 from convnets.preprocessing.sources import is_url  # not .io: the command line checks inputs with this module before requests and Pillow
 
-__all__ = ["InputItem", "expand_inputs", "iter_inputs", "read_list", "read_sources"]
+__all__ = ["InputItem", "expand_inputs", "iter_chunks", "iter_inputs", "read_list", "read_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -139,3 +140,13 @@ def read_sources(inputs: Sequence[str], from_file: str | None, stack: ExitStack)
         except OSError as e:
             raise InvalidArgumentError(f"--from-file {from_file}: cannot read it ({e.strerror})") from e
         yield from read_list(stream, from_file)
+
+
+def iter_chunks(items: Iterable[InputItem], batch_size: int, start: int = 0) -> Iterator[list[InputItem]]:
+    """``items`` in batches of ``batch_size``, lazily; the first is shortened by ``start`` (inputs of the run
+    before ``items``), so that each image is in the uninterrupted run's batch and gives the same numbers."""
+    stream = iter(items)
+    first = batch_size - start % batch_size
+    while chunk := list(itertools.islice(stream, first or batch_size)):
+        first = 0
+        yield chunk
