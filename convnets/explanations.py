@@ -40,8 +40,8 @@ from convnets.preprocessing.pipeline import prepare_batch, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 __all__ = ["MIN_MAP_SIDE", "ExplainedInput", "Explanation", "Explanations", "class_scores", "default_layer",
-           "default_targets", "explain", "explain_items", "explanations_html", "heatmap_in_image", "model_thresholds",
-           "resolve_classes"]
+           "default_targets", "explain", "explain_items", "explanations_html", "greyed", "heatmap_in_image",
+           "model_thresholds", "resolve_classes"]
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,9 @@ class Explanation:
     image: Image.Image | None = field(default=None, repr=False, compare=False)
 
     def overlay(self, *, image_weight: float = 0.5) -> Image.Image:
-        """The image with the heat map over it in colour (pytorch-grad-cam's ``show_cam_on_image``, jet colours).
+        """The image with the heat map over it in colour (pytorch-grad-cam's ``show_cam_on_image``, jet colours)
+        inside :attr:`box`, the crop the model saw; outside it, the image greyed (:func:`greyed`), so that what
+        was cropped away does not read as the dark blue of "no heat".
 
         Args:
             image_weight: the image's share of each pixel, 0..1 (the heat map's is the rest).
@@ -100,7 +102,13 @@ class Explanation:
             raise InvalidArgumentError(f"the explanation of {safe_text(self.input)} holds no image to overlay")
         show_cam_on_image = _grad_cam().utils.image.show_cam_on_image
         rgb = np.asarray(self.image, dtype=np.float32) / 255
-        return Image.fromarray(show_cam_on_image(rgb, self.heatmap, use_rgb=True, image_weight=image_weight))
+        picture = show_cam_on_image(rgb, self.heatmap, use_rgb=True, image_weight=image_weight)
+        left, top, right, bottom = self.box
+        if right > left and bottom > top:  # an explanation made without a box shows no crop
+            outside = np.ones(picture.shape[:2], dtype=bool)
+            outside[top:bottom, left:right] = False
+            picture[outside] = greyed(np.asarray(self.image))[outside]
+        return Image.fromarray(picture)
 
     def _repr_html_(self) -> str:
         return explanations_html([self])
@@ -208,6 +216,13 @@ def default_layer(model: ResNet, image_size: int) -> str:
         if image_size // info["reduction"] >= MIN_MAP_SIDE:
             return str(info["module"])
     return str(stages[min(1, len(stages) - 1)]["module"])
+
+
+def greyed(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """``rgb`` (``[H, W, 3]`` uint8) as an overlay shows what the model did not see: grey (ITU-R 601 luma),
+    halfway to white."""
+    luma = rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    return np.repeat(np.round(127.5 + luma / 2).astype(np.uint8)[..., None], 3, axis=2)
 
 
 def heatmap_in_image(crop_map: npt.NDArray[np.float32], size: tuple[int, int],

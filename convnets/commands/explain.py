@@ -1,7 +1,7 @@
 """``convnets explain``: where in each image the evidence for its classes lies (Grad-CAM and its variants).
 
-For each input and class it writes, in ``--output DIR``, ``STEM.INDEX-LABEL.png`` (the image with the heat map over
-it) and ``STEM.INDEX-LABEL.npy`` (the heat map: float32, the image's own height and width as read, upright; 0..1;
+For each input and class it writes, in ``--output DIR`` (default ``explanations/`` of the current directory),
+``STEM.INDEX-LABEL.png`` (the image with the heat map over it; outside the crop the model saw, the image greyed) and ``STEM.INDEX-LABEL.npy`` (the heat map: float32, the image's own height and width as read, upright; 0..1;
 0 outside the center crop the model saw), named after the input (:func:`~convnets.inputs.names.file_stems`:
 safe characters, ``cat``, ``cat-2``, ... for inputs of the same name), and ``DIR/explanations.json``, the record of
 what was explained. The classes are ``--class`` (names or indices, repeatable or comma-separated), else the
@@ -29,7 +29,8 @@ from convnets.commands.options import (add_force_argument, add_image_size_argume
 from convnets.commands.path_checks import (check_inputs_are_images, check_inputs_exist, check_output_directory,
                                            usage_errors)
 from convnets.commands.run_options import add_device_argument, device_from_args
-from convnets.constants import DEFAULT_EXPLAIN_METHOD, DEFAULT_MODEL, DEFAULT_TIMEOUT, EXPLAIN_METHODS, LAYERS
+from convnets.constants import (DEFAULT_EXPLAIN_METHOD, DEFAULT_EXPLAIN_OUTPUT, DEFAULT_MODEL, DEFAULT_TIMEOUT,
+                                EXPLAIN_METHODS, LAYERS)
 from convnets.errors import InvalidArgumentError
 from convnets.fileio import preflight
 
@@ -43,7 +44,8 @@ RECORD = "explanations.json"
 
 _EPILOG = f"""\
 files, in DIR, per input and class:
-  STEM.INDEX-LABEL.png     the image with the heat map over it (jet colours: red is where the evidence is)
+  STEM.INDEX-LABEL.png     the image with the heat map over it (jet colours: red is where the evidence is);
+                           outside the center crop the model saw, the image in grey
   STEM.INDEX-LABEL.npy     the heat map: float32 [height, width] of the image as read (EXIF-upright), 0..1;
                            0 outside the center crop the model saw (its box is in the record)
   {RECORD}        what was explained: per input and class its index, label, score (softmax, or
@@ -52,7 +54,7 @@ files, in DIR, per input and class:
   as '_'; a second input of the same STEM gets STEM-2, and so on.
 examples:
   convnets explain photos/ --output heat/ --topk 2
-  convnets explain cat.jpg --weights run/model_best.pth.tar --class dots,stripes --output heat/
+  convnets explain cat.jpg --weights run/model_best.pth.tar --class dots,stripes    (into explanations/)
 """
 
 
@@ -78,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "least 6x6 at the image size, never layer1: layer4 from 192 px up, layer3 from 96, "
                            "layer2 below)")
     out = parser.add_argument_group("output")
-    add_output_argument(out, metavar="DIR", required=True,
-                        help=f"directory (created) that gets the overlays, the heat maps and {RECORD}")
+    add_output_argument(out, metavar="DIR", help=f"directory (created) that gets the overlays, the heat maps and "
+                                                 f"{RECORD} (default: {DEFAULT_EXPLAIN_OUTPUT}/ in the current directory)")
     add_force_argument(out, what="a heat map, an overlay or explanations.json in DIR")
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
     run = parser.add_argument_group("run")
@@ -94,8 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
-    """Before anything heavy is imported: the inputs and ``--weights`` exist, ``--output`` can be written and its
-    record is not there (without ``--force``); returns the run."""
+    """Before anything heavy is imported: the inputs and ``--weights`` exist, ``--output`` (default
+    :data:`~convnets.constants.DEFAULT_EXPLAIN_OUTPUT`) can be written and its record is not there (without
+    ``--force``); returns the run."""
+    if args.output is None:
+        args.output = DEFAULT_EXPLAIN_OUTPUT
     with usage_errors():
         check_inputs_exist("INPUT", *args.inputs)
         check_inputs_are_images("INPUT", *args.inputs, recursive=args.recursive)
