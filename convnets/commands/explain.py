@@ -26,8 +26,7 @@ from convnets.commands.batch_options import add_input_arguments, add_private_url
 from convnets.commands.model_options import add_model_arguments, load_from_args
 from convnets.commands.options import (add_force_argument, add_image_size_argument, add_output_argument, batch_size,
                                        positive_int, positive_seconds)
-from convnets.commands.path_checks import (check_inputs_are_images, check_inputs_exist, check_output_directory,
-                                           usage_errors)
+from convnets.commands.path_checks import check_inputs_exist, check_output_directory, usage_errors
 from convnets.commands.run_options import add_device_argument, device_from_args
 from convnets.constants import (DEFAULT_EXPLAIN_METHOD, DEFAULT_EXPLAIN_OUTPUT, DEFAULT_MODEL, DEFAULT_TIMEOUT,
                                 EXPLAIN_METHODS, LAYERS)
@@ -36,6 +35,7 @@ from convnets.fileio import preflight
 
 if TYPE_CHECKING:
     from convnets.explanations import Explanation
+    from convnets.inputs.listing import Listing
 
 __all__ = ["RECORD", "add_arguments", "prepare"]
 
@@ -101,18 +101,19 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
     ``--force``); returns the run."""
     if args.output is None:
         args.output = DEFAULT_EXPLAIN_OUTPUT
+    from convnets.inputs.listing import Listing
+
     with usage_errors():
-        check_inputs_exist("INPUT", *args.inputs)
-        check_inputs_are_images("INPUT", *args.inputs, recursive=args.recursive)
+        inputs = Listing(args.inputs, recursive=args.recursive)  # each looked at once: the run resumes the walk
         check_inputs_exist("--from-file", None if args.from_file == "-" else args.from_file)
         check_inputs_exist("--weights", args.weights)
         check_output_directory(args.output)
         preflight(Path(args.output) / RECORD, force=args.force)
-    return lambda: run(args, stack)
+    return lambda: run(args, inputs, stack)
 
 
-def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    """Run ``convnets explain``; 1 if an input could not be read."""
+def run(args: argparse.Namespace, inputs: Listing, stack: ExitStack) -> int:
+    """Run ``convnets explain`` on ``inputs`` (and ``--from-file``'s); 1 if an input could not be read."""
     from convnets.fileio import write_output
     from convnets.explanations import (default_layer, default_targets, explain_items, model_thresholds,
                                        resolve_classes)
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.image_size is not None:
         preset = preset.with_crop_size(args.image_size)
     layer = args.layer or default_layer(model, preset.crop_size)
-    items = list(iter_inputs(read_sources(args.inputs, args.from_file, stack), recursive=args.recursive))
+    items = [*inputs, *iter_inputs(read_sources((), args.from_file, stack), recursive=args.recursive)]
     stems = file_stems(name for name, _ in items)
     output = Path(args.output)  # made by the first write_output
     records: list[dict[str, Any]] = []
