@@ -36,7 +36,8 @@ from convnets.inputs.listing import InputItem, iter_chunks, iter_inputs
 from convnets.inputs.names import safe_text
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.classes import class_labels
-from convnets.preprocessing.pipeline import prepare_batch, thumbnail_of
+from convnets.preprocessing.decode import thumbnail_of
+from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 __all__ = ["MIN_MAP_SIDE", "ExplainedInput", "Explanation", "Explanations", "class_scores", "default_layer",

@@ -23,7 +23,8 @@ from convnets.constants import DECODES, DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
 from convnets.inputs.listing import InputItem as Item, iter_chunks
 from convnets.preprocessing.io import is_url
-from convnets.preprocessing.pipeline import fast_decode_draft, prepare_batch, thumbnail_of
+from convnets.preprocessing.decode import fast_decode_draft, thumbnail_of
+from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset
 from convnets.preprocessing.transforms import normalize_uint8
 from convnets.runtime import check_workers, init_worker

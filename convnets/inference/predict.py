@@ -30,7 +30,7 @@ from convnets.inference.loader import Decoding, Result, map_batches
 from convnets.inputs.names import safe_text
 from convnets.text import printable
 from convnets.models.resnet import ResNet
-from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
+from convnets.preprocessing.decode import load_thumbnail, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 if TYPE_CHECKING:

@@ -180,7 +180,7 @@ class ContactSheetWriter:
         side, font, line = self.side, self.font, self.line
         tile = Image.new("RGB", (side, side + line * (1 + classes)), _PAPER)
         draw = ImageDraw.Draw(tile)
-        from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of  # torch: not at the CLI's start
+        from convnets.preprocessing.decode import load_thumbnail, thumbnail_of  # torch: not at the CLI's start
 
         draw.rectangle((0, 0, side - 1, side - 1), fill=_FRAME if result.ok else _FAILED)
         picture, why, ink = result.thumbnail, None, _GREY_INK
