@@ -253,11 +253,12 @@ class Staging:
 
 
 @contextlib.contextmanager
-def staging(path: str | os.PathLike[str], *, option: str = "output") -> Iterator[Staging]:
+def staging(path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
+            option: str = "output") -> Iterator[Staging]:
     """A :class:`Staging` directory ``.<name>.<host>-<pid>-<random>.partial`` (mode 0700) beside ``path``
-    (its directory made if missing), deleted when the block ends."""
+    (reached as :func:`write_output` reaches it), deleted when the block ends."""
     path = Path(path)
-    with _opened(path.parent, None, create=True, option=option) as folder:
+    with _opened(path.parent, base, create=base is not None, option=option) as folder:
         _remove_stale(folder, path, "partial")
         name = _temp_name(path.name, "partial")
         os.mkdir(name, 0o700, dir_fd=folder)

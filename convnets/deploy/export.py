@@ -237,6 +237,7 @@ def export_model(
     batch_description: str | None = None,
     image_size: int = 224,
     force: bool = False,
+    base: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> ExportResult:
     """Export ``model`` (BatchNorm folded unless the format keeps it) and verify the file against it.
@@ -244,7 +245,7 @@ def export_model(
     Args:
         model: the classifier; it is not modified (a folded copy is exported).
         path: the main file to write (e.g. ``model.onnx`` / ``model.pt``); its directory must
-            exist. A format that writes several files puts the others next to it.
+            exist (or see ``base``). A format that writes several files puts the others next to it.
         format: a registered format name (:func:`~convnets.deploy.formats.export_formats`):
             ``"onnx"`` (checked with ONNX Runtime), ``"torchscript"`` (traced, checked after
             ``torch.jit.load``), ``"timm"`` (a folder: ``path`` is its ``model.safetensors``,
@@ -257,6 +258,9 @@ def export_model(
         force: replace the files that exist at ``path`` (and its companion files); without it an
             existing one is refused. A symbolic link there is never written through (``force``
             replaces the link itself).
+        base: the directory the user named above ``path`` (``convnets export --output``): it and the
+            directories between are made if missing, and none below it is reached through a
+            symbolic link.
         options: the format's own options, e.g. ``opset=17`` (ONNX opset, 17 or newer).
 
     Returns:
@@ -290,11 +294,11 @@ def export_model(
     module = _exportable(model, precision) if fmt.folds_batchnorm else reference
     files = fmt.files(path)
     for target in files:  # before the slow part; publish decides again
-        preflight(target, force=force, option="path")
+        preflight(target, force=force, base=base, option="path")
     # Written into a hidden folder next to the target and moved into place only once verified, so
     # that a failed export leaves neither a partial file nor a stale companion file (nor, once the
     # next export has run, the folder of one that was killed).
-    with staging(path, option="path") as stage:
+    with staging(path, base=base, option="path") as stage:
         tmp = stage.path / path.name
         try:
             fmt.write(module, tmp, batch[:2], **options)
