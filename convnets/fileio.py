@@ -245,7 +245,8 @@ class Staging:
         self.path, self._fd, self._folder, self._option = path, fd, folder, option
 
     def publish(self, names: Iterable[str], *, force: bool = False) -> None:
-        """Move the staged files ``names`` beside it, as :func:`write_output` puts its file (``force``...)."""
+        """Move the staged files ``names`` beside it, as :func:`write_output` puts its file: ``force`` replaces
+        what is there (a link itself), else a name that exists is refused (InvalidArgumentError)."""
         with _refusing(self._folder, self.path.parent, self._option):
             for name in names:
                 _put(self._fd, name, self._folder, name, replace=force)
