@@ -47,7 +47,7 @@ setup(
         "requests>=2.28",
         "urllib3>=2",  # processing_utils bounds each socket read to keep a total download deadline
         "validators>=0.22",
-        # convnets.fileio.exclusive_lock: 4.3 is the version tested; its waiters start over when the lock
+        # convnets.locking.exclusive_lock: 4.3 is the version tested; its waiters start over when the lock
         # file was deleted under them, which lets the holder delete it on release.
         "filelock>=4.3",
         "tqdm>=4.60",

@@ -13,7 +13,7 @@ What it measures:
   ``reducing_gap`` in the resize), the mean and largest absolute difference of the preprocessed
   tensor from the exact path's, in normalised units (1 uint8 level is about 0.017), and the
   preprocessing time per image on one thread. This is what chose
-  :data:`convnets.preprocessing.pipeline.FAST_DECODE_MARGIN`.
+  :data:`convnets.preprocessing.decode.FAST_DECODE_MARGIN`.
 * ``end to end``: :func:`convnets.inference.predict.predict` (decode + preprocess + model + top-5) over
   the folder with the model in ``--precision`` (random weights: speed does not depend on them),
   decoding with ``convnets predict``'s default ``--workers``, exact against ``fast_decode=True``,

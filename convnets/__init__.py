@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from convnets.backbones import fpn_backbone
     from convnets.deploy.optimize import optimize_for_inference
     from convnets.inference.embed import embed
-    from convnets.inference.explain import Explanation, Explanations, explain
+    from convnets.explanations import Explanation, Explanations, explain
     from convnets.inference.predict import Predictions, predict
     from convnets.models.features import ResNetFeatures
     from convnets.models.resnet import ResNet
@@ -64,9 +64,9 @@ _LAZY: dict[str, str] = {
     "ResNetFeatures": "convnets.models.features",
     "fpn_backbone": "convnets.backbones",
     "embed": "convnets.inference.embed",
-    "explain": "convnets.inference.explain",
-    "Explanation": "convnets.inference.explain",
-    "Explanations": "convnets.inference.explain",
+    "explain": "convnets.explanations",
+    "Explanation": "convnets.explanations",
+    "Explanations": "convnets.explanations",
     "predict": "convnets.inference.predict",
     "Predictions": "convnets.inference.predict",
     "get_model": "convnets.registry",

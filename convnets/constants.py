@@ -8,6 +8,7 @@ anything.
 from __future__ import annotations
 
 __all__ = ["BACKENDS", "CACHE_DIR_ENV", "CACHE_MAX_SIZE_ENV", "DECODES", "DEFAULT_CACHE_MAX_SIZE", "DEFAULT_EXPLAIN_METHOD",
+           "DEFAULT_EXPLAIN_OUTPUT",
            "DEFAULT_IMAGE_SIZE", "DEFAULT_MODEL", "DEFAULT_TIMEOUT", "DEFAULT_TOPK", "EXPLAIN_METHODS", "IMAGE_SUFFIXES",
            "LAYERS", "MAX_BATCH_SIZE",
            "MAX_IMAGE_SIZE", "MAX_REDIRECTS", "MAX_THREADS", "MIRROR_ENV", "PRIVATE_URLS_OPTION", "TRITON_BACKENDS",
@@ -66,6 +67,8 @@ EXPLAIN_METHODS: dict[str, str] = {
 #: earlier stage, which small inputs are explained from, HiResCAM's follows the model where Grad-CAM's
 #: average blurs it (measured on generated patterns: docs/explain.md).
 DEFAULT_EXPLAIN_METHOD = "hirescam"
+#: Where ``convnets explain`` writes without ``--output``: a folder of the current directory.
+DEFAULT_EXPLAIN_OUTPUT = "explanations"
 
 #: Redirects followed at most by a download (images and weights); one more is an error.
 MAX_REDIRECTS = 5

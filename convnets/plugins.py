@@ -1,8 +1,9 @@
 """``Registry``: the named plug-ins of one interface (inference engines, export formats, output formats).
 
 A registry maps a name to one instance of its interface. The built-in plug-ins are modules of one
-package, each with an instance at a module attribute (``ENGINE``, ``FORMAT``); they are imported on
-first use, so that listing their names imports nothing. Other code adds a plug-in with
+package, each with an instance at a module attribute (``ENGINE``, ``FORMAT``), listed by an explicit
+map of plug-in name to module name; they are imported on first use, so that listing their names
+imports nothing. Other code adds a plug-in with
 :meth:`Registry.register`, or :meth:`Registry.plugin` as a class decorator::
 
     from convnets.deploy.engines import ENGINES
@@ -19,7 +20,7 @@ architecture and its builder function, registered by name with its torch.hub nam
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Generic, TypeVar
 
 from convnets.errors import InvalidArgumentError
@@ -38,17 +39,19 @@ class Registry(Generic[T]):
         interface: the class every plug-in is an instance of (``T``, usually abstract); its ``name``
             attribute is its name.
         package: the package whose modules ``builtin`` names.
-        builtin: those modules' names, in the order listings show them (or a function that finds
-            them, called at each listing: a module dropped into the package is a plug-in).
+        builtin: each built-in plug-in's name -> the module of ``package`` that holds it, in the order
+            listings show them (or a function that makes that map, called at each listing: a module
+            dropped into the package is a plug-in).
         attribute: the module attribute that holds each built-in plug-in's instance.
     """
 
     def __init__(self, kind: str, interface: type, *, package: str = "",
-                 builtin: Iterable[str] | Callable[[], Iterable[str]] = (), attribute: str = "") -> None:
+                 builtin: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
+                 attribute: str = "") -> None:
         self.kind = kind
         self.interface = interface
         self._package = package
-        self._builtin = builtin if callable(builtin) else tuple(builtin)
+        self._builtin = builtin if callable(builtin) else dict(builtin or {})
         self._attribute = attribute
         self._items: dict[str, T] = {}
 
@@ -75,13 +78,21 @@ class Registry(Generic[T]):
 
     def names(self) -> tuple[str, ...]:
         """Every plug-in's name, built-in ones first (imports none of them)."""
-        return tuple(dict.fromkeys((*self._builtin_names(), *self._items)))
+        return tuple(dict.fromkeys((*self._builtin_map(), *self._items)))
 
     def all(self) -> tuple[T, ...]:
-        """Every plug-in, in :meth:`names`' order (the built-in modules imported on first use)."""
-        for module in self._builtin_names():
-            if module not in self._items:
-                self.register(getattr(importlib.import_module(f"{self._package}.{module}"), self._attribute))
+        """Every plug-in, in :meth:`names`' order (the built-in modules imported on first use).
+
+        Raises:
+            InvalidArgumentError: a built-in module's plug-in is not named as the map says (a packaging fault).
+        """
+        for name, module in self._builtin_map().items():
+            if name not in self._items:
+                item = getattr(importlib.import_module(f"{self._package}.{module}"), self._attribute)
+                if getattr(item, "name", None) != name:
+                    raise InvalidArgumentError(f"the built-in {self.kind} {name!r} of module {self._package}.{module} "
+                                               f"is named {getattr(item, 'name', None)!r}")
+                self.register(item)
         return tuple(self._items[name] for name in self.names())
 
     def get(self, name: str, *, label: str | None = None, also: Iterable[str] = ()) -> T:
@@ -100,5 +111,5 @@ class Registry(Generic[T]):
                                        f"{', '.join((*self.names(), *also))}")
         return found
 
-    def _builtin_names(self) -> tuple[str, ...]:
-        return tuple(self._builtin() if callable(self._builtin) else self._builtin)
+    def _builtin_map(self) -> dict[str, str]:
+        return dict(self._builtin() if callable(self._builtin) else self._builtin)

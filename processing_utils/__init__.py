@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from convnets.errors import ImageDecodeError, ImageDownloadError, ImageLoadError, ImageNotFoundError
 
 from convnets.preprocessing.classes import NUM_CLASSES, get_imgnet_classes, get_imgnet_synsets
-from convnets.preprocessing.io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, open_image
-from convnets.preprocessing.pipeline import PreparedBatch, load_image, prepare_batch, prepare_input_from_uri
+from convnets.preprocessing.decode import load_image, open_image
+from convnets.preprocessing.io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput
+from convnets.preprocessing.pipeline import PreparedBatch, prepare_batch, prepare_input_from_uri
 from convnets.preprocessing.results import pick_n_best
 from convnets.preprocessing.transforms import IMAGENET_MEAN, IMAGENET_STD, preprocess_image, to_rgb
 

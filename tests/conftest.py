@@ -116,7 +116,7 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     real benchmark results (a test's CONVNETS_RESULTS_DIR removed). Under pytest-xdist the first
     worker to need it builds it, under a lock, into the run's common temporary directory; the others
     read that copy."""
-    from convnets.fileio import exclusive_lock
+    from convnets.locking import exclusive_lock
 
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "matplotlib"):
         require_module(module, extra="docs")

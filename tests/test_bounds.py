@@ -371,7 +371,7 @@ def test_num_classes_is_bounded_before_the_head_is_allocated() -> None:
 def test_a_fifo_image_is_refused_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "photo.jpg"
     os.mkfifo(fifo)
-    code = ("import sys\nfrom convnets.preprocessing.pipeline import load_image\n"
+    code = ("import sys\nfrom convnets.preprocessing.decode import load_image\n"
             "try:\n    load_image(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
     done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -410,7 +410,7 @@ def _photos(folder: Path, count: int) -> list[Path]:
 
 def test_a_thin_image_is_refused_before_it_is_decoded_or_resized(tmp_path: Path) -> None:
     from convnets.errors import ImageDecodeError
-    from convnets.preprocessing.io import check_resize
+    from convnets.preprocessing.decode import check_resize
     from convnets.preprocessing.pipeline import prepare_batch
 
     # The audit's image, by arithmetic only: decoding it here would take 20 GB in this process.
@@ -457,6 +457,7 @@ def test_a_thin_image_among_photos_is_one_bad_record(command: str, suffix: str, 
 def test_any_failure_of_one_input_is_that_inputs_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A MemoryError (or anything else) while decoding or preprocessing one image fails that image only."""
+    import convnets.preprocessing.decode as decode
     import convnets.preprocessing.pipeline as pipeline
     from convnets.errors import ImageDecodeError
 
@@ -466,7 +467,7 @@ def test_any_failure_of_one_input_is_that_inputs_error(tmp_path: Path, monkeypat
     big, odd = tmp_path / "big.png", tmp_path / "odd.png"
     Image.new("RGB", (61, 47)).save(big)  # its resize runs out of memory
     Image.new("RGB", (53, 41)).save(odd)  # its decoder has a bug
-    preprocess, to_rgb = pipeline.preprocess_image, pipeline.to_rgb
+    preprocess, to_rgb = pipeline.preprocess_image, decode.to_rgb  # the batch's transform, the decoder's conversion
 
     def preprocess_failing(image: Image.Image, **kwargs: object) -> torch.Tensor:
         if image.size == (61, 47):
@@ -478,7 +479,7 @@ def test_any_failure_of_one_input_is_that_inputs_error(tmp_path: Path, monkeypat
             raise KeyError("a decoder's bug")
         return to_rgb(image)
     monkeypatch.setattr(pipeline, "preprocess_image", preprocess_failing)
-    monkeypatch.setattr(pipeline, "to_rgb", to_rgb_failing)
+    monkeypatch.setattr(decode, "to_rgb", to_rgb_failing)
     inputs = [str(photos[0]), str(big), str(photos[1]), str(odd), str(photos[2])]
     for workers in (1, 3):
         batch = pipeline.prepare_batch(inputs, on_error="collect", workers=workers)
@@ -629,7 +630,7 @@ def test_an_error_on_its_way_is_not_replaced_by_closing_the_file(tmp_path: Path,
     def half(f: io.BufferedWriter) -> None:
         f.write(b"x" * 100)
         _no_space()
-    monkeypatch.setattr(convnets.fileio, "open", lambda path, mode: Full(io.FileIO(path, "x")), raising=False)
+    monkeypatch.setattr(convnets.fileio, "open", lambda path, mode, **kw: Full(io.FileIO(path, "x", **kw)), raising=False)
     with pytest.raises(OSError) as info:
         atomic_write(tmp_path / "out.npy", half)
     assert len(closed) == 1 and info.value.filename == str(tmp_path / "out.npy")

@@ -244,12 +244,13 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         1, "option() declares TrainConfig fields: a developer's mistake at import time"),
     ("convnets/commands/train.py", "TypeError"): (
         1, "a TrainConfig field type without a 'parse' function: a developer's mistake"),
-    ("convnets/fileio.py", "OSError"): (
+    ("convnets/locking.py", "OSError"): (
         2, "a lock path that is a symbolic link or not a regular file: the file system's state, raised with "
            "its errno as the open() that found it would (a held lock is LockHeldError, a TimeoutError)"),
     ("convnets/fileio.py", "FileExistsError"): (
-        1, "an exclusive write found its name taken by someone else meanwhile: the file system's state, raised as "
-           "the link() that found it does, naming the file (the contact sheet turns it into its own message)"),
+        2, "an exclusive write found its name taken by someone else meanwhile: the file system's state, raised as "
+           "the link() that found it does, naming the file (the contact sheet turns it into its own message); "
+           "and preflight's, which _refusing turns into the refusal at once"),
     ("convnets/deploy/cache/__init__.py", "OSError"): (
         1, "a full disk while the engine cache is filled: raised as the OSError(ENOSPC) that the runtime's write "
            "lost (OpenVINO raises RuntimeError without an errno), naming the entry"),

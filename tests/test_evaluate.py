@@ -424,7 +424,7 @@ def test_class_folders_with_links_to_themselves_are_scanned_once(command: str, t
                        "--workers", "0", "--no-progress", "--data", str(tmp_path / "data" / "val"), "--output",
                        str(tmp_path / "report"), **limits)
     else:
-        code = ("import sys\nfrom pathlib import Path\nfrom convnets.data.folders import scan_split\n"
+        code = ("import sys\nfrom pathlib import Path\nfrom convnets.data.scan import scan_split\n"
                 "for split in ('train', 'val'):\n    classes, samples = scan_split(Path(sys.argv[1]), split)\n"
                 "    print(split, len(samples), sorted(classes[i] for _, i in samples))\n")
         done = run_cli(str(tmp_path / "data"), code=code, **limits)

@@ -99,7 +99,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
         torch.set_num_threads(before)
     model.eval()
     model.class_names, model.input_size = list(NAMES), SIZE
-    model.multilabel = True  # sigmoid scores (convnets.inference.explain.class_scores)
+    model.multilabel = True  # sigmoid scores (convnets.explanations.class_scores)
     folder = tmp_path_factory.mktemp("patterns")
     val = draw(rng, 40)
     paths = []
@@ -224,6 +224,39 @@ def test_command_writes_files_named_after_inputs_with_a_record_and_refuses_to_ov
     assert cli_in_process(*args, "--force").returncode == 1  # replaced; the broken input still fails
 
 
+def test_without_output_it_writes_to_explanations_and_greys_what_the_crop_left_out(trained, tmp_path: Path) -> None:
+    """A wide image: the center crop leaves out its sides. Where they are is found with torchvision's own resize and
+    crop of an image whose red channel is each pixel's column; there the overlay is the image in grey (R = G = B,
+    halfway to white), inside it pytorch-grad-cam's blend of the image and the heat map."""
+    from pytorch_grad_cam.utils.image import show_cam_on_image
+
+    rng = np.random.default_rng(1)
+    width, height = 2 * SIZE, SIZE
+    wide = np.concatenate([np.asarray(picture(rng, [0, 3])), np.asarray(picture(rng, [1, 2]))], axis=1)
+    Image.fromarray(wide).save(tmp_path / "wide.png")
+    done = cli_in_process("explain", str(tmp_path / "wide.png"), "--weights", str(trained["checkpoint"]), "--class",
+                          "checks", "--device", "cpu", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "explanations"  # the default --output, in the current directory
+    assert sorted(p.name for p in out.iterdir()) == ["explanations.json", "wide.1-checks.npy", "wide.1-checks.png"]
+    overlay = np.asarray(Image.open(out / "wide.1-checks.png").convert("RGB")).astype(int)
+    heat = np.load(out / "wide.1-checks.npy")
+    columns = np.repeat(np.arange(width, dtype=np.uint8)[None, :, None], height, axis=0)
+    seen = np.asarray(TF.center_crop(TF.resize(Image.fromarray(np.repeat(columns, 3, axis=2)),
+                                               round(SIZE * 256 / 224)), [SIZE, SIZE]))[..., 0]
+    first, last = int(seen.min()), int(seen.max())  # the columns the model saw
+    assert 10 < first and last < width - 10
+    outside = np.r_[0:first - 2, last + 3:width]
+    luma = wide[:, outside].astype(np.float64) @ [0.299, 0.587, 0.114]
+    expected = np.round(127.5 + luma / 2)
+    for channel in range(3):
+        np.testing.assert_allclose(overlay[:, outside, channel], expected, atol=1)
+    inside = np.s_[8:height - 8, first + 3:last - 2]
+    blend = show_cam_on_image(wide.astype(np.float32) / 255, heat, use_rgb=True)
+    np.testing.assert_array_equal(overlay[inside], blend[inside])
+    assert (np.ptp(overlay[inside], axis=-1) > 8).mean() > 0.9  # in colour, unlike the grey outside
+
+
 def test_bad_classes_and_a_missing_extra_are_one_clear_error(trained, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     path = str(trained["paths"][0])
@@ -254,7 +287,7 @@ def test_predictions_show_their_heat_maps_beside_the_thumbnails(trained) -> None
 
 def test_default_classes_are_the_best_or_a_multilabel_models_labels_above_their_thresholds(trained,
                                                                                         monkeypatch) -> None:
-    from convnets.inference.explain import default_targets
+    from convnets.explanations import default_targets
 
     scores = [0.2, 0.9, 0.6, 0.1]
     assert default_targets(scores) == [1]

@@ -23,7 +23,8 @@ import convnets
 from convnets.data.folders import eval_loader, to_device
 from convnets.dist import DistContext
 from convnets.inference.loader import Decoding, decode
-from convnets.preprocessing.pipeline import FAST_DECODE_MARGIN, fast_decode_draft, load_image, prepare_batch
+from convnets.preprocessing.decode import FAST_DECODE_MARGIN, fast_decode_draft, load_image
+from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import DEFAULT_PRESET
 
 SE = "se_resnext101_32x4d"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from convnets.fileio import atomic_output, atomic_write, exclusive_lock
+from convnets.fileio import atomic_output, atomic_write
+from convnets.locking import exclusive_lock
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX permissions, signals and flock")
 
@@ -174,7 +175,7 @@ def test_deleting_the_lock_file_keeps_mutual_exclusion(tmp_path: Path) -> None:
 _KILLED_HOLDER = r"""
 import os, sys, time
 from pathlib import Path
-from convnets.fileio import LockHeldError, exclusive_lock
+from convnets.locking import LockHeldError, exclusive_lock
 lock = Path(sys.argv[1])
 r, w = os.pipe()
 holder = os.fork()

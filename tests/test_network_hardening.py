@@ -30,7 +30,8 @@ import convnets
 import processing_utils
 from convnets import urls
 from convnets.errors import ImageDownloadError, WeightsUnavailableError
-from convnets.preprocessing.io import download, open_image
+from convnets.preprocessing.decode import open_image
+from convnets.preprocessing.io import download
 from convnets.weights import download as weights_download
 from convnets.weights.manifest import load_manifest
 

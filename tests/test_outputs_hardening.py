@@ -26,9 +26,9 @@ from PIL import Image
 
 import convnets
 from convnets.errors import InvalidArgumentError
-from convnets.fileio import LockHeldError, exclusive_lock
-from convnets.inference.inputs import read_list
-from convnets.inference.names import decode_name, encode_name
+from convnets.locking import LockHeldError, exclusive_lock
+from convnets.inputs.listing import read_list
+from convnets.inputs.names import decode_name, encode_name
 from convnets.inference.outputs.npy import read_inputs_list
 from convnets.inference.outputs.spool import spool_path
 

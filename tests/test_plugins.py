@@ -40,18 +40,49 @@ def test_register_get_names_and_the_decorator() -> None:
         shapes.register("square")  # type: ignore[arg-type]
 
 
-def test_built_in_modules_are_listed_without_import_and_loaded_on_first_use(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    package = tmp_path / "fakeshapes"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "triangle.py").write_text(
+def _triangle_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, package: str, module: str) -> str:
+    """A package ``package`` on the path whose module ``module`` holds a Shape named 'triangle' as ``SHAPE``,
+    neither imported yet (the test forgets both at its end: :func:`_forget`). Returns the module's dotted name."""
+    folder = tmp_path / package
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / f"{module}.py").write_text(
         "from test_plugins import Shape\nclass Triangle(Shape):\n    name = 'triangle'\nSHAPE = Triangle()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    shapes: Registry[Shape] = Registry("shape", Shape, package="fakeshapes", builtin=("triangle",), attribute="SHAPE")
+    _forget(f"{package}.{module}")
+    return f"{package}.{module}"
+
+
+def _forget(module: str) -> None:
+    for name in (module, module.rpartition(".")[0]):
+        sys.modules.pop(name, None)
+
+
+def test_built_in_modules_are_listed_without_import_and_loaded_on_first_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _triangle_package(tmp_path, monkeypatch, "fakeshapes", "triangle")
+    shapes: Registry[Shape] = Registry("shape", Shape, package="fakeshapes", builtin={"triangle": "triangle"},
+                                       attribute="SHAPE")
     shapes.register(Square())
-    assert shapes.names() == ("triangle", "square") and "fakeshapes.triangle" not in sys.modules
-    assert shapes.get("triangle").name == "triangle" and "fakeshapes.triangle" in sys.modules
+    assert shapes.names() == ("triangle", "square") and module not in sys.modules
+    assert shapes.get("triangle").name == "triangle" and module in sys.modules
     assert [s.name for s in shapes.all()] == ["triangle", "square"]
-    monkeypatch.delitem(sys.modules, "fakeshapes.triangle")
-    monkeypatch.delitem(sys.modules, "fakeshapes")
+    _forget(module)
+
+
+def test_a_built_in_plug_in_may_live_in_a_module_of_another_name(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The map says which module holds which plug-in: listing imports nothing, the first use imports the module
+    named for it; a map that names a plug-in wrongly is one clear error, not a KeyError."""
+    module = _triangle_package(tmp_path, monkeypatch, "moreshapes", "three_sides")
+    shapes: Registry[Shape] = Registry("shape", Shape, package="moreshapes", builtin={"triangle": "three_sides"},
+                                       attribute="SHAPE")
+    assert shapes.names() == ("triangle",) and module not in sys.modules
+    assert [s.name for s in shapes.all()] == ["triangle"] and shapes.get("triangle").name == "triangle"
+    assert module in sys.modules
+    wrong: Registry[Shape] = Registry("shape", Shape, package="moreshapes", builtin={"trigon": "three_sides"},
+                                      attribute="SHAPE")
+    with pytest.raises(InvalidArgumentError, match="the built-in shape 'trigon' of module moreshapes.three_sides "
+                                                   "is named 'triangle'"):
+        wrong.all()
+    _forget(module)

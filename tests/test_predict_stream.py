@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import kill_midway, run_cli
+from conftest import cli_in_process, kill_midway, run_cli
 from PIL import Image
 from strict_skips import require_module
 
@@ -271,7 +271,7 @@ def test_resume_with_other_inputs_is_refused(reference: dict, tmp_path: Path) ->
 MEMORY_PROBE = textwrap.dedent("""
     import resource, sys, tracemalloc
     from convnets.inference.predict import iter_inputs
-    from convnets.inference.inputs import read_list as _read_list
+    from convnets.inputs.listing import read_list as _read_list
 
     def peak(n, path):
         with open(path, "w") as f:
@@ -415,3 +415,29 @@ def test_damage_and_other_topk_are_refused_not_cut(fmt: str, reference: dict, tm
             output.open(output.spool(), resume=True, width=3, stack=stack)
         assert path.read_bytes() == b"\n".join(lines)
         output.spool().unlink(missing_ok=True)
+
+
+def test_the_inputs_are_listed_once_from_prepare_to_the_last_record(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare's checks (exists, holds images) and the run's records come from one walk: each folder of an INPUT
+    is listed once (os.scandir counted in this process), and the records are every image, in path order."""
+    import os
+
+    root = tmp_path / "photos"
+    for i, folder in enumerate(["a", "a/deep", "b"] * 2):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (20, 24), (i * 40, 0, 0)).save(root / folder / f"p{i}.png")
+    listed: list[str] = []
+    scandir = os.scandir
+
+    def counting(path: object = ".") -> object:
+        if isinstance(path, str) and Path(path).is_relative_to(root):  # not the runtimes' own listings
+            listed.append(os.path.relpath(path, root))
+        return scandir(path)
+    monkeypatch.setattr(os, "scandir", counting)
+    out = tmp_path / "out.jsonl"
+    done = cli_in_process("predict", "--recursive", str(root), *MODEL, "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    assert sorted(listed) == [".", "a", "a/deep", "b"], listed
+    records = [json.loads(line)["input"] for line in out.read_text().splitlines()]
+    assert records == sorted(str(p) for p in root.rglob("*.png"))

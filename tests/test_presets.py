@@ -33,10 +33,12 @@ from torchvision import transforms
 from convnets.dist import DistContext
 from convnets.errors import InvalidArgumentError, ManifestError
 from convnets.inference.predict import predict
-from convnets.preprocessing.pipeline import load_image, prepare_batch, prepare_input_from_uri
+from convnets.preprocessing.decode import load_image
+from convnets.preprocessing.pipeline import prepare_batch, prepare_input_from_uri
 from convnets.preprocessing.presets import DEFAULT_PRESET, EvalPreset, preset_for_model
 from convnets.registry import _apply_metadata
-from convnets.data.folders import make_data, scan_split, to_device, val_transform
+from convnets.data.folders import make_data, to_device, val_transform
+from convnets.data.scan import scan_split
 from convnets.weights.record import ModelRecord
 from convnets.weights.manifest import load_manifest
 

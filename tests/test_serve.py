@@ -47,7 +47,7 @@ from strict_skips import require_module
 
 import convnets
 from convnets.cli import main
-from convnets.fileio import exclusive_lock
+from convnets.locking import exclusive_lock
 from convnets.preprocessing.pipeline import prepare_batch
 
 

@@ -20,7 +20,7 @@ from conftest import TINY, run_cli, start_cli
 from strict_skips import require_module
 
 from convnets.errors import InvalidArgumentError
-from convnets.fileio import check_destination, make_dirs, write_new
+from convnets.fileio import make_output_dir, preflight, write_output
 
 MODEL = ("--random-init", "--model", "resnet50", "--arch-kwargs", json.dumps(TINY["resnet50"]), "--image-size", "32")
 THEIRS = "the user's own file\n"
@@ -201,15 +201,34 @@ def test_triton_labels_are_not_written_through_a_link(tmp_path: Path) -> None:
 
 def test_the_helpers_refuse_links_below_the_named_directory_and_keep_what_exists(tmp_path: Path) -> None:
     base = tmp_path / "base"
-    assert make_dirs(base / "a" / "b", base=base).is_dir()
+    assert make_output_dir(base / "a" / "b", base=base).is_dir()
     (base / "link").symlink_to(tmp_path, target_is_directory=True)
-    for attempt in (lambda: make_dirs(base / "link" / "x", base=base),
-                    lambda: write_new(base / "link" / "f", lambda f: f.write(b"x"), force=True, base=base),
-                    lambda: check_destination(base / "a" / "b", base=base)):
+    for attempt in (lambda: make_output_dir(base / "link" / "x", base=base),
+                    lambda: write_output(base / "link" / "f", lambda f: f.write(b"x"), force=True, base=base),
+                    lambda: preflight(base / "a" / "b", base=base)):
         with pytest.raises(InvalidArgumentError):
             attempt()
     assert not (tmp_path / "x").exists() and not (tmp_path / "f").exists()
     # a link in the directory the user named is his own choice: followed
     (tmp_path / "mine").symlink_to(base, target_is_directory=True)
-    write_new(tmp_path / "mine" / "a" / "f", lambda f: f.write(b"ok"), base=tmp_path / "mine")
+    write_output(tmp_path / "mine" / "a" / "f", lambda f: f.write(b"ok"), base=tmp_path / "mine")
     assert (base / "a" / "f").read_bytes() == b"ok"
+
+
+def test_a_directory_swapped_for_a_link_mid_write_gets_nothing_through_the_link(tmp_path: Path) -> None:
+    """The writer works relative to the directory it opened: a neighbour who renames the directory and plants a
+    link in its place while the file is being written does not redirect the file (a path-based rename would)."""
+    base, outside = tmp_path / "base", tmp_path / "outside"
+    (base / "a").mkdir(parents=True)
+    outside.mkdir()
+
+    def write(f) -> None:
+        f.write(b"mine")
+        (base / "a").rename(base / "moved")
+        (base / "a").symlink_to(outside, target_is_directory=True)
+
+    write_output(base / "a" / "f", write, base=base)
+    assert list(outside.iterdir()) == [] and (base / "moved" / "f").read_bytes() == b"mine"
+    assert [p.name for p in (base / "moved").iterdir()] == ["f"]  # no temporary file left either
+    with pytest.raises(InvalidArgumentError, match="is a symbolic link"):  # the next write sees the link
+        write_output(base / "a" / "g", lambda f: f.write(b"x"), base=base)

@@ -16,15 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from convnets.commands.options import (Parser, add_image_size_argument, add_output_argument, batch_size,
                                        non_negative_int, positive_seconds)
-from convnets.commands.path_checks import (check_inputs_are_images, check_inputs_exist, check_output_file,
-                                           usage_errors)
+from convnets.commands.path_checks import check_inputs_exist, check_output_file, usage_errors
 from convnets.constants import DECODES, DEFAULT_TIMEOUT, PRIVATE_URLS_OPTION
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from contextlib import ExitStack
 
-    from convnets.inference.inputs import InputItem
+    from convnets.inputs.listing import InputItem, Listing
     from convnets.inference.job import BatchJob, JobSettings
     from convnets.inference.loader import Decoding
     from convnets.ray import R, Worker
@@ -178,11 +177,12 @@ def ray_results(args: argparse.Namespace, worker: type[Worker[R]], options: dict
     return iter_results(worker, options, list(items), batch_size=batch_size, on_batch=on_batch)
 
 
-def job_settings(args: argparse.Namespace) -> JobSettings:
+def job_settings(args: argparse.Namespace, inputs: Listing) -> JobSettings:
     """The batch job that the options of this module describe.
 
     Args:
         args: parsed by a parser with all four groups.
+        inputs: its INPUTs, listed (and checked) by :func:`prepare_job`.
 
     Returns:
         The settings, with a :class:`~convnets.inference.loader.Decoding` whose preset the driver
@@ -193,7 +193,7 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
 
     decoding = Decoding(timeout=args.timeout, workers=args.workers, allow_private=args.allow_private,
                         fast_decode=args.fast_decode, decode=args.decode)
-    return JobSettings(inputs=args.inputs, decoding=decoding,
+    return JobSettings(inputs=inputs, decoding=decoding,
                        recursive=args.recursive, from_file=args.from_file, output=args.output, resume=args.resume,
                        batch_size=args.batch_size, image_size=args.image_size, progress=args.progress)
 
@@ -221,12 +221,12 @@ def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack) -> Ca
     """
     from convnets.inference.job import claim_output, run_job
     from convnets.inference.outputs import KINDS, suffixes
+    from convnets.inputs.listing import Listing
 
     with usage_errors():
         if args.output is not None:
             check_output_file(args.output, formats=suffixes(job.kind), kind=KINDS[job.kind])
-        check_inputs_exist("INPUT", *args.inputs)
-        check_inputs_are_images("INPUT", *args.inputs, recursive=args.recursive)
+        inputs = Listing(args.inputs, recursive=args.recursive)  # each looked at once: the run resumes the walk
         check_inputs_exist("--from-file", None if args.from_file == "-" else args.from_file)
         check_inputs_exist("--weights", args.weights)
         if args.ray is not None:
@@ -234,7 +234,7 @@ def prepare_job(job: BatchJob, args: argparse.Namespace, stack: ExitStack) -> Ca
     destination = claim_output(job, output=args.output, resume=args.resume, stack=stack)
     if destination is None:
         return 0
-    return lambda: run_job(job, job_settings(args), destination)
+    return lambda: run_job(job, job_settings(args, inputs), destination)
 
 
 def check_ray(args: argparse.Namespace) -> None:

@@ -102,13 +102,13 @@ def _batch_sizes(text: str) -> list[int]:
 def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
     """Before anything heavy is imported: ``--weights`` exists, ``--output`` (and the older ``--json
     FILE``) can be written (usage errors, see :mod:`convnets.cli`); returns the run."""
-    from convnets.fileio import check_destination
+    from convnets.fileio import preflight
 
     with usage_errors():
         check_inputs_exist("--weights", args.weights)
         for option, path in _files(args):
             check_output_file(path, option=option)
-            check_destination(path, force=args.force, option=option)  # at once, not after the measurements
+            preflight(path, force=args.force, option=option)  # at once, not after the measurements
     return lambda: run(args)
 
 
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     from convnets.deploy.benchmark import environment, format_engine_table, format_table
     from convnets.deploy.engines.runner import num_threads
-    from convnets.fileio import write_new
+    from convnets.fileio import write_output
 
     if isinstance(args.json, str):
         log.warning("--json FILE is the older spelling of --output FILE; use --output %s", args.json)
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                 for engine, results in runs for r in results]
         text = json.dumps({"environment": env, "config": config, "results": rows}, indent=2) + "\n"
         for option, path in _files(args):
-            write_new(path, lambda f: f.write(text.encode("utf-8")), force=args.force, option=option)
+            write_output(path, lambda f: f.write(text.encode("utf-8")), force=args.force, option=option)
         if args.json is True:
             print(text, end="")
     return 0

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from convnets.inference.embed import Embedding
-    from convnets.inference.inputs import InputItem
+    from convnets.inputs.listing import InputItem
     from convnets.inference.loader import Decoding
     from convnets.inference.outputs.spool import Record
     from convnets.models.resnet import ResNet

@@ -26,7 +26,7 @@ from convnets.commands.run_options import (add_cache_argument, add_compile_argum
                                            add_memory_format_argument, add_precision_argument, device_from_args,
                                            engine_settings_from_args)
 from convnets.constants import REPORT_FILES
-from convnets.fileio import check_destination
+from convnets.fileio import preflight
 
 _EPILOG = """\
 data layouts (detected):
@@ -95,7 +95,7 @@ def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
         if args.output is not None:
             check_output_directory(args.output)
             for name in REPORT_FILES:
-                check_destination(Path(args.output) / name, force=args.force)
+                preflight(Path(args.output) / name, force=args.force)
     return lambda: run(args)
 
 

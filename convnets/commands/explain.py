@@ -1,14 +1,14 @@
 """``convnets explain``: where in each image the evidence for its classes lies (Grad-CAM and its variants).
 
-For each input and class it writes, in ``--output DIR``, ``STEM.INDEX-LABEL.png`` (the image with the heat map over
-it) and ``STEM.INDEX-LABEL.npy`` (the heat map: float32, the image's own height and width as read, upright; 0..1;
-0 outside the center crop the model saw), named after the input (:func:`~convnets.inference.names.file_stems`:
+For each input and class it writes, in ``--output DIR`` (default ``explanations/`` of the current directory),
+``STEM.INDEX-LABEL.png`` (the image with the heat map over it; outside the crop the model saw, the image greyed) and ``STEM.INDEX-LABEL.npy`` (the heat map: float32, the image's own height and width as read, upright; 0..1;
+0 outside the center crop the model saw), named after the input (:func:`~convnets.inputs.names.file_stems`:
 safe characters, ``cat``, ``cat-2``, ... for inputs of the same name), and ``DIR/explanations.json``, the record of
 what was explained. The classes are ``--class`` (names or indices, repeatable or comma-separated), else the
 ``--topk`` best scores of each image, by default the best one, or a multi-label model's labels above their
-thresholds (:func:`~convnets.inference.explain.default_targets`). Existing files are
+thresholds (:func:`~convnets.explanations.default_targets`). Existing files are
 refused without ``--force``. Inputs that cannot be read are reported on stderr, one line each, and leave the exit
-status at 1; the others are still explained. The computation is :mod:`convnets.inference.explain`'s
+status at 1; the others are still explained. The computation is :mod:`convnets.explanations`'s
 (pytorch-grad-cam, the ``explain`` extra).
 """
 
@@ -26,15 +26,16 @@ from convnets.commands.batch_options import add_input_arguments, add_private_url
 from convnets.commands.model_options import add_model_arguments, load_from_args
 from convnets.commands.options import (add_force_argument, add_image_size_argument, add_output_argument, batch_size,
                                        positive_int, positive_seconds)
-from convnets.commands.path_checks import (check_inputs_are_images, check_inputs_exist, check_output_directory,
-                                           usage_errors)
+from convnets.commands.path_checks import check_inputs_exist, check_output_directory, usage_errors
 from convnets.commands.run_options import add_device_argument, device_from_args
-from convnets.constants import DEFAULT_EXPLAIN_METHOD, DEFAULT_MODEL, DEFAULT_TIMEOUT, EXPLAIN_METHODS, LAYERS
+from convnets.constants import (DEFAULT_EXPLAIN_METHOD, DEFAULT_EXPLAIN_OUTPUT, DEFAULT_MODEL, DEFAULT_TIMEOUT,
+                                EXPLAIN_METHODS, LAYERS)
 from convnets.errors import InvalidArgumentError
-from convnets.fileio import check_destination
+from convnets.fileio import preflight
 
 if TYPE_CHECKING:
-    from convnets.inference.explain import Explanation
+    from convnets.explanations import Explanation
+    from convnets.inputs.listing import Listing
 
 __all__ = ["RECORD", "add_arguments", "prepare"]
 
@@ -43,7 +44,8 @@ RECORD = "explanations.json"
 
 _EPILOG = f"""\
 files, in DIR, per input and class:
-  STEM.INDEX-LABEL.png     the image with the heat map over it (jet colours: red is where the evidence is)
+  STEM.INDEX-LABEL.png     the image with the heat map over it (jet colours: red is where the evidence is);
+                           outside the center crop the model saw, the image in grey
   STEM.INDEX-LABEL.npy     the heat map: float32 [height, width] of the image as read (EXIF-upright), 0..1;
                            0 outside the center crop the model saw (its box is in the record)
   {RECORD}        what was explained: per input and class its index, label, score (softmax, or
@@ -52,7 +54,7 @@ files, in DIR, per input and class:
   as '_'; a second input of the same STEM gets STEM-2, and so on.
 examples:
   convnets explain photos/ --output heat/ --topk 2
-  convnets explain cat.jpg --weights run/model_best.pth.tar --class dots,stripes --output heat/
+  convnets explain cat.jpg --weights run/model_best.pth.tar --class dots,stripes    (into explanations/)
 """
 
 
@@ -78,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "least 6x6 at the image size, never layer1: layer4 from 192 px up, layer3 from 96, "
                            "layer2 below)")
     out = parser.add_argument_group("output")
-    add_output_argument(out, metavar="DIR", required=True,
-                        help=f"directory (created) that gets the overlays, the heat maps and {RECORD}")
+    add_output_argument(out, metavar="DIR", help=f"directory (created) that gets the overlays, the heat maps and "
+                                                 f"{RECORD} (default: {DEFAULT_EXPLAIN_OUTPUT}/ in the current directory)")
     add_force_argument(out, what="a heat map, an overlay or explanations.json in DIR")
     add_model_arguments(parser, default_weights="pretrained", default_model=DEFAULT_MODEL)
     run = parser.add_argument_group("run")
@@ -94,27 +96,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def prepare(args: argparse.Namespace, stack: ExitStack) -> Callable[[], int]:
-    """Before anything heavy is imported: the inputs and ``--weights`` exist, ``--output`` can be written and its
-    record is not there (without ``--force``); returns the run."""
+    """Before anything heavy is imported: the inputs and ``--weights`` exist, ``--output`` (default
+    :data:`~convnets.constants.DEFAULT_EXPLAIN_OUTPUT`) can be written and its record is not there (without
+    ``--force``); returns the run."""
+    if args.output is None:
+        args.output = DEFAULT_EXPLAIN_OUTPUT
+    from convnets.inputs.listing import Listing
+
     with usage_errors():
-        check_inputs_exist("INPUT", *args.inputs)
-        check_inputs_are_images("INPUT", *args.inputs, recursive=args.recursive)
+        inputs = Listing(args.inputs, recursive=args.recursive)  # each looked at once: the run resumes the walk
         check_inputs_exist("--from-file", None if args.from_file == "-" else args.from_file)
         check_inputs_exist("--weights", args.weights)
         check_output_directory(args.output)
-        check_destination(Path(args.output) / RECORD, force=args.force)
-    return lambda: run(args, stack)
+        preflight(Path(args.output) / RECORD, force=args.force)
+    return lambda: run(args, inputs, stack)
 
 
-def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    """Run ``convnets explain``; 1 if an input could not be read."""
-    from convnets.fileio import make_dirs, write_new
-    from convnets.inference.explain import (default_layer, default_targets, explain_items, model_thresholds,
-                                            resolve_classes)
-    from convnets.inference.inputs import iter_inputs, read_sources
+def run(args: argparse.Namespace, inputs: Listing, stack: ExitStack) -> int:
+    """Run ``convnets explain`` on ``inputs`` (and ``--from-file``'s); 1 if an input could not be read."""
+    from convnets.fileio import write_output
+    from convnets.explanations import (default_layer, default_targets, explain_items, model_thresholds,
+                                       resolve_classes)
+    from convnets.inputs.listing import iter_inputs, read_sources
     from convnets.inference.job import input_error_message
-    from convnets.inference.names import escape_json, file_stems
-    from convnets.inference.labels import class_labels
+    from convnets.inputs.names import escape_json, file_stems
+    from convnets.preprocessing.classes import class_labels
     from convnets.preprocessing.presets import preset_for_model
 
     device = device_from_args(args)
@@ -134,9 +140,9 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.image_size is not None:
         preset = preset.with_crop_size(args.image_size)
     layer = args.layer or default_layer(model, preset.crop_size)
-    items = list(iter_inputs(read_sources(args.inputs, args.from_file, stack), recursive=args.recursive))
+    items = [*inputs, *iter_inputs(read_sources((), args.from_file, stack), recursive=args.recursive)]
     stems = file_stems(name for name, _ in items)
-    output = make_dirs(args.output, base=args.output)
+    output = Path(args.output)  # made by the first write_output
     records: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
     for position, result in enumerate(explain_items(model, items, choose, method=args.method, layer=layer,
@@ -159,7 +165,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
                          "(left, top, right, bottom), the part of the image the model saw",
               "explanations": records, "errors": failed}
     text = escape_json(json.dumps(record, indent=2, ensure_ascii=False)) + "\n"
-    write_new(output / RECORD, lambda f: f.write(text.encode("utf-8")), force=args.force, base=output)
+    write_output(output / RECORD, lambda f: f.write(text.encode("utf-8")), force=args.force, base=output)
     print(f"convnets explain: {len(records)} heat map(s) of {len(items) - len(failed)} image(s) in {output}, "
           f"recorded in {output / RECORD}")
     return 1 if failed else 0
@@ -173,7 +179,7 @@ def _flat(values: list[str], labels: list[str]) -> list[str]:
 
 def _label_part(label: str) -> str:
     """A class name as a part of a file name (the index before it keeps names apart)."""
-    from convnets.inference.names import file_stem
+    from convnets.inputs.names import file_stem
 
     return file_stem(label.replace(".", "_") + ".x")[:40]
 
@@ -182,12 +188,12 @@ def _write(explanation: Explanation, output: Path, stem: str, *, force: bool) ->
     """Write the heat map (``.npy``) and the overlay (``.png``) of one explanation; returns their names."""
     import numpy as np
 
-    from convnets.fileio import write_new
+    from convnets.fileio import write_output
 
     heatmap, overlay = f"{stem}.npy", f"{stem}.png"
-    write_new(output / heatmap, lambda f: np.save(f, explanation.heatmap, allow_pickle=False), force=force,
-              base=output)
+    write_output(output / heatmap, lambda f: np.save(f, explanation.heatmap, allow_pickle=False), force=force,
+                 base=output)
     picture = explanation.overlay()
-    write_new(output / overlay, lambda f: picture.save(f, format="PNG"), force=force, base=output)
+    write_output(output / overlay, lambda f: picture.save(f, format="PNG"), force=force, base=output)
     return heatmap, overlay
 

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     from convnets.deploy.triton import (check_model_name, check_triton_format, model_version_dir, triton_files,
                                         write_triton_files)
     from convnets.deploy.triton.config import model_config_pb2
-    from convnets.fileio import check_destination, make_dirs
+    from convnets.fileio import preflight
 
     fmt = get_format(args.format)
     options = fmt.resolve_options(_format_options(args, fmt))  # bad values fail before the model loads
@@ -151,11 +151,11 @@ def run(args: argparse.Namespace) -> int:
     path = (model_version_dir(output, name) if args.triton else output) / fmt.file_names[0]
     # Every file this run writes is free (or --force) and reached through no link, before any is written.
     for target in [*fmt.files(path), *(triton_files(output, name, backend) if args.triton else ())]:
-        check_destination(target, force=args.force, base=output)
+        preflight(target, force=args.force, base=output)
     batch, description = sample_batch(args.images, image_size=image_size, allow_private=args.allow_private)
-    make_dirs(path.parent, base=output)
     result = export_model(loaded.model, path, format=fmt.name, precision=args.precision, batch=batch,
-                          batch_description=description, image_size=image_size, force=args.force, **options)
+                          batch_description=description, image_size=image_size, force=args.force, base=output,
+                          **options)
     written = []
     if args.triton:
         written = write_triton_files(output, name, result, max_batch_size=max_batch_size,

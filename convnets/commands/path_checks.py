@@ -15,8 +15,7 @@ from pathlib import Path
 from convnets.errors import InvalidArgumentError, message_for
 from convnets.preprocessing.sources import is_url
 
-__all__ = ["check_inputs_are_images", "check_inputs_exist", "check_output_directory", "check_output_file",
-           "usage_errors"]
+__all__ = ["check_inputs_exist", "check_output_directory", "check_output_file", "usage_errors"]
 
 
 @contextlib.contextmanager
@@ -42,62 +41,11 @@ def check_inputs_exist(name: str, *values: str | os.PathLike[str] | None) -> Non
     Raises:
         InvalidArgumentError: a path that does not exist.
     """
-    for value in values:
-        if value is None or is_url(value):
-            continue
-        try:
-            os.stat(value)
-        except (FileNotFoundError, NotADirectoryError):
-            where = "" if os.path.isabs(value) else f" (in the working directory {os.getcwd()!r})"
-            raise InvalidArgumentError(f"{name} {os.fspath(value)} does not exist{where}") from None
-        except (OSError, ValueError):
-            continue
-
-
-def check_inputs_are_images(name: str, *values: str, recursive: bool = False) -> None:
-    """Each of ``values`` that is a local directory holds an image (``recursive``: or its subfolders do), and
-    each regular file whose name does not end like an image's (``notes.txt``) is one that Pillow recognises
-    (its header only is read). URLs, files named like images (their decoding says what is wrong) and paths
-    that cannot be looked at are skipped: the run reports them.
-
-    Args:
-        name: the option as the command line spells it (``INPUT``).
-        values: its values.
-        recursive: directories are searched with their subfolders (``--recursive``).
-
-    Raises:
-        InvalidArgumentError: a directory without images, or a file that is not an image.
-    """
-    from convnets.constants import IMAGE_SUFFIXES
-    from convnets.inference.inputs import iter_inputs
+    from convnets.inputs.listing import look
 
     for value in values:
-        if is_url(value) or not os.access(value, os.R_OK):
-            continue
-        if os.path.isdir(value):
-            if os.access(value, os.X_OK) and next(iter_inputs(value, recursive=recursive))[1] is not None:
-                where = "nor do its subfolders" if recursive else "(--recursive also searches its subfolders)"
-                raise InvalidArgumentError(f"{name} {value} holds no images {where}: no files ending in "
-                                           f"{', '.join(sorted(IMAGE_SUFFIXES))}")
-        elif os.path.isfile(value) and os.path.splitext(value)[1].lower() not in IMAGE_SUFFIXES \
-                and not _is_image_file(value):
-            raise InvalidArgumentError(f"{name} {value} is not an image (Pillow does not recognise it); give image "
-                                       f"files or directories of them, or, for a list of inputs one per line, "
-                                       f"--from-file {value}")
-
-
-def _is_image_file(path: str) -> bool:
-    """Whether Pillow recognises the file's header (an error other than not recognising it: ``True``, for the
-    run to report)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path):
-            return True
-    except UnidentifiedImageError:
-        return False
-    except Exception:  # a bomb, an unreadable file: the decoder's to say, naming the input
-        return True
+        if value is not None and not is_url(value):
+            look(name, value)
 
 
 def check_output_file(path: str | os.PathLike[str], *, option: str = "output",
@@ -114,7 +62,7 @@ def check_output_file(path: str | os.PathLike[str], *, option: str = "output",
     Raises:
         InvalidArgumentError: what is wrong, naming the option.
     """
-    from convnets.fileio import directory_problem
+    from convnets.paths import directory_problem
     from convnets.inference.outputs import suffix_format
 
     if formats is not None:
@@ -134,7 +82,7 @@ def check_output_directory(path: str | os.PathLike[str], *, option: str = "outpu
     Raises:
         InvalidArgumentError: what is wrong, naming the option.
     """
-    from convnets.fileio import directory_problem
+    from convnets.paths import directory_problem
 
     existing = Path(path)
     while not os.path.lexists(existing) and existing.parent != existing:  # "a/b" -> "a" -> "."; "/a" -> "/"

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from convnets.inference.inputs import InputItem
+    from convnets.inputs.listing import InputItem
     from convnets.inference.loader import Decoding
     from convnets.inference.predict import Prediction
     from convnets.inference.outputs.spool import Record, SpoolWriter
@@ -122,7 +122,7 @@ class PredictJob(BatchJob):
         return torch.device("cpu") if self.args.ray is not None else device_from_args(self.args)
 
     def load(self, device: torch.device) -> ResNet:
-        from convnets.inference.labels import class_labels
+        from convnets.preprocessing.classes import class_labels
 
         self.model = load_from_args(self.args, device=device).model
         self.labels = class_labels(self.model)

@@ -182,7 +182,7 @@ def _served_model(args: argparse.Namespace) -> ServedModel:
 
     from convnets.deploy.optimize import optimize_for_inference
     from convnets.inference.embed import features_model
-    from convnets.inference.labels import class_labels
+    from convnets.preprocessing.classes import class_labels
     from convnets.preprocessing.io import DEFAULT_MAX_BYTES
     from convnets.runtime import usable_cores
     from convnets.serve.repository import ServedModel

@@ -1,2 +1,2 @@
 """Input backends that training and evaluation share: batches (:mod:`~convnets.data.batches`), class
-folders and their loaders (:mod:`~convnets.data.folders`), DALI pipelines (:mod:`~convnets.data.dali`)."""
+folders scanned (:mod:`~convnets.data.scan`) and their loaders (:mod:`~convnets.data.folders`), DALI pipelines (:mod:`~convnets.data.dali`)."""

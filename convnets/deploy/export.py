@@ -36,7 +36,8 @@ from convnets.deploy.formats import (EXPORT_PRECISIONS, ExportFormat, Runner, ex
                                      require)
 from convnets.deploy.folding import error_summary, fold_batchnorm
 from convnets.errors import ConvnetsError, ExportError, InvalidArgumentError
-from convnets.fileio import check_destination, disk_full, partial_dir, place
+from convnets.fileio import preflight, staging
+from convnets.paths import disk_full
 from convnets.preprocessing import prepare_input_from_uri
 from convnets.preprocessing.io import DEFAULT_TIMEOUT, is_url
 from convnets.preprocessing.presets import EvalPreset
@@ -236,6 +237,7 @@ def export_model(
     batch_description: str | None = None,
     image_size: int = 224,
     force: bool = False,
+    base: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> ExportResult:
     """Export ``model`` (BatchNorm folded unless the format keeps it) and verify the file against it.
@@ -243,7 +245,7 @@ def export_model(
     Args:
         model: the classifier; it is not modified (a folded copy is exported).
         path: the main file to write (e.g. ``model.onnx`` / ``model.pt``); its directory must
-            exist. A format that writes several files puts the others next to it.
+            exist (or see ``base``). A format that writes several files puts the others next to it.
         format: a registered format name (:func:`~convnets.deploy.formats.export_formats`):
             ``"onnx"`` (checked with ONNX Runtime), ``"torchscript"`` (traced, checked after
             ``torch.jit.load``), ``"timm"`` (a folder: ``path`` is its ``model.safetensors``,
@@ -256,6 +258,9 @@ def export_model(
         force: replace the files that exist at ``path`` (and its companion files); without it an
             existing one is refused. A symbolic link there is never written through (``force``
             replaces the link itself).
+        base: the directory the user named above ``path`` (``convnets export --output``): it and the
+            directories between are made if missing, and none below it is reached through a
+            symbolic link.
         options: the format's own options, e.g. ``opset=17`` (ONNX opset, 17 or newer).
 
     Returns:
@@ -288,13 +293,13 @@ def export_model(
     # A format of the training layout (timm's; fp32 only) gets the model as it is, BatchNorm kept.
     module = _exportable(model, precision) if fmt.folds_batchnorm else reference
     files = fmt.files(path)
-    for target in files:  # before the slow part; checked again as each file is put in place
-        check_destination(target, force=force, option="path")
+    for target in files:  # before the slow part; publish decides again
+        preflight(target, force=force, base=base, option="path")
     # Written into a hidden folder next to the target and moved into place only once verified, so
     # that a failed export leaves neither a partial file nor a stale companion file (nor, once the
     # next export has run, the folder of one that was killed).
-    with partial_dir(path) as tmp_dir:
-        tmp = tmp_dir / path.name
+    with staging(path, base=base, option="path") as stage:
+        tmp = stage.path / path.name
         try:
             fmt.write(module, tmp, batch[:2], **options)
             runner = fmt.load_runner(tmp)
@@ -303,7 +308,7 @@ def export_model(
         except ConvnetsError:
             raise
         except Exception as e:  # noqa: BLE001 - exporters, checkers and runtimes raise many types: one line
-            if disk_full(e, tmp_dir):  # runtimes that write files themselves often lose the errno
+            if disk_full(e, stage.path):  # runtimes that write files themselves often lose the errno
                 raise ExportError(f"{fmt.name} export failed writing {path}: no space left on its file system "
                                   f"({error_summary(e)}); nothing was written") from e
             raise ExportError(f"{fmt.name} export failed: {error_summary(e)}") from e
@@ -312,13 +317,7 @@ def export_model(
                 f"the exported {fmt.name} model disagrees with PyTorch: max abs error "
                 f"{verification.max_abs_error:.3g}, relative {verification.max_rel_error:.3g}, min cosine "
                 f"{verification.min_cosine:.6f} (required: {verification.tolerance}); nothing was written")
-        for written, target in zip(fmt.files(tmp), files):
-            check_destination(target, force=force, option="path")
-            try:
-                place(written, target, force=force)
-            except FileExistsError:  # created meanwhile by someone else: theirs stays
-                check_destination(target, option="path")
-                raise
+        stage.publish([target.name for target in files], force=force)  # the same names in the stage
     log.info("exported %s (%s), verified: %s", path, precision, verification)
     return ExportResult(fmt.name, precision, path, input_name, output_name, input_shape, output_shape,
                         verification, files)

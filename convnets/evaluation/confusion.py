@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from convnets.errors import MissingDependencyError
 from convnets.extras import install_hint
-from convnets.fileio import write_new
+from convnets.fileio import write_output
 
 __all__ = ["DPI", "FIGSIZE", "MAX_SHOWN", "agg_figure", "plot_confusion", "shown_classes"]
 
@@ -124,7 +124,7 @@ def plot_confusion(confusion: npt.NDArray[Any], names: Sequence[str], path: str 
     what = (f"all {len(shown)} classes" if len(shown) == involved else
             f"the {len(shown)} classes of the most confused pairs (of {involved} involved)")
     ax.set_title(f"confusion: {what}" + (f"; {summary}" if summary else ""))
-    return write_new(path, lambda f: fig.savefig(f, format="png"), force=force)
+    return write_output(path, lambda f: fig.savefig(f, format="png"), force=force)
 
 
 def _short(name: Any, width: int = 22) -> str:

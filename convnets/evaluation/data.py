@@ -276,7 +276,7 @@ def _flat_samples(images: Path, files: list[Path], labels: Path, class_names: Se
 
 
 def _folder_samples(directory: Path, class_names: Sequence[str] | None, num_classes: int) -> EvalSamples:
-    from convnets.data.folders import class_samples
+    from convnets.data.scan import class_samples
 
     folders = _class_folders(directory)
     index = _class_index(folders, class_names, num_classes, str(directory))

@@ -41,7 +41,7 @@ from convnets.data.folders import decode_on_device, eval_loader, to_device
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.evaluation.data import EvalSamples, find_eval_samples, multilabel_samples
 from convnets.evaluation.multilabel import AP_CHART, MultiLabelReport
-from convnets.fileio import check_destination
+from convnets.fileio import preflight
 # EvalTotals is what accumulate returns: re-exported so its callers need one import.
 from convnets.evaluation.report import EvalTotals, EvaluationReport, check_report_destination
 from convnets.runtime import Precision
@@ -261,7 +261,7 @@ def evaluate_model(model: nn.Module | str | os.PathLike[str], data: str | os.Pat
     multilabel = bool(getattr(net, "multilabel", False))
     if multilabel:
         if output is not None:
-            check_destination(Path(output) / AP_CHART, force=force)
+            preflight(Path(output) / AP_CHART, force=force)
         found: EvalSamples = multilabel_samples(data, labels, keys)
     else:
         found = find_eval_samples(data, class_names=getattr(net, "class_names", None), num_classes=len(keys),

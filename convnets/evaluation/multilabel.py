@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint
-from convnets.fileio import check_destination, write_new
+from convnets.fileio import preflight, write_output
 from convnets.evaluation.report import MetricAttributes
 from convnets.text import printable
 
@@ -255,9 +255,9 @@ class MultiLabelReport(MetricAttributes):
         """
         directory = Path(directory)
         for name in MULTILABEL_FILES:
-            check_destination(directory / name, force=force)
+            preflight(directory / name, force=force)
         directory.mkdir(parents=True, exist_ok=True)
-        written = [write_new(directory / MULTILABEL_FILES[0], lambda f: f.write(self.to_json().encode()), force=force)]
+        written = [write_output(directory / MULTILABEL_FILES[0], lambda f: f.write(self.to_json().encode()), force=force)]
         if figure:
             try:
                 written.append(plot_class_ap(self, directory / AP_CHART, force=force))
@@ -287,4 +287,4 @@ def plot_class_ap(report: MultiLabelReport, path: str | os.PathLike[str], *, for
     ax.set_title(f"mAP {report.metrics['mAP']:.3f}, macro F1 {report.metrics['macro_f1']:.3f} on {report.images} "
                  "images", fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # outside: no bar hidden
-    return write_new(Path(path), lambda f: fig.savefig(f, format="png"), force=force)
+    return write_output(Path(path), lambda f: fig.savefig(f, format="png"), force=force)

@@ -33,7 +33,7 @@ import numpy.typing as npt
 from convnets.constants import REPORT_FILES
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint
-from convnets.fileio import check_destination, write_new
+from convnets.fileio import preflight, write_output
 from convnets.text import printable
 
 __all__ = ["CONFUSION", "METRICS", "REPORT", "ClassMetrics", "ConfusedPair", "Counts", "EvalTotals",
@@ -316,7 +316,7 @@ class EvaluationReport(MetricAttributes):
         directory = Path(directory)
         check_report_destination(directory, force=force)
         directory.mkdir(parents=True, exist_ok=True)
-        written = [write_new(directory / REPORT, lambda f: f.write(self.to_json().encode()), force=force)]
+        written = [write_output(directory / REPORT, lambda f: f.write(self.to_json().encode()), force=force)]
         if figure:
             from convnets.evaluation.confusion import plot_confusion
 
@@ -331,10 +331,10 @@ class EvaluationReport(MetricAttributes):
 
 def check_report_destination(directory: str | os.PathLike[str], *, force: bool = False) -> None:
     """Before an evaluation: its report can go to ``directory``, where ``report.json`` and ``confusion.png``
-    do not exist unless ``force`` (:func:`convnets.fileio.check_destination`).
+    do not exist unless ``force`` (:func:`convnets.fileio.preflight`).
 
     Raises:
         InvalidArgumentError: one exists (without ``force``), naming it and ``force`` / ``--force``.
     """
     for name in REPORT_FILES:
-        check_destination(Path(directory) / name, force=force)
+        preflight(Path(directory) / name, force=force)

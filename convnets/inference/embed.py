@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from convnets.constants import DEFAULT_TIMEOUT, LAYERS
 from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.inference.inputs import InputItem, iter_inputs
+from convnets.inputs.listing import InputItem, iter_inputs
 from convnets.inference.loader import Decoding, Result, map_batches
 from convnets.inference.predict import resolve_decoding
 from convnets.models.resnet import ResNet
@@ -97,7 +97,7 @@ def embed_items(features: Callable[[Tensor], Tensor], items: Iterable[InputItem]
                 start: int = 0, on_batch: Callable[[int], None] | None = None,
                 decoding: Decoding | None = None, allow_private: bool = True,
                 decode: str = "auto") -> Iterator[Embedding]:
-    """Embed expanded inputs (:func:`convnets.inference.inputs.iter_inputs`), one :class:`Embedding` each, in order.
+    """Embed expanded inputs (:func:`convnets.inputs.listing.iter_inputs`), one :class:`Embedding` each, in order.
 
     Args:
         features: from a normalised batch to ``[N, D]`` features (e.g. :func:`features_model`).

@@ -8,10 +8,10 @@ batches to a Ray cluster's actors, :mod:`convnets.ray`). Nothing heavy is import
 from __future__ import annotations
 
 import errno
-import os
+import itertools
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ from convnets.errors import ConvnetsError, InvalidArgumentError, message_for
 if TYPE_CHECKING:
     import torch
 
-    from convnets.inference.inputs import InputItem
+    from convnets.inputs.listing import InputItem, Listing
     from convnets.inference.loader import Decoding, Result
     from convnets.inference.outputs import Output
     from convnets.inference.outputs.spool import Record, SpoolWriter
@@ -34,9 +34,10 @@ __all__ = ["BatchJob", "Destination", "JobSettings", "claim_output", "input_erro
 
 @dataclass(frozen=True)
 class JobSettings:
-    """The options every batch job shares (``from_file="-"``: standard input; ``progress=None``: on a terminal)."""
+    """The options every batch job shares (``inputs``: the command line's, listed and checked once;
+    ``from_file="-"``: standard input; ``progress=None``: on a terminal)."""
 
-    inputs: Sequence[str]
+    inputs: Listing
     decoding: Decoding
     recursive: bool = False
     from_file: str | None = None
@@ -131,7 +132,8 @@ def run_job(job: BatchJob, settings: JobSettings, destination: Destination | Non
 def lock_output(path: Path, stack: ExitStack, *, option: str = "output") -> None:
     """Hold ``FILE.lock`` beside the output ``path`` until ``stack`` unwinds; a second run is refused, naming
     the holder. Creating it is the first write in the directory, so a missing or read-only one fails here."""
-    from convnets.fileio import LockHeldError, directory_problem, exclusive_lock
+    from convnets.paths import directory_problem
+    from convnets.locking import LockHeldError, exclusive_lock
 
     lock = path.with_name(path.name + ".lock")
     where = f"--{option} {path}"
@@ -154,7 +156,7 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
     """:func:`run_job` once the output is checked and locked."""
     from tqdm.auto import tqdm
 
-    from convnets.inference.inputs import iter_inputs, read_sources
+    from convnets.inputs.listing import iter_inputs, read_sources
     from convnets.inference.outputs.spool import read_spool
     from convnets.preprocessing.presets import preset_for_model
 
@@ -168,8 +170,9 @@ def _run_locked(job: BatchJob, settings: JobSettings, destination: Destination) 
         spool = None if output is None else output.spool()
         if output is not None and spool is not None:
             writer, found = output.open(spool, resume=settings.resume, width=job.width, stack=stack)
-        items: Iterator[InputItem] = iter_inputs(read_sources(settings.inputs, settings.from_file, stack),
-                                                 recursive=settings.recursive)
+        # The INPUTs were listed (and checked) in prepare; the --from-file list is read as it goes.
+        items: Iterator[InputItem] = itertools.chain(settings.inputs, iter_inputs(
+            read_sources((), settings.from_file, stack), recursive=settings.recursive))
         done = found.records if found else 0
         if done and spool is not None:
             items = skip_recorded(items, (r["input"] for r in read_spool(spool, job.kind)), str(spool))
@@ -209,10 +212,7 @@ def progress(settings: JobSettings, stderr_is_terminal: bool) -> tuple[int | Non
 
     The total is known only when every input is a file or URL (listing a tree twice costs time).
     """
-    from convnets.preprocessing.sources import is_url
-
-    total = None if settings.recursive or settings.from_file is not None or any(
-        not is_url(i) and os.path.isdir(i) for i in settings.inputs) else len(settings.inputs)
+    total = None if settings.recursive or settings.from_file is not None else settings.inputs.total
     show = settings.progress if settings.progress is not None else (
         stderr_is_terminal and (total is None or total > settings.batch_size))
     return total, show

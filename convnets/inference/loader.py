@@ -1,7 +1,7 @@
 """From ``(input, error)`` items to decoded batches (:class:`Decoding`: how), and to per-input results.
 
 :func:`map_batches` is the loop predict and embed share. Batches keep an uninterrupted run's boundaries
-(:func:`iter_chunks`) and are decoded here, on threads (``workers=0``), or whole in the processes of a
+(:func:`~convnets.inputs.listing.iter_chunks`) and are decoded here, on threads (``workers=0``), or whole in the processes of a
 :class:`~torch.utils.data.DataLoader`: the same tensors, bit for bit, in input order, at most
 ``PREFETCH * workers`` batches ahead (so a slow ``--from-file -`` pipe delays finished batches). On the device
 path (``Decoding.decode="device"``) they only read the inputs and decode what must go the CPU path; the main
@@ -10,7 +10,6 @@ process decodes the JPEGs of each batch on the model's device (:func:`finish`, :
 
 from __future__ import annotations
 
-import itertools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator
@@ -22,14 +21,15 @@ from PIL import Image
 
 from convnets.constants import DECODES, DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.inference.inputs import InputItem as Item
+from convnets.inputs.listing import InputItem as Item, iter_chunks
 from convnets.preprocessing.io import is_url
-from convnets.preprocessing.pipeline import fast_decode_draft, prepare_batch, thumbnail_of
+from convnets.preprocessing.decode import fast_decode_draft, thumbnail_of
+from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset
 from convnets.preprocessing.transforms import normalize_uint8
 from convnets.runtime import check_workers, init_worker
 
-__all__ = ["PREFETCH", "DecodedBatch", "Decoding", "Result", "decode", "finish", "iter_batches", "iter_chunks",
+__all__ = ["PREFETCH", "DecodedBatch", "Decoding", "Result", "decode", "finish", "iter_batches",
            "map_batches"]
 
 log = logging.getLogger(__name__)
@@ -94,16 +94,6 @@ class Result:
 
 #: Batches each worker process decodes ahead (DataLoader's ``prefetch_factor``).
 PREFETCH = 2
-
-
-def iter_chunks(items: Iterable[Item], batch_size: int, start: int = 0) -> Iterator[list[Item]]:
-    """``items`` in batches of ``batch_size``, lazily; the first is shortened by ``start`` (inputs of the run
-    before ``items``), so that each image is in the uninterrupted run's batch and gives the same numbers."""
-    stream = iter(items)
-    first = batch_size - start % batch_size
-    while chunk := list(itertools.islice(stream, first or batch_size)):
-        first = 0
-        yield chunk
 
 
 @dataclass(frozen=True)
@@ -219,7 +209,7 @@ def iter_batches(items: Iterable[Item], *, batch_size: int, decoding: Decoding |
                  preset: EvalPreset | None = None, timeout: float = DEFAULT_TIMEOUT, workers: int | None = 0,
                  device: torch.device | str = "cpu", start: int = 0) -> Iterator[DecodedBatch]:
     """Decoded batches of ``items``, in input order, on ``device`` (on CUDA through pinned memory); ``decoding``
-    (default: ``Decoding(preset, timeout, workers)``) must have a preset; ``start``: as for :func:`iter_chunks`."""
+    (default: ``Decoding(preset, timeout, workers)``) must have a preset; ``start``: as for :func:`~convnets.inputs.listing.iter_chunks`."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(start, int) or start < 0:

@@ -24,17 +24,17 @@ from PIL import Image
 
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.inference.inputs import InputItem, iter_inputs
-from convnets.inference.labels import class_labels
+from convnets.inputs.listing import InputItem, iter_inputs
+from convnets.preprocessing.classes import class_labels
 from convnets.inference.loader import Decoding, Result, map_batches
-from convnets.inference.names import safe_text
+from convnets.inputs.names import safe_text
 from convnets.text import printable
 from convnets.models.resnet import ResNet
-from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of
+from convnets.preprocessing.decode import load_thumbnail, thumbnail_of
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 if TYPE_CHECKING:
-    from convnets.inference.explain import Explanation
+    from convnets.explanations import Explanation
 
 __all__ = ["MAX_ROWS", "Prediction", "Predictions", "TopClass", "class_labels", "iter_inputs", "iter_predict",
            "predict", "predict_items", "predictions_html", "resolve_decoding", "top_classes"]
@@ -109,7 +109,7 @@ class Predictions(list[Prediction]):
         Returns:
             A new :class:`Predictions`, each with its ``explanations``; inputs that failed stay as they are.
         """
-        from convnets.inference.explain import explain_items
+        from convnets.explanations import explain_items
 
         if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             raise InvalidArgumentError(f"topk must be a positive integer, got {topk!r}")
@@ -158,7 +158,7 @@ def _row(prediction: Prediction, side: int, timeout: float) -> str:
         + (", ".join(f"<b>{html.escape(label)}</b>" for label in prediction.labels) or "none above its threshold"))
     heat = ""
     if prediction.explanations:  # Predictions.explain: the heat maps beside the thumbnail
-        from convnets.inference.explain import overlays_html
+        from convnets.explanations import overlays_html
 
         heat = f'<td style="{_CELL}">{overlays_html(prediction.explanations, side)}</td>'
     return (f'<tr><td style="{_CELL}">{image}</td>{heat}<td style="{_CELL}"><b>{name}</b>{labels}'

@@ -19,8 +19,9 @@ from PIL import Image, ImageDraw, ImageFont
 
 from convnets.constants import DEFAULT_TIMEOUT
 from convnets.errors import Interface, InvalidArgumentError, UnknownArgumentError, message_for
-from convnets.fileio import atomic_write, directory_problem
-from convnets.inference.names import safe_text
+from convnets.fileio import atomic_write
+from convnets.paths import directory_problem
+from convnets.inputs.names import safe_text
 
 if TYPE_CHECKING:
     from convnets.inference.predict import Prediction
@@ -179,7 +180,7 @@ class ContactSheetWriter:
         side, font, line = self.side, self.font, self.line
         tile = Image.new("RGB", (side, side + line * (1 + classes)), _PAPER)
         draw = ImageDraw.Draw(tile)
-        from convnets.preprocessing.pipeline import load_thumbnail, thumbnail_of  # torch: not at the CLI's start
+        from convnets.preprocessing.decode import load_thumbnail, thumbnail_of  # torch: not at the CLI's start
 
         draw.rectangle((0, 0, side - 1, side - 1), fill=_FRAME if result.ok else _FAILED)
         picture, why, ink = result.thumbnail, None, _GREY_INK

@@ -6,8 +6,10 @@ Modules, in import order (each imports only those before it):
   mean, std), ``DEFAULT_PRESET``, ``preset_for_model``; no torch.
 * :mod:`~convnets.preprocessing.sources`: ``is_url``, whether an input names a URL or a local path;
   standard library only.
-* :mod:`~convnets.preprocessing.io`: open an image from a path, URL, bytes or PIL image, safely.
+* :mod:`~convnets.preprocessing.io`: read an input's bytes from a path or URL, safely.
 * :mod:`~convnets.preprocessing.transforms`: EXIF / mode normalisation and the eval transform.
+* :mod:`~convnets.preprocessing.decode`: decode one input (a path, URL, bytes or PIL image) safely into
+  upright RGB (pixel limits before decoding, ``fast_decode``), thumbnails.
 * :mod:`~convnets.preprocessing.pipeline`: many inputs into one batch, concurrently.
 * :mod:`~convnets.preprocessing.device`: the device path (``--decode device``): JPEGs decoded and
   preprocessed as tensors on the model's device, the rest through ``pipeline``.
@@ -27,9 +29,10 @@ from typing import Any
 _LAZY: dict[str, str] = {
     **dict.fromkeys(["DEFAULT_PRESET", "IMAGENET_MEAN", "IMAGENET_STD", "INTERPOLATIONS", "EvalPreset",
                      "preset_for_model"], "presets"),
-    **dict.fromkeys(["DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT", "ImageInput", "open_image"], "io"),
+    **dict.fromkeys(["DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT", "ImageInput"], "io"),
+    **dict.fromkeys(["load_image", "open_image"], "decode"),
     **dict.fromkeys(["normalize_uint8", "preprocess_image", "resize_and_crop", "to_rgb"], "transforms"),
-    **dict.fromkeys(["PreparedBatch", "load_image", "prepare_batch", "prepare_input_from_uri"], "pipeline"),
+    **dict.fromkeys(["PreparedBatch", "prepare_batch", "prepare_input_from_uri"], "pipeline"),
     **dict.fromkeys(["NUM_CLASSES", "get_imgnet_classes", "get_imgnet_synsets"], "classes"),
     "pick_n_best": "results",
 }

@@ -10,12 +10,12 @@ import csv
 import functools
 import io
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NUM_CLASSES", "get_imgnet_classes", "get_imgnet_synsets"]
+__all__ = ["NUM_CLASSES", "class_labels", "get_imgnet_classes", "get_imgnet_synsets"]
 
 NUM_CLASSES = 1000
 _TSV = "imagenet_classes.tsv"
@@ -56,3 +56,18 @@ def get_imgnet_synsets() -> npt.NDArray[Any]:
         RuntimeError: the bundled class table is damaged.
     """
     return np.array(_table()[0])
+
+
+class _Classifier(Protocol):
+    class_names: list[str] | None
+    num_classes: int
+
+
+def class_labels(model: _Classifier) -> list[str]:
+    """Names of a model's outputs, for every command that shows classes (predict, explain, serve): the
+    checkpoint's, ImageNet's for 1000 classes, else indices."""
+    if model.class_names is not None:
+        return list(model.class_names)
+    if model.num_classes == NUM_CLASSES:
+        return [str(name) for name in get_imgnet_classes()]
+    return [f"class {i}" for i in range(model.num_classes)]

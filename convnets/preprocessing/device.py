@@ -40,8 +40,9 @@ from torchvision.transforms import InterpolationMode
 from convnets.constants import DECODES
 from convnets.errors import ImageLoadError, InvalidArgumentError
 
-from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, check_size, describe_input, read_input
-from .pipeline import _default_workers, _input_error, _map_in_order, load_encoded_image
+from .decode import check_size, input_error, load_encoded_image
+from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, describe_input, read_input
+from .pipeline import _default_workers, _map_in_order
 from .presets import EvalPreset
 from .transforms import _exif_orientation, resize_and_crop
 
@@ -98,7 +99,7 @@ def load_for_device(source: str | os.PathLike[str] | bytes, preset: EvalPreset, 
     Args:
         source: a local path, an http(s) URL or encoded bytes.
         preset: the resize and crop of inputs that go the CPU path.
-        timeout, max_bytes, max_pixels, allow_private: as for :func:`~convnets.preprocessing.pipeline.load_image`.
+        timeout, max_bytes, max_pixels, allow_private: as for :func:`~convnets.preprocessing.decode.load_image`.
         draft: the ``fast_decode`` draft size of the inputs that go the CPU path; ``None``: exact.
         on_image: called with the decoded RGB image of an input that goes the CPU path (a thumbnail).
 
@@ -249,7 +250,7 @@ def load_batch_for_device(sources: Sequence[str | bytes], preset: EvalPreset, *,
         except ImageLoadError as error:
             return error
         except Exception as error:  # noqa: BLE001 - one bad input is one bad record, as on the CPU path
-            return _input_error(sources[position], error)
+            return input_error(sources[position], error)
 
     count = min(workers or _default_workers(list(sources)), max(len(sources), 1))
     return _map_in_order(load, list(range(len(sources))), count)

@@ -1,9 +1,8 @@
-"""Open an image from a local path, an http(s) URL, raw bytes or a PIL image, safely.
+"""Read an image input's bytes from a local path or an http(s) URL, safely (decoding them: :mod:`.decode`).
 
-Every failure a user can cause (missing file, HTTP error, slow or endless server, HTML page,
-truncated or non-image data, decompression bomb) raises one :class:`ImageLoadError` subclass whose
-message names the input and the reason. Decoding never changes Pillow's global settings
-(``LOAD_TRUNCATED_IMAGES``, ``MAX_IMAGE_PIXELS``, warning filters), so it is safe from many threads.
+Every failure a user can cause (missing file, a directory or a pipe, HTTP error, slow or endless server,
+HTML page, oversized body) raises one :class:`ImageLoadError` subclass whose message names the input
+and the reason.
 
 URLs are fetched through :func:`convnets.urls.open_url`: one deadline and one size cap for the
 whole redirect chain, at most five redirects, and, with ``allow_private=False``
@@ -12,11 +11,9 @@ whole redirect chain, at most five redirects, and, with ``allow_private=False``
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import stat
-import struct
 import time
 from pathlib import Path
 from collections.abc import Callable
@@ -25,7 +22,7 @@ from typing import BinaryIO, TypeVar, Union
 import requests
 import urllib3
 import validators
-from PIL import Image, JpegImagePlugin, UnidentifiedImageError
+from PIL import Image
 
 from convnets.constants import DEFAULT_TIMEOUT, MAX_REDIRECTS, PRIVATE_URLS_OPTION
 from convnets.errors import (
@@ -33,7 +30,6 @@ from convnets.errors import (
     ImageDownloadError,
     ImageLoadError,
     ImageNotFoundError,
-    InvalidArgumentTypeError,
 )
 from convnets.preprocessing.sources import is_url, url_scheme
 from convnets.urls import BlockedAddressError, RedirectError, open_url, read_chunks
@@ -42,13 +38,10 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_TIMEOUT",
     "ImageInput",
-    "check_resize",
-    "check_size",
     "describe_input",
     "download",
     "is_url",
-    "open_encoded",
-    "open_image",
+    "open_path",
     "read_input",
 ]
 
@@ -56,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-#: What :func:`open_image` accepts: a local path, an ``http(s)://`` URL, encoded bytes or a PIL image.
+#: What :func:`~convnets.preprocessing.decode.open_image` accepts: a local path, an ``http(s)://`` URL, encoded bytes or a PIL image.
 ImageInput = Union[str, os.PathLike[str], bytes, bytearray, Image.Image]
 
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -66,9 +59,6 @@ _CHUNK_BYTES = 64 * 1024
 # Content types that are certainly not an image: an error or login page served with status 200.
 _NON_IMAGE_TYPES = ("text/", "application/json", "application/xml", "application/xhtml+xml",
                     "application/javascript")
-# What Pillow raises on corrupt data varies by plugin; these are the ones it documents or uses.
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error,
-                  Image.DecompressionBombError)
 
 
 def _abbreviate(text: str, limit: int = 160) -> str:
@@ -224,98 +214,7 @@ def download(url: str, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEF
     return body
 
 
-def _draft(image: Image.Image, draft: int | None) -> None:
-    """Ask the JPEG decoder for a reduced DCT scale (1/2, 1/4, 1/8) keeping both sides >= ``draft``.
-
-    Only JPEGs (MPO phone photos included) with both sides at least ``2 * draft`` are touched, so
-    every other image decodes exactly as without ``draft``.
-    """
-    if draft is not None and isinstance(image, JpegImagePlugin.JpegImageFile) and min(image.size) >= 2 * draft:
-        image.draft("RGB", (draft, draft))
-
-
-def _pixel_limit(max_pixels: int | None) -> int | None:
-    return Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
-
-
-def check_resize(width: int, height: int, resize: int, label: str, max_pixels: int | None = None) -> None:
-    """Refuse an image whose shorter side resized to ``resize`` would have more pixels than the limit.
-
-    The decompression-bomb limit counts the pixels of the image as stored; resizing multiplies them
-    for a thin image: a 467-byte 1x100000 PNG resized to 256 would take 256x25600000 pixels (20 GB).
-
-    Args:
-        width, height: the image's size.
-        resize: the length its shorter side is resized to.
-        label: the input's name for the message (:func:`describe_input`).
-        max_pixels: the limit; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS`` (no limit if that is ``None``).
-
-    Raises:
-        ImageDecodeError: the resized image would exceed the limit.
-    """
-    limit = _pixel_limit(max_pixels)
-    short, long = min(width, height), max(width, height)
-    if limit is None or short <= 0:
-        return
-    longer = long * resize // short  # torchvision's resize: the longer side scaled, rounded down
-    if resize * longer <= limit:
-        return
-    size = f"{resize}x{longer}" if width < height else f"{longer}x{resize}"
-    problem = (f"Cannot load image {label}: image {width}x{height} is too thin: resizing its shorter side to "
-               f"{resize} px would make it {size} = {resize * longer} pixels, more than the limit of {limit}.")
-    raise ImageDecodeError(f"{problem} Pass a larger max_pixels if the image is trusted.", cli=problem,
-                           keyword="max_pixels")
-
-
-def check_size(image: Image.Image, label: str, max_pixels: int | None = None, resize: int | None = None) -> None:
-    """Refuse an opened (not yet decoded) image with more pixels than the limit, or too thin to resize.
-
-    Args:
-        image: an image whose header has been read (``Image.open``).
-        label: the input's name for the message (:func:`describe_input`).
-        max_pixels: the limit; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
-        resize: the length its shorter side will be resized to (:func:`check_resize`); ``None``: not checked.
-
-    Raises:
-        ImageDecodeError: the image, or the resized image, would exceed the limit.
-    """
-    limit = _pixel_limit(max_pixels)
-    if limit is not None and image.width * image.height > limit:
-        problem = (f"Cannot load image {label}: {image.width}x{image.height} = "
-                   f"{image.width * image.height} pixels is more than the limit of {limit} (a possible "
-                   f"decompression bomb).")
-        raise ImageDecodeError(f"{problem} Pass a larger max_pixels if the image is trusted.", cli=problem,
-                               keyword="max_pixels")
-    if resize is not None:
-        check_resize(image.width, image.height, resize, label, max_pixels)
-
-
-def _decode(fp: BinaryIO, label: str, max_pixels: int | None, draft: int | None = None,
-            resize: int | None = None) -> Image.Image:
-    """Decode the first frame of an encoded image, checking its size (and resized size) before decoding pixels."""
-    try:
-        image = Image.open(fp)
-        # Image.open reads only the header, so the pixel count is known before any decoding.
-        check_size(image, label, max_pixels, resize)
-        _draft(image, draft)
-        image.load()
-    except ImageLoadError:
-        raise
-    except Image.DecompressionBombError as exc:
-        raise ImageDecodeError(
-            f"Cannot load image {label}: too many pixels, a possible decompression bomb ({exc})."
-        ) from exc
-    except UnidentifiedImageError as exc:
-        raise ImageDecodeError(
-            f"Cannot load image {label}: not a recognised image format (a text, HTML or other "
-            f"non-image file?).") from exc
-    except _DECODE_ERRORS as exc:
-        raise ImageDecodeError(
-            f"Cannot load image {label}: the data is corrupt or truncated ({exc}).") from exc
-    return image
-
-
-def _open_path(path: str | os.PathLike[str], label: str, read: Callable[[BinaryIO], _T]) -> _T:
+def open_path(path: str | os.PathLike[str], label: str, read: Callable[[BinaryIO], _T]) -> _T:
     """``read`` applied to the opened regular file ``path``; every failure to open or read it is an ImageLoadError."""
     try:
         # O_NONBLOCK: opening a FIFO for reading would wait for a writer forever; opened this way it
@@ -343,82 +242,22 @@ def _open_path(path: str | os.PathLike[str], label: str, read: Callable[[BinaryI
         raise ImageLoadError(f"Cannot load image {label}: cannot read the file ({exc}).") from exc
 
 
-def open_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-               max_pixels: int | None = None, allow_private: bool = True, draft: int | None = None,
-               resize: int | None = None) -> Image.Image:
-    """Open and fully decode one image, in its original mode and orientation.
-
-    Args:
-        source: a local path (``str`` or ``os.PathLike``), an ``http(s)://`` URL, encoded image
-            bytes (``bytes``/``bytearray``) or a ``PIL.Image.Image`` (returned as is, loaded).
-        timeout: total seconds allowed for a download.
-        max_bytes: largest accepted download, in bytes.
-        max_pixels: largest accepted width x height of encoded inputs; ``None`` uses
-            ``PIL.Image.MAX_IMAGE_PIXELS``.
-        allow_private: download from loopback, private and link-local addresses (default;
-            ``False`` refuses them, see :func:`download`).
-        draft: decode JPEGs whose sides are both at least ``2 * draft`` at a reduced DCT scale
-            (``Image.draft``: 1/2, 1/4 or 1/8) that keeps both sides at least ``draft`` (much faster,
-            slightly different pixels); other inputs, and all with ``None`` (default), decode exactly.
-        resize: the length the caller will resize the shorter side to: an image so thin that the
-            resized one would have more than ``max_pixels`` is refused before it is decoded
-            (:func:`check_resize`); ``None``: not checked.
-
-    Returns:
-        The decoded (first frame of the) image.
-
-    Raises:
-        InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
-        ImageNotFoundError: a path that does not exist.
-        ImageDownloadError: a URL that cannot be fetched (see :func:`download`).
-        ImageDecodeError: data that is empty, not an image, corrupt, truncated or too large (or,
-            with ``resize``, too thin).
-        ImageLoadError: any other unusable input (a directory, an unreadable file).
-    """
-    label = describe_input(source)
-    if isinstance(source, Image.Image):
-        if resize is not None:
-            check_resize(source.width, source.height, resize, label, max_pixels)
-        try:
-            source.load()
-        except _DECODE_ERRORS as exc:
-            raise ImageDecodeError(
-                f"Cannot load image {label}: the data is corrupt or truncated ({exc}).") from exc
-        return source
-    if isinstance(source, (bytes, bytearray)):
-        if not source:
-            raise ImageDecodeError(f"Cannot load image {label}: the data is empty.")
-        return _decode(io.BytesIO(source), label, max_pixels, draft, resize)
-    if isinstance(source, str) and is_url(source):
-        data = download(source, timeout=timeout, max_bytes=max_bytes, allow_private=allow_private)
-        if not data:
-            raise ImageDownloadError(f"Cannot load image {label}: the server sent an empty body.")
-        return _decode(io.BytesIO(data), label, max_pixels, draft, resize)
-    if isinstance(source, (str, os.PathLike)):
-        if os.fspath(source) == "":
-            raise ImageNotFoundError("Cannot load image '': the path is empty.")
-        return _open_path(Path(source), label, lambda fp: _decode(fp, label, max_pixels, draft, resize))
-    raise InvalidArgumentTypeError(
-        f"Cannot load image {label}: expected a path, an http(s) URL, bytes or a PIL image, got "
-        f"{type(source).__name__}.")
-
-
 def read_input(source: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
                allow_private: bool = True) -> bytes:
     """The encoded bytes of a local path or an ``http(s)://`` URL, undecoded (the device path decodes them).
 
-    Reading fails exactly as :func:`open_image` does for the same input (missing file, directory, pipe,
+    Reading fails exactly as :func:`~convnets.preprocessing.decode.open_image` does for the same input (missing file, directory, pipe,
     empty file, download errors).
 
     Args:
         source: a local path or an http(s) URL.
-        timeout, max_bytes, allow_private: as for :func:`open_image`.
+        timeout, max_bytes, allow_private: as for :func:`~convnets.preprocessing.decode.open_image`.
 
     Returns:
         The file's (or the response's) bytes, never empty.
 
     Raises:
-        ImageNotFoundError, ImageDownloadError, ImageDecodeError, ImageLoadError: as :func:`open_image`.
+        ImageNotFoundError, ImageDownloadError, ImageDecodeError, ImageLoadError: as :func:`~convnets.preprocessing.decode.open_image`.
     """
     label = describe_input(source)
     if isinstance(source, str) and is_url(source):
@@ -428,24 +267,4 @@ def read_input(source: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEO
         return data
     if os.fspath(source) == "":
         raise ImageNotFoundError("Cannot load image '': the path is empty.")
-    return _open_path(Path(source), label, lambda fp: fp.read())
-
-
-def open_encoded(data: bytes, label: str, *, max_pixels: int | None = None, draft: int | None = None,
-                 resize: int | None = None) -> Image.Image:
-    """Decode bytes that :func:`read_input` read, failing as :func:`open_image` fails for the input ``label`` names.
-
-    Args:
-        data: the encoded image.
-        label: the input's name in messages (:func:`describe_input` of the path or URL).
-        max_pixels, draft, resize: as for :func:`open_image`.
-
-    Returns:
-        The decoded (first frame of the) image.
-
-    Raises:
-        ImageDecodeError: data that is not an image, corrupt, truncated or too large.
-    """
-    if not data:
-        raise ImageDecodeError(f"Cannot load image {label}: the data is empty.")
-    return _decode(io.BytesIO(data), label, max_pixels, draft, resize)
+    return open_path(Path(source), label, lambda fp: fp.read())

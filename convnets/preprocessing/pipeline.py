@@ -1,4 +1,4 @@
-"""From image inputs to one normalised batch tensor, loading many inputs concurrently.
+"""From image inputs to one normalised batch tensor, loading many inputs concurrently (each: :mod:`.decode`).
 
 Decoding, resizing and downloading release the GIL, so a thread pool scales over cores for
 lists of inputs. The pool is created per call: starting and joining it cost about 2 ms on the
@@ -6,7 +6,8 @@ lists of inputs. The pool is created per call: starting and joining it cost abou
 per-call pool cannot deadlock when callers themselves run in threads or in forked processes.
 
 ``fast_decode=True`` (``--fast-decode`` on the command line) decodes large JPEGs at a reduced DCT
-scale first; see :data:`FAST_DECODE_MARGIN` for what that costs in pixels and gains in time.
+scale first; see :data:`~convnets.preprocessing.decode.FAST_DECODE_MARGIN` for what that costs in
+pixels and gains in time.
 """
 
 from __future__ import annotations
@@ -21,18 +22,17 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeVar
 
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
-from convnets.errors import (ConvnetsError, ImageDecodeError, ImageLoadError, Interface, InvalidArgumentError,
-                             InvalidArgumentTypeError, message_for)
+from convnets.errors import ConvnetsError, ImageLoadError, InvalidArgumentError, InvalidArgumentTypeError
 from convnets.runtime import usable_cores
 
-from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, describe_input, is_url, open_encoded, open_image
+from .decode import input_error, fast_decode_draft, load_image
+from .io import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, ImageInput, is_url
 from .presets import DEFAULT_PRESET, EvalPreset
-from .transforms import preprocess_image, to_rgb
+from .transforms import preprocess_image
 
-__all__ = ["FAST_DECODE_MARGIN", "PreparedBatch", "fast_decode_draft", "load_encoded_image", "load_image", "load_thumbnail",
-           "prepare_batch", "prepare_input_from_uri", "thumbnail_of"]
+__all__ = ["PreparedBatch", "prepare_batch", "prepare_input_from_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,141 +40,6 @@ _T = TypeVar("_T")
 _INPUT_TYPES = (str, os.PathLike, bytes, bytearray, Image.Image)
 # Downloads wait on the network rather than on a core, so lists with URLs get more threads.
 _MIN_WORKERS_WITH_URLS = 8
-
-#: ``fast_decode``: a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that keeps its shorter
-#: side at least ``FAST_DECODE_MARGIN * resize_size``, then resized and cropped as usual (bilinear,
-#: antialiased). Measured on 12-megapixel photo-like JPEGs (quality 90, 3.4 MB; benchmarks/bench_fast_decode.py),
-#: against the exact path, in normalised units: margin 2 differs by 0.005 on average (0.07 at most,
-#: about 1/3 and 4 uint8 levels) and preprocesses with 2.3-2.9x less CPU time (41 against 96-119 ms
-#: per image); margin 1 takes only about 1.2x less again (33 ms) but more than doubles the
-#: difference (0.011 mean, 0.19 max). Pillow's ``reducing_gap`` after the draft either changed
-#: nothing (1.5: the remaining resize ratio is below 4) or gave margin 1's difference without its
-#: speed (1.0), so it is not used.
-FAST_DECODE_MARGIN = 2
-
-
-def fast_decode_draft(preset: EvalPreset) -> int:
-    """The side that ``fast_decode`` drafts JPEGs to: :data:`FAST_DECODE_MARGIN` times the resize size."""
-    return FAST_DECODE_MARGIN * preset.resize_size
-
-
-def load_image(source: ImageInput, *, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-               max_pixels: int | None = None, allow_private: bool = True, draft: int | None = None,
-               resize: int | None = None) -> Image.Image:
-    """Open one image and make it upright 8-bit RGB (see :func:`~convnets.preprocessing.io.open_image`).
-
-    Args:
-        source: a local path, an ``http(s)://`` URL, encoded bytes or a PIL image.
-        timeout: total seconds allowed for a download.
-        max_bytes: largest accepted download, in bytes.
-        max_pixels: largest accepted width x height; ``None`` uses ``PIL.Image.MAX_IMAGE_PIXELS``.
-        allow_private: download from loopback, private and link-local addresses (default;
-            ``False`` refuses them, see :func:`~convnets.preprocessing.io.download`).
-        draft: decode large JPEGs at a reduced DCT scale keeping both sides at least ``draft``
-            (see ``open_image``; :func:`fast_decode_draft` gives the ``fast_decode`` size); ``None``:
-            exact.
-        resize: the length the shorter side will be resized to: an image so thin that the resized
-            one would exceed ``max_pixels`` is refused before it is decoded (see ``open_image``).
-
-    Returns:
-        An RGB image with the EXIF orientation applied (a PIL input is not modified).
-
-    Raises:
-        ImageLoadError: or a subclass, for any input that cannot be used, whatever went wrong
-            (``MemoryError`` included); see ``open_image``.
-        InvalidArgumentTypeError: ``source`` is none of the accepted types (a ``TypeError``).
-    """
-    return _upright_rgb(source, lambda: open_image(source, timeout=timeout, max_bytes=max_bytes, max_pixels=max_pixels,
-                                                   allow_private=allow_private, draft=draft, resize=resize))
-
-
-def load_encoded_image(data: bytes, source: str | os.PathLike[str] | bytes, *, max_pixels: int | None = None,
-                       draft: int | None = None, resize: int | None = None) -> Image.Image:
-    """:func:`load_image` of bytes already read from ``source`` (a path or URL): the same image, the same errors.
-
-    Args:
-        data: what :func:`~convnets.preprocessing.io.read_input` read from ``source``.
-        source: the input (a path, URL or the bytes themselves), named in errors.
-        max_pixels, draft, resize: as for :func:`load_image`.
-
-    Returns:
-        An RGB image with the EXIF orientation applied.
-
-    Raises:
-        ImageLoadError: or a subclass, as :func:`load_image` raises for ``source``.
-    """
-    return _upright_rgb(source, lambda: open_encoded(data, describe_input(source), max_pixels=max_pixels, draft=draft,
-                                                     resize=resize))
-
-
-def _upright_rgb(source: ImageInput, opener: Callable[[], Image.Image]) -> Image.Image:
-    """``to_rgb`` of the image ``opener`` decodes from ``source``, every failure an error naming ``source``."""
-    try:
-        image = opener()
-    except ConvnetsError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - see _input_error
-        raise _input_error(source, exc) from exc
-    try:
-        return to_rgb(image)
-    except (ValueError, OSError) as exc:
-        raise ImageDecodeError(
-            f"Cannot load image {describe_input(source)}: cannot convert mode {image.mode!r} to "
-            f"RGB ({exc}).") from exc
-    except Exception as exc:  # noqa: BLE001 - see _input_error
-        raise _input_error(source, exc) from exc
-
-
-def _input_error(source: object, error: Exception) -> ImageDecodeError:
-    """What an unexpected failure while decoding or preprocessing the input ``source`` is raised as.
-
-    One bad input is one bad record, whatever went wrong with it: a ``MemoryError`` from one
-    image, or any other exception of a decoder or a transform, becomes an :class:`ImageDecodeError`
-    that names the input (this package's own errors need no such translation).
-
-    Args:
-        source: the input.
-        error: what was raised.
-
-    Returns:
-        The error to raise instead (from ``error``).
-    """
-    logger.debug("input %s failed", describe_input(source), exc_info=error)
-    what = "ran out of memory" if isinstance(error, MemoryError) else "failed"
-    detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-    return ImageDecodeError(f"Cannot load image {describe_input(source)}: decoding or preprocessing it {what} "
-                            f"({type(error).__name__}{': ' + detail if detail else ''}).")
-
-
-def load_thumbnail(source: str, size: int, *, timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True,
-                   interface: Interface = "python") -> tuple[Image.Image | None, str | None]:
-    """``source`` read (again) and scaled to fit a ``size`` square, or ``(None, why it cannot be)``.
-
-    For pictures of results (contact sheets, notebooks): a failure is logged and returned, not raised.
-
-    Args:
-        source: a local path or an http(s) URL.
-        size: the side of the square, in pixels.
-        timeout: total seconds allowed for a download.
-        allow_private: as for :func:`load_image`.
-        interface: the words of the reason: ``"python"`` or ``"cli"``.
-    """
-    try:
-        image = load_image(source, timeout=timeout, allow_private=allow_private)
-    except ImageLoadError as e:
-        logger.warning("no thumbnail for %s: %s", source, e)
-        return None, message_for(e, interface)
-    return thumbnail_of(image, size), None
-
-
-def thumbnail_of(image: Image.Image, size: int) -> Image.Image:
-    """``image`` scaled to fit a ``size`` square (upstream's notebook: ``img.thumbnail((256, 256))``).
-
-    Scaled both ways: small images (32-pixel datasets) fill their square too. LANCZOS: upstream's
-    ANTIALIAS. An image that already fits exactly is returned as it is.
-    """
-    return ImageOps.contain(image, (size, size), Image.Resampling.LANCZOS)
-
 
 @dataclass(frozen=True)
 class _Options:
@@ -196,8 +61,8 @@ class _Options:
             return preprocess_image(image, preset=self.preset)
         except ConvnetsError:
             raise
-        except Exception as exc:  # noqa: BLE001 - one bad input is one bad record (_input_error)
-            raise _input_error(source, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - one bad input is one bad record (input_error)
+            raise input_error(source, exc) from exc
 
 
 def _positive_int(name: str, value: object, *, optional: bool = False) -> None:

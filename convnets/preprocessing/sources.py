@@ -27,7 +27,7 @@ def is_url(source: object) -> TypeGuard[str]:
         source: a candidate image input.
 
     Returns:
-        True for any ``scheme://`` string; :func:`~convnets.preprocessing.io.open_image` downloads
+        True for any ``scheme://`` string; :func:`~convnets.preprocessing.decode.open_image` downloads
         only ``http``/``https``.
     """
     return isinstance(source, str) and url_scheme(source) is not None

@@ -47,7 +47,7 @@ from convnets.errors import InvalidArgumentError
 from convnets.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from convnets.inference.inputs import InputItem
+    from convnets.inputs.listing import InputItem
     from convnets.ray.workers import Classifier, Embedder, Preprocessor, R, Worker
 
 __all__ = ["CONNECT_TIMEOUT", "LOCAL", "Classifier", "Embedder", "Preprocessor", "Worker", "check_address", "connect",

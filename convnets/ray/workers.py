@@ -21,7 +21,7 @@ from convnets.deploy.engines.base import DEFAULT_SETTINGS, EngineSettings
 from convnets.errors import ImageLoadError, InvalidArgumentError, message_for
 from convnets.inference.embed import Embedding, features_model, pooled_vectors
 from convnets.inference.loader import Result
-from convnets.inference.labels import class_labels
+from convnets.preprocessing.classes import class_labels
 from convnets.inference.predict import Prediction, TopClass, top_classes
 from convnets.models.resnet import ResNet
 from convnets.preprocessing.pipeline import prepare_batch

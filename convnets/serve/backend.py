@@ -85,7 +85,7 @@ class Classifier:
 
         from convnets.deploy.optimize import optimize_for_inference
         from convnets.inference.embed import features_model
-        from convnets.inference.labels import class_labels
+        from convnets.preprocessing.classes import class_labels
         from convnets.preprocessing.presets import preset_for_model
         from convnets.registry import choose_model
         from convnets.runtime import resolve_device
@@ -145,7 +145,7 @@ class Classifier:
 
         from convnets.errors import ImageLoadError
         from convnets.preprocessing.device import crops_on_device, load_batch_for_device
-        from convnets.preprocessing.pipeline import fast_decode_draft
+        from convnets.preprocessing.decode import fast_decode_draft
         from convnets.preprocessing.transforms import normalize_uint8
 
         draft = fast_decode_draft(self.preset) if self.served.fast_decode else None

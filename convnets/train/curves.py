@@ -19,7 +19,7 @@ from typing import Any
 
 from convnets.errors import InvalidArgumentError, MissingDependencyError
 from convnets.extras import install_hint
-from convnets.fileio import write_new
+from convnets.fileio import write_output
 from convnets.train.metrics import METRICS, read_metrics
 
 __all__ = ["CURVES", "DPI", "FIGSIZE", "plot_curves", "write_curves"]
@@ -110,7 +110,7 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: Path, *, title: str 
             ax.legend()
     if title:
         fig.suptitle(title)
-    return write_new(path, lambda f: fig.savefig(f, format="png"), force=force)
+    return write_output(path, lambda f: fig.savefig(f, format="png"), force=force)
 
 
 def _spans_decades(records: Sequence[Mapping[str, Any]], keys: list[str]) -> bool:

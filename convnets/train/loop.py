@@ -83,11 +83,11 @@ LOCK = ".lock"
 @contextlib.contextmanager
 def _output_lock(out: Path | None, ctx: DistContext) -> Iterator[None]:
     """On rank 0, hold ``OUT/.lock`` for the whole run (created first, so a second run fails at once,
-    naming the first: :func:`convnets.fileio.exclusive_lock` writes the holder's PID and host)."""
+    naming the first: :func:`convnets.locking.exclusive_lock` writes the holder's PID and host)."""
     if out is None or not ctx.is_main:
         yield
         return
-    from convnets.fileio import LockHeldError, exclusive_lock
+    from convnets.locking import LockHeldError, exclusive_lock
 
     lock = out / LOCK
     with contextlib.ExitStack() as stack:

@@ -134,14 +134,14 @@ def open_tensorboard(directory: Path, history: Sequence[Mapping[str, Any]] = (),
         log.warning("TensorBoard events not written: the tensorboard package is not installed "
                     "(%s, or pass --no-tensorboard)", install_hint("tensorboard"))
         return None
-    from convnets.fileio import make_dirs
+    from convnets.fileio import make_output_dir
 
-    make_dirs(directory, base=directory.parent)  # the run's directory: nothing written through a link in it
+    make_output_dir(directory, base=directory.parent)  # the run's directory: nothing written through a link in it
     open_steps = None
     if first_step is not None:
         def open_steps() -> Any:
             # The purge marker hides the steps an earlier session logged past the checkpoint.
-            return SummaryWriter(log_dir=str(make_dirs(directory / STEPS_DIR, base=directory.parent)),
+            return SummaryWriter(log_dir=str(make_output_dir(directory / STEPS_DIR, base=directory.parent)),
                                  purge_step=first_step + 1)
     board = TensorBoardLog(SummaryWriter(log_dir=str(directory), purge_step=1), open_steps)
     for record in history:

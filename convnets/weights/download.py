@@ -10,7 +10,7 @@ trusted as it is (trust on first use: a mirror or server that sends other weight
 architecture is not detected), and a warning says so, once: its digest is recorded in
 ``<file>.sha256`` beside it and the cached copy is verified against it on every later load; a file
 that no longer matches is deleted and downloaded again. A
-lock (``<file>.lock``, deleted when released, see :func:`convnets.fileio.exclusive_lock`) lets
+lock (``<file>.lock``, deleted when released, see :func:`convnets.locking.exclusive_lock`) lets
 concurrent processes (DDP ranks, notebooks) share the cache: one downloads, the others wait. A
 failed download leaves nothing in the cache.
 
@@ -52,7 +52,8 @@ import urllib3
 from tqdm.auto import tqdm
 
 from convnets.errors import ConvnetsError, InvalidArgumentError, WeightsUnavailableError
-from convnets.fileio import atomic_output, atomic_write, exclusive_lock
+from convnets.fileio import atomic_output, atomic_write
+from convnets.locking import exclusive_lock
 from convnets.constants import MIRROR_ENV
 from convnets.urls import RedirectError, open_url, read_chunks
 from convnets.weights.manifest import WeightsEntry

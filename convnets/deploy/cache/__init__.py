@@ -69,7 +69,7 @@ from convnets.deploy.cache.disk import (MANIFEST, VERDICT, PinnedRoot, cache_roo
                                         read_verdict, remove, seal, touch, untrusted, usable, write_private)
 from convnets.deploy.cache.keys import digests, entry_key, key_fields, model_digest, versions
 from convnets.deploy.cache.store import EntryInfo, clear, evict, list_entries, max_size, parse_size, trim
-from convnets.fileio import disk_full
+from convnets.paths import disk_full
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

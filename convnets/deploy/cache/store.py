@@ -22,7 +22,7 @@ from convnets.constants import CACHE_MAX_SIZE_ENV, DEFAULT_CACHE_MAX_SIZE
 from convnets.deploy.cache.disk import (ENTRY_NAME, TEMP_NAME, PinnedRoot, cache_root, ignore, read_manifest,
                                         refusal, remove, untrusted)
 from convnets.errors import InvalidArgumentError
-from convnets.fileio import pid_alive
+from convnets.locking import pid_alive
 
 __all__ = ["EntryInfo", "clear", "evict", "format_size", "list_entries", "max_size", "parse_size", "trim"]
 

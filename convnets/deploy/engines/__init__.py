@@ -66,7 +66,8 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
 
 #: Every inference engine: the built-in ones are this package's modules, each with its ``ENGINE``.
 ENGINES: Registry[Engine] = Registry("inference engine", Engine, package=__name__,
-                                     builtin=("torch", "onnxruntime", "openvino"), attribute="ENGINE")
+                                     builtin={"torch": "torch", "onnxruntime": "onnxruntime",
+                                              "openvino": "openvino"}, attribute="ENGINE")
 
 
 def register_engine(engine: Engine) -> Engine:

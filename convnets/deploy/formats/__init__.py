@@ -22,7 +22,8 @@ __all__ = ["EXPORT_PRECISIONS", "FORMATS", "ExportFormat", "FormatOption", "Runn
 #: Every export format: the built-in ones are this package's modules, each with its ``FORMAT``, in the
 #: order ``--help`` lists them.
 FORMATS: Registry[ExportFormat] = Registry("export format", ExportFormat, package=__name__,
-                                           builtin=("onnx", "openvino", "aoti", "torchscript", "timm"),
+                                           builtin={"onnx": "onnx", "openvino": "openvino", "aoti": "aoti",
+                                                    "torchscript": "torchscript", "timm": "timm"},
                                            attribute="FORMAT")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from convnets.errors import InvalidArgumentError
-from convnets.fileio import write_new
+from convnets.fileio import write_output
 from convnets.text import printable
 
 __all__ = ["TensorConfig", "check_model_name", "config_text", "model_config_pb2", "write_labels"]
@@ -112,7 +112,7 @@ def config_text(name: str, *, max_batch_size: int, inputs: Sequence[TensorConfig
 
 def write_labels(model_dir: Path, labels: Sequence[str], *, force: bool = False, base: Path | None = None) -> Path:
     """Write ``model_dir/labels.txt``, one class name per line (what ``label_filename`` names), as
-    :func:`convnets.fileio.write_new` writes (``force``: replace it; ``base``: the repository): a line per
+    :func:`convnets.fileio.write_output` writes (``force``: replace it; ``base``: the repository): a line per
     class, whatever the names hold. Triton reads a line per class, so a name with a line break or another
     control character is written :func:`~convnets.text.printable` (``"a\\nb"`` as ``a\\nb``); the
     model config's ``labels`` parameter of ``convnets serve`` keeps the names as they are.
@@ -121,4 +121,4 @@ def write_labels(model_dir: Path, labels: Sequence[str], *, force: bool = False,
         The file written.
     """
     text = "".join(f"{printable(label)}\n" for label in labels)
-    return write_new(model_dir / "labels.txt", lambda f: f.write(text.encode("utf-8")), force=force, base=base)
+    return write_output(model_dir / "labels.txt", lambda f: f.write(text.encode("utf-8")), force=force, base=base)

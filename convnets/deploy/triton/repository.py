@@ -39,7 +39,7 @@ from convnets.deploy.formats import ExportFormat, export_formats, get_format
 from convnets.deploy.triton.config import TensorConfig, check_model_name, config_text, write_labels
 from convnets.errors import InvalidArgumentError
 from convnets.extras import install_hint, serve_convnets
-from convnets.fileio import check_destination, write_new
+from convnets.fileio import preflight, write_output
 from convnets.preprocessing.presets import EvalPreset
 
 if TYPE_CHECKING:
@@ -200,8 +200,8 @@ print(logits.argmax(1))
 
 
 def _write_text(path: Path, text: str, *, force: bool, base: Path | None) -> Path:
-    """:func:`convnets.fileio.write_new` of ``text`` (UTF-8) at ``path`` in the repository ``base``."""
-    return write_new(path, lambda f: f.write(text.encode("utf-8")), force=force, base=base)
+    """:func:`convnets.fileio.write_output` of ``text`` (UTF-8) at ``path`` in the repository ``base``."""
+    return write_output(path, lambda f: f.write(text.encode("utf-8")), force=force, base=base)
 
 
 def write_triton_files(repository: str | Path, name: str, export: ExportResult, *, max_batch_size: int,
@@ -235,7 +235,7 @@ def write_triton_files(repository: str | Path, name: str, export: ExportResult, 
         raise InvalidArgumentError(f"{len(labels)} class names for {export.output_shape[-1]} outputs")
     files = triton_files(repository, name, backend, labels=bool(labels))
     for path in files:
-        check_destination(path, force=force, base=repository)
+        preflight(path, force=force, base=repository)
     texts = {"config.pbtxt": triton_config(name, export, max_batch_size=max_batch_size, has_labels=bool(labels),
                                            backend=backend),
              "model.py": triton_python_source().read_text(encoding="utf-8"),

@@ -34,7 +34,8 @@ _NOT_FORMATS = frozenset({"base", "spool"})
 #: Every output format: this package's modules (by name; each with its ``FORMAT``), then any registered.
 OUTPUT_FORMATS: Registry[OutputFormat] = Registry(
     "output format", OutputFormat, package=__name__, attribute="FORMAT",
-    builtin=lambda: sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_FORMATS))
+    # every module of this package but base and spool is the format of its own name
+    builtin=lambda: {m: m for m in sorted(m.name for m in pkgutil.iter_modules(__path__)) if m not in _NOT_FORMATS})
 
 
 def register_format(fmt: OutputFormat) -> OutputFormat:

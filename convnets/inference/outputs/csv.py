@@ -17,7 +17,7 @@ from pathlib import Path
 
 from convnets.data.multilabel import LABEL_SEPARATOR
 from convnets.errors import InvalidArgumentError
-from convnets.inference.names import decode_name, encode_name, safe_text
+from convnets.inputs.names import decode_name, encode_name, safe_text
 from convnets.inference.outputs.base import OutputFormat
 from convnets.inference.outputs.spool import Record, batched, bounded_lines, read_spool
 

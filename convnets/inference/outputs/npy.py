@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from convnets.inference.names import decode_name, encode_name
+from convnets.inputs.names import decode_name, encode_name
 from convnets.inference.outputs.base import OutputFormat
 from convnets.inference.outputs.spool import Record, read_spool
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from convnets.errors import MissingDependencyError
-from convnets.inference.names import decode_name, encode_name, safe_text
+from convnets.inputs.names import decode_name, encode_name, safe_text
 from convnets.inference.outputs.base import OutputFormat
 from convnets.inference.outputs.spool import Record, batched, read_spool
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from convnets.errors import InvalidArgumentError
-from convnets.fileio import atomic_output, file_kind, naming
-from convnets.inference.names import escape_json
+from convnets.fileio import atomic_output, naming
+from convnets.paths import file_kind
+from convnets.inputs.names import escape_json
 from convnets.models.specs import MAX_CHANNELS, MAX_EXPANSION
 
 __all__ = ["MAX_RECORD_BYTES", "Record", "ScanResult", "SpoolWriter", "batched", "check_resumable", "dumps",

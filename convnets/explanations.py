@@ -32,17 +32,17 @@ from PIL import Image
 
 from convnets.constants import DEFAULT_EXPLAIN_METHOD, DEFAULT_TIMEOUT, EXPLAIN_METHODS
 from convnets.errors import ImageLoadError, InvalidArgumentError, InvalidArgumentTypeError
-from convnets.inference.inputs import InputItem, iter_inputs
-from convnets.inference.labels import class_labels
-from convnets.inference.loader import iter_chunks
-from convnets.inference.names import safe_text
+from convnets.inputs.listing import InputItem, iter_chunks, iter_inputs
+from convnets.inputs.names import safe_text
 from convnets.models.resnet import ResNet
-from convnets.preprocessing.pipeline import prepare_batch, thumbnail_of
+from convnets.preprocessing.classes import class_labels
+from convnets.preprocessing.decode import thumbnail_of
+from convnets.preprocessing.pipeline import prepare_batch
 from convnets.preprocessing.presets import EvalPreset, preset_for_model
 
 __all__ = ["MIN_MAP_SIDE", "ExplainedInput", "Explanation", "Explanations", "class_scores", "default_layer",
-           "default_targets", "explain", "explain_items", "explanations_html", "heatmap_in_image", "model_thresholds",
-           "resolve_classes"]
+           "default_targets", "explain", "explain_items", "explanations_html", "greyed", "heatmap_in_image",
+           "model_thresholds", "resolve_classes"]
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,9 @@ class Explanation:
     image: Image.Image | None = field(default=None, repr=False, compare=False)
 
     def overlay(self, *, image_weight: float = 0.5) -> Image.Image:
-        """The image with the heat map over it in colour (pytorch-grad-cam's ``show_cam_on_image``, jet colours).
+        """The image with the heat map over it in colour (pytorch-grad-cam's ``show_cam_on_image``, jet colours)
+        inside :attr:`box`, the crop the model saw; outside it, the image greyed (:func:`greyed`), so that what
+        was cropped away does not read as the dark blue of "no heat".
 
         Args:
             image_weight: the image's share of each pixel, 0..1 (the heat map's is the rest).
@@ -101,7 +103,13 @@ class Explanation:
             raise InvalidArgumentError(f"the explanation of {safe_text(self.input)} holds no image to overlay")
         show_cam_on_image = _grad_cam().utils.image.show_cam_on_image
         rgb = np.asarray(self.image, dtype=np.float32) / 255
-        return Image.fromarray(show_cam_on_image(rgb, self.heatmap, use_rgb=True, image_weight=image_weight))
+        picture = show_cam_on_image(rgb, self.heatmap, use_rgb=True, image_weight=image_weight)
+        left, top, right, bottom = self.box
+        if right > left and bottom > top:  # an explanation made without a box shows no crop
+            outside = np.ones(picture.shape[:2], dtype=bool)
+            outside[top:bottom, left:right] = False
+            picture[outside] = greyed(np.asarray(self.image))[outside]
+        return Image.fromarray(picture)
 
     def _repr_html_(self) -> str:
         return explanations_html([self])
@@ -211,6 +219,13 @@ def default_layer(model: ResNet, image_size: int) -> str:
     return str(stages[min(1, len(stages) - 1)]["module"])
 
 
+def greyed(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """``rgb`` (``[H, W, 3]`` uint8) as an overlay shows what the model did not see: grey (ITU-R 601 luma),
+    halfway to white."""
+    luma = rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    return np.repeat(np.round(127.5 + luma / 2).astype(np.uint8)[..., None], 3, axis=2)
+
+
 def heatmap_in_image(crop_map: npt.NDArray[np.float32], size: tuple[int, int],
                      preset: EvalPreset) -> tuple[npt.NDArray[np.float32], tuple[int, int, int, int]]:
     """Put a map of the model's input (the center crop) back where the crop came from in an image of ``size``.
@@ -270,14 +285,14 @@ def explain_items(model: ResNet, items: Iterable[InputItem], choose: Chooser, *,
                   layer: str | None = None, labels: Sequence[str] | None = None, batch_size: int = 8,
                   device: torch.device | str | None = None, preset: EvalPreset | None = None,
                   timeout: float = DEFAULT_TIMEOUT, allow_private: bool = True) -> Iterator[ExplainedInput]:
-    """Explain ``(input, error)`` items (:func:`~convnets.inference.inputs.iter_inputs`' ) a batch at a time.
+    """Explain ``(input, error)`` items (:func:`~convnets.inputs.listing.iter_inputs`' ) a batch at a time.
 
     Args:
         model: the classifier (its parameters' device is where it runs; it is put in eval mode).
         items: the inputs; an item with an error is yielded with it.
         choose: the classes of each input, from its position in ``items`` and its row of :func:`class_scores`.
         method, layer: as for :func:`explain`.
-        labels: the class names (default :func:`~convnets.inference.labels.class_labels`).
+        labels: the class names (default :func:`~convnets.preprocessing.classes.class_labels`).
         batch_size: images per forward pass (each class of each image is a row of the backward pass).
         device: where the batches go; default: where the model's parameters are.
         preset: the preprocessing (default: the model's, as ``convnets predict``).

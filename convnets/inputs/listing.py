@@ -6,6 +6,7 @@ number of inputs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import stat
@@ -16,10 +17,11 @@ from typing import TextIO
 
 from convnets.constants import IMAGE_SUFFIXES
 from convnets.errors import ImageLoadError, InvalidArgumentError
-from convnets.fileio import file_kind
+from convnets.paths import file_kind
 from convnets.preprocessing.sources import is_url  # not .io: the command line checks inputs with this module before requests and Pillow
 
-__all__ = ["InputItem", "expand_inputs", "iter_inputs", "read_list", "read_sources"]
+__all__ = ["InputItem", "Listing", "expand_inputs", "iter_chunks", "iter_inputs", "look", "read_list",
+           "read_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,20 @@ def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bo
     paths: Iterable[str | os.PathLike[str]] = [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs
     for path in paths:
         item = os.fspath(path)
-        if is_url(item):
-            yield item, None
-            continue
-        if not os.path.isdir(item):
-            yield item, _not_a_file(item)
-            continue
+        yield from _listed(item, None if is_url(item) else _mode(item), recursive)
+
+
+def _mode(item: str) -> int | None:
+    """``item``'s ``st_mode`` (following links); ``None`` if it cannot be looked at (missing, no permission, NUL)."""
+    try:
+        return os.stat(item).st_mode
+    except (OSError, ValueError):
+        return None
+
+
+def _listed(item: str, mode: int | None, recursive: bool) -> Iterator[InputItem]:
+    """The items of one input whose mode was looked at (``None``: a URL, or a path that cannot be)."""
+    if mode is not None and stat.S_ISDIR(mode):
         found = False
         for image in _walk(item, recursive):
             found = True
@@ -83,20 +93,82 @@ def iter_inputs(inputs: Iterable[str] | str | os.PathLike[str], *, recursive: bo
             where = "or its subfolders " if recursive else ""
             yield item, ImageLoadError(f"Cannot load images from {item!r}: the directory {where}has no files "
                                        f"ending in {', '.join(sorted(IMAGE_SUFFIXES))}.")
+    elif "\0" in item:
+        yield item, ImageLoadError(f"Cannot load image {item!r}: a path cannot contain a NUL byte.")
+    elif mode is None or stat.S_ISREG(mode):  # a URL, or a missing file: the decoder's to say
+        yield item, None
+    else:
+        yield item, ImageLoadError(f"Cannot load image {item!r}: it is {file_kind(mode)}, not a regular file; give "
+                                   "image files.")
 
 
-def _not_a_file(item: str) -> ImageLoadError | None:
-    """Why ``item`` (not a directory) is refused unopened, or ``None`` (a missing file is the decoder's to say)."""
-    if "\0" in item:
-        return ImageLoadError(f"Cannot load image {item!r}: a path cannot contain a NUL byte.")
+class Listing:
+    """The command line's INPUTs, each looked at once, as it is listed (``prepare``, before anything heavy is
+    imported): one that does not exist, a directory without images or a file that is not an image is refused
+    then. A directory's walk, begun to find its first image, is resumed by the iteration (the run), not begun
+    again. Iterating once gives :func:`iter_inputs`' items.
+
+    Attributes:
+        total: how many items the iteration gives, when no input is a directory (else ``None``).
+
+    Raises:
+        InvalidArgumentError: an input refused (the message names ``name``: ``INPUT``).
+    """
+
+    def __init__(self, inputs: Sequence[str], *, recursive: bool = False, name: str = "INPUT") -> None:
+        self._parts: list[Iterator[InputItem]] = []
+        self.total: int | None = len(inputs)
+        for item in inputs:
+            mode = None if is_url(item) else look(name, item)
+            items = _listed(item, mode, recursive)
+            if mode is not None and stat.S_ISDIR(mode):
+                self.total = None
+                first = next(items)
+                if first[1] is not None and os.access(item, os.R_OK | os.X_OK):
+                    where = "nor do its subfolders" if recursive else "(--recursive also searches its subfolders)"
+                    raise InvalidArgumentError(f"{name} {item} holds no images {where}: no files ending in "
+                                               f"{', '.join(sorted(IMAGE_SUFFIXES))}")
+                items = itertools.chain([first], items)
+            elif (mode is not None and stat.S_ISREG(mode) and os.path.splitext(item)[1].lower() not in IMAGE_SUFFIXES
+                  and not _is_image_file(item)):
+                raise InvalidArgumentError(f"{name} {item} is not an image (Pillow does not recognise it); give image "
+                                           f"files or directories of them, or, for a list of inputs one per line, "
+                                           f"--from-file {item}")
+            self._parts.append(items)
+
+    def __iter__(self) -> Iterator[InputItem]:
+        for items in self._parts:
+            yield from items
+
+
+def look(name: str, value: str | os.PathLike[str]) -> int | None:
+    """The ``st_mode`` of the local path ``value`` of option ``name`` (``INPUT``, ``--weights``), ``None`` if it
+    cannot be looked at (a permission denied, a NUL byte: what reads it reports that, naming it).
+
+    Raises:
+        InvalidArgumentError: it does not exist (the message adds the working directory to a relative path).
+    """
     try:
-        mode = os.stat(item).st_mode
-    except OSError:
+        return os.stat(value).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        where = "" if os.path.isabs(value) else f" (in the working directory {os.getcwd()!r})"
+        raise InvalidArgumentError(f"{name} {os.fspath(value)} does not exist{where}") from None
+    except (OSError, ValueError):
         return None
-    if stat.S_ISREG(mode):
-        return None
-    return ImageLoadError(f"Cannot load image {item!r}: it is {file_kind(mode)}, not a regular file; give image "
-                          "files.")
+
+
+def _is_image_file(path: str) -> bool:
+    """Whether Pillow recognises the file's header (an error other than not recognising it: ``True``, for the
+    run to report)."""
+    from PIL import Image, UnidentifiedImageError  # only for a file not named like an image
+
+    try:
+        with Image.open(path):
+            return True
+    except UnidentifiedImageError:
+        return False
+    except Exception:  # a bomb, an unreadable file: the decoder's to say, naming the input
+        return True
 
 
 def expand_inputs(inputs: Iterable[str], *, recursive: bool = False) -> list[InputItem]:
@@ -139,3 +211,13 @@ def read_sources(inputs: Sequence[str], from_file: str | None, stack: ExitStack)
         except OSError as e:
             raise InvalidArgumentError(f"--from-file {from_file}: cannot read it ({e.strerror})") from e
         yield from read_list(stream, from_file)
+
+
+def iter_chunks(items: Iterable[InputItem], batch_size: int, start: int = 0) -> Iterator[list[InputItem]]:
+    """``items`` in batches of ``batch_size``, lazily; the first is shortened by ``start`` (inputs of the run
+    before ``items``), so that each image is in the uninterrupted run's batch and gives the same numbers."""
+    stream = iter(items)
+    first = batch_size - start % batch_size
+    while chunk := list(itertools.islice(stream, first or batch_size)):
+        first = 0
+        yield chunk
