@@ -417,7 +417,7 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
     "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),
     "bench_serve": (render_serve, "python benchmarks/bench_serve.py"),
-    "bench_serve_front": (render_serve_front, "python benchmarks/bench_serve_front.py"),
+    "bench_serve_front": (render_serve_front, "python benchmarks/bench_serve.py --front"),
     "bench_ray": (render_ray, "python benchmarks/bench_ray.py"),
     "bench_train": (render_train, "python benchmarks/bench_train.py"),
     "bench_train_cuda": (render_train, "python benchmarks/bench_train.py --device cuda"),

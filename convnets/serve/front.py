@@ -170,18 +170,19 @@ class Fronts:
         started.result()
 
     def _run(self, started: concurrent.futures.Future[None]) -> None:
-        assert self._loop is not None
-        asyncio.set_event_loop(self._loop)
+        loop = self._loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
         try:
-            self._loop.run_until_complete(self._start())
-        except BaseException as error:  # noqa: BLE001 (handed to the thread that waits)
-            started.set_exception(error)
-            return
-        started.set_result(None)
-        try:
-            self._loop.run_forever()
+            try:
+                loop.run_until_complete(self._start())
+            except BaseException as error:  # noqa: BLE001 (handed to the thread that waits)
+                started.set_exception(error)
+                return
+            started.set_result(None)
+            loop.run_forever()
         finally:
-            self._loop.close()
+            loop.close()
 
     async def _start(self) -> None:
         from convnets.serve.grpc_front import GrpcFront
