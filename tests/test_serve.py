@@ -660,6 +660,23 @@ def test_a_header_sent_twice_is_refused_and_triton_goes_on(served: Server, photo
         served.get("/metrics", served.metrics_port)[1]
 
 
+def test_79_mib_of_brackets_are_refused_while_others_are_answered(served: Server) -> None:
+    """The old depth check held Python's lock for 41 s on this body, and every client waited: the check is one
+    linear pass now, off the event loop, and readiness is answered while it runs."""
+    body = b"[" * (79 << 20)
+    answers: list[tuple[int, str]] = []
+    sender = threading.Thread(target=lambda: answers.append(_post(served, body, "application/json")))
+    sender.start()
+    ready = []
+    while sender.is_alive():
+        ready.append(served.get("/v2/health/ready")[0])
+        time.sleep(0.05)
+    sender.join()
+    (status, text), = answers
+    assert status == 400 and "nested more than 32 levels" in text, text
+    assert ready and set(ready) == {200}
+
+
 def test_a_slow_client_is_dropped_and_others_are_served(served: Server) -> None:
     """A request head sent a byte at a time is cut off HEAD_TIMEOUT_S (10 s) after its first byte, while others
     are answered. Time is the behaviour here: the bound is generous."""

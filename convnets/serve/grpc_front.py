@@ -92,6 +92,7 @@ class GrpcFront:
             except Exception:  # noqa: BLE001 (protobuf's DecodeError, whatever the implementation)
                 limits.refuse("grpc", "malformed")
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {message.__name__} message")
+                raise  # abort raised already
             request.DiscardUnknownFields()
             return request
 

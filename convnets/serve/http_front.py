@@ -113,7 +113,9 @@ class _Upstream:
             self._h11 = h11.Connection(h11.CLIENT)
         reader, writer = self._streams
         out = self._h11.send(h11.Request(method=method, target=target, headers=headers)) or b""
-        writer.writelines([out, *(self._h11.send_with_data_passthrough(h11.Data(data=body)) or [] if body else []),
+        # h11 passes a bytearray body through as it is (its annotation says bytes).
+        writer.writelines([out, *(self._h11.send_with_data_passthrough(h11.Data(data=body)) or []  # type: ignore[arg-type]
+                                  if body else []),
                            self._h11.send(h11.EndOfMessage()) or b""])
         response: h11.Response | None = None
         chunks: list[bytes] = []
@@ -239,8 +241,8 @@ class _Client:
                                                 "accepted: send application/json (with binary tensor data after the "
                                                 "JSON header, as tritonclient does), or no type")
         headers = [(b"host", b"triton"), (b"content-length", b"%d" % length)]
-        if _CONTENT_TYPES[content_type]:
-            headers.append((b"content-type", _CONTENT_TYPES[content_type]))
+        if (canonical := _CONTENT_TYPES[content_type]) is not None:
+            headers.append((b"content-type", canonical))
         header = seen.get(b"inference-header-content-length")
         if header is not None:
             if not header.strip().isdigit() or int(header) > length:
