@@ -33,8 +33,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "MAX_JSON_DEPTH", "REFUSED_METRIC", "Fronts", "Limits", "UnixHTTPConnection",
-           "json_too_deep"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "IDLE_TIMEOUT_S", "MAX_JSON_DEPTH", "REFUSED_METRIC", "Fronts", "Limits",
+           "UnixHTTPConnection", "json_too_deep"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ MAX_JSON_DEPTH = 32
 DEFAULT_MAX_CONNECTIONS = 4096
 #: gRPC calls (unary calls and streams) served at once; more are refused with ``RESOURCE_EXHAUSTED``.
 DEFAULT_MAX_RPCS = 4096
+#: Seconds a connection (HTTP, metrics or gRPC) may stay idle before the front closes it.
+IDLE_TIMEOUT_S = 120.0
 #: The counter of requests the fronts refused before Triton saw them, by protocol and reason.
 REFUSED_METRIC = "convnets_front_requests_refused_total"
 

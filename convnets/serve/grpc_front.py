@@ -8,7 +8,8 @@ passed on; its deadline is. Triton's answers come back as they are. Refused, wit
 them: a message over ``max_request_bytes`` (gRPC itself, ``RESOURCE_EXHAUSTED``, from its length
 prefix), one that does not parse (``INVALID_ARGUMENT``), calls over
 :attr:`~convnets.serve.front.Limits.max_rpcs` and messages over the bytes all requests may hold
-(``RESOURCE_EXHAUSTED``). Methods outside the service are ``UNIMPLEMENTED``.
+(``RESOURCE_EXHAUSTED``). Methods outside the service are ``UNIMPLEMENTED``. A connection without calls for
+:data:`~convnets.serve.front.IDLE_TIMEOUT_S` is closed (gRPC's ``max_connection_idle_ms``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from convnets.serve.front import Limits
+from convnets.serve.front import IDLE_TIMEOUT_S, Limits
 
 __all__ = ["GrpcFront"]
 
@@ -63,7 +64,8 @@ class GrpcFront:
             handlers=[grpc.method_handlers_generic_handler(_SERVICE, handlers)],
             maximum_concurrent_rpcs=self.limits.max_rpcs,
             options=[("grpc.max_receive_message_length", self.limits.max_request_bytes),
-                     ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
+                     ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0),
+                     ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000))])
         try:
             bound = self._server.add_insecure_port(self.address)
         except RuntimeError as e:

@@ -15,7 +15,7 @@ A request is refused, and never reaches Triton, when:
 
 A client that takes longer than :data:`HEAD_TIMEOUT_S` to send a request's head once it started it,
 longer than :data:`BODY_TIMEOUT_S` plus a second per MiB for its body, or stays silent for
-:data:`IDLE_TIMEOUT_S` between requests, is disconnected. While Triton does not answer (it is
+:data:`~convnets.serve.front.IDLE_TIMEOUT_S` between requests, is disconnected. While Triton does not answer (it is
 restarting), clients get ``503``, readiness included.
 """
 
@@ -32,9 +32,9 @@ from typing import Any, TypeVar
 
 import h11
 
-from convnets.serve.front import MAX_JSON_DEPTH, Limits, json_too_deep
+from convnets.serve.front import IDLE_TIMEOUT_S, MAX_JSON_DEPTH, Limits, json_too_deep
 
-__all__ = ["BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "IDLE_TIMEOUT_S", "HttpFront"]
+__all__ = ["BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "HttpFront"]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 HEAD_TIMEOUT_S = 10.0
 #: Seconds a client may take to send a body, plus one per MiB of it.
 BODY_TIMEOUT_S = 30.0
-#: Seconds a connection may stay silent between requests.
-IDLE_TIMEOUT_S = 120.0
 #: Seconds Triton may take to answer a request.
 UPSTREAM_TIMEOUT_S = 600.0
 _MAX_HEAD_BYTES = 64 << 10
