@@ -60,7 +60,8 @@ def json_too_deep(text: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     or leaves one open).
 
     One pass at C speed, whatever the nesting: strings dropped, the brackets kept, and their running depth
-    summed by numpy in chunks of a MiB (80 MiB of ``[`` take about a second here, GIL released in the sums).
+    summed by numpy in chunks of a MiB (79 MiB of ``[``, of 32-deep arrays, or of one string: 0.5-0.6 s each on
+    this project's loaded 2-core machine, 2026-11-29; the old check held the GIL 41 s on the first).
     """
     import numpy as np
 
