@@ -700,6 +700,21 @@ def test_a_slow_client_is_dropped_and_others_are_served(served: Server) -> None:
         assert closed and HEAD_TIMEOUT_S <= time.monotonic() - start < HEAD_TIMEOUT_S + 60
 
 
+def test_a_body_that_stops_coming_is_cut_off(served: Server) -> None:
+    """A body must arrive within BODY_TIMEOUT_S (30 s) plus a second per MiB: one that stops after a byte is cut off
+    then, and counted. Time is the behaviour here: the bound is generous."""
+    from convnets.serve.http_front import BODY_TIMEOUT_S
+
+    with socket.create_connection(("127.0.0.1", served.http_port), timeout=BODY_TIMEOUT_S + 120) as client:
+        client.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 1000\r\n\r\n{")
+        start = time.monotonic()
+        assert client.recv(1) == b""  # closed, unanswered
+        assert time.monotonic() - start >= BODY_TIMEOUT_S - 1
+    assert 'convnets_front_requests_refused_total{protocol="http",reason="slow body"}' in \
+        served.get("/metrics", served.metrics_port)[1]
+
+
 def test_bytes_in_flight_are_bounded_across_requests(served: Server) -> None:
     """Bodies announced by five clients at once: the fifth is refused (503) while the first four hold their
     80 MiB each (four requests' worth in all), before any of it is read."""
