@@ -66,8 +66,11 @@ setup(
         "tensorboard": ["tensorboard>=2.14"],
         "plots": ["matplotlib>=3.7"],
         # `convnets serve`: PyTriton ships the Triton Inference Server binary and its Python backend (Linux
-        # wheels only); it needs numpy < 2. tritonclient is the client of the docs' examples.
-        "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50"],
+        # wheels only); it needs numpy < 2. tritonclient is the client of the docs' examples, and its KServe
+        # protobufs are what the gRPC front parses. h11 parses the HTTP front's requests (strict HTTP/1.1);
+        # psutil finds the server's backend processes without trusting a PID saved earlier.
+        "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50", "h11>=0.16",
+                  "psutil>=5.9"],
         # `convnets explain`, convnets.explain: Grad-CAM and its variants (pytorch-grad-cam; it brings OpenCV)
         "explain": ["grad-cam>=1.5"],
         # Jupyter, to open examples/quickstart.ipynb (which also needs the plots and explain extras).

@@ -21,7 +21,8 @@ loads from the engine cache):
 
 Rounds interleave the variants in a rotated order. The clients run on the same cores as the server:
 on a small machine their share of the CPU is part of what is measured, as is any other load on it.
-Target: at least 0.8x in-process throughput at 8 clients or more.
+Target: at least 0.8x in-process throughput at 8 clients or more. What the server's front costs is measured
+by ``benchmarks/bench_serve_front.py``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ log = logging.getLogger("bench_serve")
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.8
-_READY = re.compile(r"HTTP http://127\.0\.0\.1:(\d+), gRPC")
+_READY = re.compile(r"HTTP http://127\.0\.0\.1:(\d+), gRPC 127\.0\.0\.1:(\d+)")
 
 
 def make_images(folder: Path, count: int) -> list[Path]:
@@ -90,7 +91,8 @@ def make_checkpoint(folder: Path, model: str) -> Path:
     return path
 
 
-def start_server(python: str, checkpoint: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[str], int]:
+def start_server(python: str, checkpoint: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[str], int, int]:
+    """``convnets serve`` on ``checkpoint`` as ``args`` say (also for bench_serve_front.py); its HTTP and gRPC ports."""
     command = [python, "-m", "convnets", "serve", "--weights", str(checkpoint), "--name", "bench", "--engine",
                args.engine, "--precision", args.precision, "--max-batch-size", str(args.max_batch_size),
                "--max-queue-delay-ms", str(args.max_queue_delay_ms), "--http-port", "0", "--grpc-port", "0",
@@ -104,7 +106,7 @@ def start_server(python: str, checkpoint: Path, args: argparse.Namespace) -> tup
     if not ready:
         process.kill()
         raise SystemExit(f"the server did not start: {line!r}")
-    return process, int(ready.group(1))
+    return process, int(ready.group(1)), int(ready.group(2))
 
 
 def stats(port: int) -> tuple[int, int]:
@@ -180,7 +182,7 @@ def main() -> int:
     images = [p.read_bytes() for p in files]
     checkpoint = make_checkpoint(args.folder, args.model)
     load_before = os.getloadavg()[0]
-    server, port = start_server(args.serve_python, checkpoint, args)
+    server, port, _ = start_server(args.serve_python, checkpoint, args)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/bench/config", timeout=30) as response:
             engine = json.load(response)["parameters"]["engine"]["string_value"]

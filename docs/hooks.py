@@ -366,6 +366,25 @@ def render_serve(r: Mapping[str, Any]) -> str:
                     "lrrrrr") + verdict)
 
 
+def render_serve_front(r: Mapping[str, Any]) -> str:
+    def ms(pair: Sequence[float]) -> str:
+        return f"{pair[0]:.1f} / {pair[1]:.1f}"
+    rows = [[row["protocol"], row["clients"], f"{row['front_per_s']:.0f}", f"{row['socket_per_s']:.0f}",
+             *_ratio(row["ratio"], *row["ratio_min_max"]), ms(row["front_p50_p99_ms"]), ms(row["socket_p50_p99_ms"]),
+             f"{row['p99_ratio']:.2f}x", f"{100 * row['front_cpu_vs_triton']:.0f} %"] for row in r["rows"]]
+    met = [row for row in r["rows"] if row["ratio"] >= r["target_ratio"] and row["p99_ratio"] <= 2 - r["target_ratio"]]
+    ready = r["readiness_per_s"]
+    load = ", ".join(f"{v:.1f}" for v in r["load_average"])
+    return (f"{r['model']}, one {r['image']} per request, {r['requests']} requests per measurement; median of "
+            f"{r['rounds']} interleaved rounds (load average before and after: {load}):\n\n"
+            + table(["protocol", "clients", "front req/s", "socket req/s", "front / socket", "rounds",
+                     "front p50 / p99 ms", "socket p50 / p99 ms", "p99 front / socket", "front CPU / Triton's"],
+                    rows, "lrrrrrrrrr")
+            + f"\n\nThe front's cost is within {100 * (1 - r['target_ratio']):.0f} % (throughput and p99) in "
+              f"{len(met)} of {len(r['rows'])} rows. `GET /v2/health/ready` from {r['readiness_clients']} clients: "
+              f"{ready['front']:.0f} req/s through the front, {ready['socket']:.0f} on Triton's socket.")
+
+
 def render_ray(r: Mapping[str, Any]) -> str:
     rows = [[f"`{row['variant']}`", f"{row['img_per_s']:.2f}", f"{row['seconds']:.0f}",
              f"{row['first_record_s']:.1f}", f"{row['after_first_img_per_s']:.2f}"] for row in r["rows"]]
@@ -399,6 +418,7 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
     "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),
     "bench_serve": (render_serve, "python benchmarks/bench_serve.py"),
+    "bench_serve_front": (render_serve_front, "python benchmarks/bench_serve_front.py"),
     "bench_ray": (render_ray, "python benchmarks/bench_ray.py"),
     "bench_train": (render_train, "python benchmarks/bench_train.py"),
     "bench_train_cuda": (render_train, "python benchmarks/bench_train.py --device cuda"),

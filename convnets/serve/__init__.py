@@ -5,11 +5,13 @@
   loads and how it runs), its ``config.pbtxt`` and labels;
 * :mod:`~convnets.serve.backend`: that model's code, run by Triton's Python backend (encoded images
   in, probabilities and top-k classes out, an error per bad request);
-* :mod:`~convnets.serve.server`: runs the Triton binary that the ``serve`` extra (PyTriton) installs
-  on a repository, on unix sockets only its user can reach: readiness, a private ``/dev/shm``, restarts,
-  signals and clean-up;
-* :mod:`~convnets.serve.front`: the HTTP, gRPC and metrics proxies clients reach, which refuse what
-  would crash Triton or fill its memory before it parses anything.
+* :mod:`~convnets.serve.server`: :class:`~convnets.serve.server.TritonServer`: Triton on unix sockets only
+  its user can reach, behind the fronts: readiness, supervision and restarts, signals and clean-up;
+* :mod:`~convnets.serve.launch`: the Triton binary that the ``serve`` extra (PyTriton) installs,
+  started with a private ``/dev/shm`` (util-linux ``unshare``) and stopped by process group;
+* :mod:`~convnets.serve.front`, :mod:`~convnets.serve.http_front`, :mod:`~convnets.serve.grpc_front`:
+  the HTTP, metrics and gRPC fronts clients reach, which parse and check each request and send
+  Triton one they build, within bounds on connections, bytes and time across all clients.
 
 Nothing here imports PyTorch or PyTriton until it is used.
 """

@@ -10,8 +10,8 @@ outputs, or with one error (HTTP 400, gRPC ``INVALID_ARGUMENT``) naming the imag
 used and why. So a bad request costs that request, never the others in its batch or the server.
 
 Triton counts a request answered with an error as a success; the backend counts the requests it
-refused in :data:`REFUSED_METRIC` (a Python-backend metric), which the metrics front
-(:func:`convnets.serve.front.count_refusals_as_failures`) moves to Triton's failures.
+refused in a counter of their own, :data:`REFUSED_METRIC` (a Python-backend metric, on Triton's
+``/metrics`` beside Triton's counters, which stay as Triton counts them).
 
 A model that fails to load writes its message to :data:`LOAD_ERROR_FILE` beside ``served.json``,
 where :mod:`convnets.serve.server` reads it to say why the server did not start.

@@ -1,38 +1,26 @@
-"""Run the Triton Inference Server that the ``serve`` extra installs on a model repository.
+"""Run the Triton Inference Server that the ``serve`` extra installs on a model repository, behind its fronts.
 
 ``nvidia-pytriton`` ships a ``tritonserver`` binary (Triton 2.51 in PyTriton 0.7), Triton's Python
-backend and its stub process built for each Python version. This module runs that binary itself,
-rather than through PyTriton's ``Triton`` class: PyTriton's readiness wait does not notice a server
-that exited (a model that failed to load costs its full 120 s timeout), its server log goes to
-standard output, and a model bound with ``Triton.bind`` runs behind a proxy that fails every request
-of a dynamically formed batch when one of them is bad. A Python-backend repository
-(:mod:`convnets.serve.repository`, or ``convnets export --triton --triton-backend python``) answers
-each request on its own.
+backend and its stub process built for each Python version. This module runs that binary itself
+(:mod:`convnets.serve.launch`), rather than through PyTriton's ``Triton`` class: PyTriton's readiness
+wait does not notice a server that exited (a model that failed to load costs its full 120 s
+timeout), its server log goes to standard output, and a model bound with ``Triton.bind`` runs behind
+a proxy that fails every request of a dynamically formed batch when one of them is bad. A
+Python-backend repository (:mod:`convnets.serve.repository`, or ``convnets export --triton
+--triton-backend python``) answers each request on its own.
 
 Clients never reach Triton itself: :class:`TritonServer` runs it with HTTP, gRPC and metrics on
-unix sockets of its own, in a new directory (mode 0700) that no other user can enter, so no other
-user of the machine can send Triton anything either; it serves the endpoints asked for with the small
-proxies of
-:mod:`convnets.serve.front`, which refuse what would crash Triton or fill its memory (bodies above
-``max_request_bytes``, form bodies, compressed bodies, JSON nested too deep) before Triton parses it.
-It starts the binary with
+unix sockets of its own, in a new directory (mode 0700) that no other user can enter, and serves the
+endpoints asked for with the fronts of :mod:`convnets.serve.front`, which send Triton only requests
+they built themselves. Triton runs with
 
-* the interpreter's own ``libpython`` first on ``LD_LIBRARY_PATH``: the backend's stub links
-  ``libpython3.X.so`` by name, and would otherwise load the system's copy, which can be another
-  patch release than the standard library this interpreter runs (PyTriton issue #51:
-  ``'_thread.RLock' object has no attribute '_recursion_count'``);
-* this interpreter's ``bin`` first on ``PATH``: the stub finds its environment (its
-  ``site-packages``) there; it ignores ``PYTHONPATH``;
 * readiness only once every model is loaded, and a server that stops if one fails to load;
 * the APIs that change the server (model repository, shared memory, trace, logging settings)
   closed to every client, with no secret: they ask for a header that neither HTTP/1.1 (a value
   holding a line feed) nor gRPC (a name with capitals) can carry;
-* a ``/dev/shm`` of its own (a private tmpfs, mode 0700, in a mount namespace of its own; a user
-  namespace first where this user may not mount): the Python backend makes its shared-memory region
-  mode 0644 whatever the umask, so in the system's ``/dev/shm`` other users could read the images
-  clients send. The tmpfs goes with the server's processes, so a crash leaves nothing behind. Where
-  no namespace can be made, the region is made 0600 as soon as it is seen, and removed after a crash;
-* umask 077: any file it makes is its user's only.
+* a private ``/dev/shm``, umask 077 and a parent-death signal (:mod:`convnets.serve.launch`);
+* the soft limit on open files raised to the hard one (:func:`raise_open_files_limit`), which sets
+  how many connections the fronts hold.
 
 It waits until Triton's ``/v2/health/ready`` answers, or the server exits (then :class:`ServeError`
 says why: the model's load error, else the server's last error lines). :meth:`TritonServer.wait`
@@ -41,40 +29,38 @@ stopped and started again on the same ports (the fronts answer ``503`` meanwhile
 :data:`MAX_RESTARTS` restarts within :data:`RESTART_WINDOW_S` seconds, or one that fails, end it
 with :class:`ServeError`. A Triton killed by a signal while it starts is started once more.
 Stopping sends Triton ``SIGINT``: it finishes the requests in flight, for :data:`EXIT_TIMEOUT_S` seconds
-at most, unloads the models (their stub processes exit) and exits; anything left after that is
-killed, so every process it started is gone and the ports are free. The server is also given
-``PR_SET_PDEATHSIG``: if this process is killed outright, the kernel sends it ``SIGTERM``.
+at most, and exits; then its process group is killed, so every process it started is gone and the
+ports are free.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import re
+import resource
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from http.client import HTTPException
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
-from convnets.errors import InvalidArgumentError, MissingDependencyError, ServeError
-from convnets.extras import install_hint, serve_convnets
-from convnets.serve.front import GrpcFront, HttpFront, UnixHTTPConnection
+from convnets.errors import InvalidArgumentError, ServeError
+from convnets.serve import launch
+from convnets.serve.front import DEFAULT_MAX_CONNECTIONS, Fronts, Limits, UnixHTTPConnection
+from convnets.serve.launch import triton_distribution
 
 __all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "DEFAULT_MAX_REQUEST_BYTES",
-           "EXIT_TIMEOUT_S", "MAX_RESTARTS", "RESTART_WINDOW_S", "Endpoints", "TritonServer", "stop_on_signals",
-           "triton_distribution"]
+           "EXIT_TIMEOUT_S", "MAX_RESTARTS", "RESTART_WINDOW_S", "Endpoints", "TritonServer",
+           "raise_open_files_limit", "stop_on_signals", "triton_distribution"]
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +77,6 @@ MAX_RESTARTS, RESTART_WINDOW_S = 5, 300.0
 #: What no client can call: changing the server's models, shared memory, tracing and logging. The header
 #: they ask for cannot be sent: gRPC refuses a name with capitals, HTTP/1.1 a value with a line feed.
 _CLOSED_APIS = "model-repository,shared-memory,trace,logging:Convnets-Closed=no\nclient sends this"
-_STUB = "triton_python_backend_stub"
 #: The number Triton appends to its gRPC socket's path (``unix:DIR/grpc`` listens at ``DIR/grpc:2``).
 _GRPC_SOCKET_PORT = 2
 
@@ -154,134 +139,6 @@ def _free_port(host: str, port: int, option: str) -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass(frozen=True)
-class _Distribution:
-    server: Path
-    libraries: Path
-    backend: Path
-    stub: Path
-
-
-def triton_distribution() -> _Distribution:
-    """Where the ``serve`` extra's Triton is: the server binary, its libraries, the Python backend and
-    the backend's stub for this Python version.
-
-    Raises:
-        MissingDependencyError: ``nvidia-pytriton`` is not installed, or has no stub for this Python.
-    """
-    try:
-        import pytriton
-    except ImportError as e:
-        raise MissingDependencyError(f"the Triton Inference Server comes with nvidia-pytriton, which cannot be "
-                                     f"imported ({e}); install the 'serve' extra (Linux) in an environment of its "
-                                     f"own, as it pins numpy<2: {install_hint('serve')}; then run "
-                                     f"{serve_convnets()} serve") from e
-    root = Path(pytriton.__file__).parent
-    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    # The wheel's layout: pytriton/tritonserver/{bin,backends/python,python_backend_stubs/3.X} and the
-    # libraries auditwheel put beside the package (an editable install keeps them in external_libs).
-    libraries = root.parent / "nvidia_pytriton.libs"
-    found = _Distribution(server=root / "tritonserver" / "bin" / "tritonserver",
-                          libraries=libraries if libraries.is_dir() else root / "tritonserver" / "external_libs",
-                          backend=root / "tritonserver" / "backends" / "python",
-                          stub=root / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub")
-    if not found.stub.is_file():
-        raise MissingDependencyError(f"nvidia-pytriton {getattr(pytriton, '__version__', '')} has no Triton Python "
-                                     f"backend for Python {version}; use a Python it supports (3.8 to 3.13 in 0.7)")
-    if not found.server.is_file():
-        raise MissingDependencyError(f"nvidia-pytriton is installed without its server binary ({found.server}); "
-                                     "reinstall the 'serve' extra")
-    return found
-
-
-def _environment() -> dict[str, str]:
-    """The server's environment: this interpreter's libpython and bin first (see the module doc)."""
-    env = dict(os.environ)
-    distribution = triton_distribution()
-    libraries = [str(distribution.libraries)]
-    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        libraries.insert(0, str(sysconfig.get_config_var("LIBDIR")))
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([*libraries, *filter(None, [env.get("LD_LIBRARY_PATH")])])
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
-    return env
-
-
-_CLONE_NEWNS, _CLONE_NEWUSER = 0x20000, 0x10000000
-_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
-
-
-def _child_setup() -> Callable[[], None]:
-    """What the server process runs before exec (see the module doc): a private ``/dev/shm`` where it can
-    (best effort: :func:`_private_shm` tells afterwards), SIGTERM when this process dies (prctl
-    PR_SET_PDEATHSIG, set last: entering a user namespace clears it) and umask 077. Everything is
-    looked up here, before the fork: the child only calls it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    unshare, mount, prctl, umask = libc.unshare, libc.mount, libc.prctl, os.umask
-    maps = {"setgroups": b"deny", "uid_map": f"{os.getuid()} {os.getuid()} 1".encode(),
-            "gid_map": f"{os.getgid()} {os.getgid()} 1".encode()}
-
-    def own_user_namespace() -> bool:
-        if unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
-            return False
-        for name, text in maps.items():  # this user, mapped to itself
-            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-            try:
-                os.write(fd, text)
-            finally:
-                os.close(fd)
-        return True
-
-    def setup() -> None:
-        if (unshare(_CLONE_NEWNS) == 0 or own_user_namespace()) and mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE,
-                                                                          None) == 0:
-            mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0700")
-        prctl(1, signal.SIGTERM)
-        umask(0o077)
-    return setup
-
-
-def _stubs(pid: int) -> set[int]:
-    """The Python backend's stub processes below ``pid``."""
-    found = set()
-    for child in _descendants(pid):
-        try:
-            if _STUB in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"):
-                found.add(child)
-        except OSError:
-            continue
-    return found
-
-
-def _descendants(pid: int) -> set[int]:
-    """The processes below ``pid`` (Linux: /proc), found now."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # it exited meanwhile
-            continue
-        parent = int(stat[stat.rindex(")") + 2:].split()[1])  # the field after the state
-        children.setdefault(parent, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"  # a zombie has exited; its parent has not reaped it yet
-
-
 class TritonServer:
     """The Triton Inference Server on a model repository, behind its fronts, as a context manager (stopped on exit).
 
@@ -303,11 +160,12 @@ class TritonServer:
         self._own_workspace = workspace is None
         self.workspace = Path(tempfile.mkdtemp(prefix="convnets-serve-") if workspace is None else workspace)
         self.process: subprocess.Popen[bytes] | None = None
+        #: Whether Triton runs with a /dev/shm of its own (else a warning said so).
+        self.private_shm = False
         self._log: IO[bytes] | None = None
-        self._started: set[int] = set()
-        self._stub_pids: set[int] = set()
+        self._backends: list[Any] = []
         self._sockets: Path | None = None
-        self._fronts: list[HttpFront | GrpcFront] = []
+        self._fronts: Fronts | None = None
         self._shm_prefix = ""
         self._restarts: list[float] = []
 
@@ -339,6 +197,11 @@ class TritonServer:
         """
         distribution = triton_distribution()
         self.endpoints = self.endpoints.resolved()
+        open_files = raise_open_files_limit()
+        # Each HTTP connection holds two descriptors (the client's, Triton's); some are kept for the rest.
+        connections = max(64, min(DEFAULT_MAX_CONNECTIONS, (open_files - 256) // 2))
+        if connections < DEFAULT_MAX_CONNECTIONS:
+            log.info("the fronts hold %d connections at most (open files limit %d)", connections, open_files)
         # Triton's own endpoints: unix sockets in a directory of its own (mkdtemp: 0700), which only the
         # fronts use; short, for the 107-byte limit of a socket's path.
         self._sockets = Path(tempfile.mkdtemp(prefix="convnets-triton-"))
@@ -348,17 +211,17 @@ class TritonServer:
         for source in (*distribution.backend.iterdir(), distribution.stub):
             if source.is_file():
                 shutil.copy2(source, backend / source.name)
-        e, inner = self.endpoints, self._inner_sockets()
+        e = self.endpoints
         try:
-            self._fronts = [HttpFront((e.host, e.http_port), inner["http"], self.max_request_bytes),
-                            GrpcFront(e.host, e.grpc_port, inner["grpc"], self.max_request_bytes),
-                            HttpFront((e.host, e.metrics_port), inner["metrics"], self.max_request_bytes,
-                                      metrics=True)]
+            self._fronts = Fronts(e.host, {"http": e.http_port, "grpc": e.grpc_port, "metrics": e.metrics_port},
+                                  self._inner_sockets(), Limits(self.max_request_bytes, max_connections=connections))
         except OSError as error:
             raise InvalidArgumentError(f"--host {e.host}: cannot listen there ({error})") from error
         self._launch()
-        for front in self._fronts:
-            front.start()
+        try:
+            self._fronts.start()
+        except OSError as error:
+            raise InvalidArgumentError(f"--host {e.host}: cannot listen there ({error})") from error
 
     def _inner_sockets(self) -> dict[str, str]:
         """The paths of Triton's own HTTP, gRPC and metrics sockets (gRPC's: Triton appends ``:PORT``)."""
@@ -373,7 +236,7 @@ class TritonServer:
         try:
             self._start()
         except ServeError as error:
-            if self.process is None or (self.process.returncode or 0) >= 0:
+            if self.process is None or (launch.exited(self.process) or 0) >= 0:
                 raise
             log.warning("%s; starting it again", error)
             self._stop_triton()
@@ -404,29 +267,13 @@ class TritonServer:
             if self._log is not None:
                 self._log.close()
             self._log = output = self.log_path.open("ab")
-        log.debug("starting %s", " ".join(command))
-        # A session of its own: a terminal's Ctrl-C reaches this process only, which stops the server in order.
-        self.process = subprocess.Popen(command, env=_environment(), stdin=subprocess.DEVNULL, stdout=output,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_child_setup())
+        self.process, self.private_shm = launch.launch(command, output)
         self._wait_ready()
-        self._started = _descendants(self.process.pid) | {self.process.pid}
-        self._stub_pids = _stubs(self.process.pid)
-        self._guard_shared_memory()
-
-    def _guard_shared_memory(self) -> None:
-        """Make Triton's shared-memory regions 0600, in the ``/dev/shm`` it sees (see the module doc)."""
-        if self.process is None:
-            return
-        for region in Path(f"/proc/{self.process.pid}/root/dev/shm").glob(f"{self._shm_prefix}*"):
-            try:
-                region.chmod(0o600)
-            except OSError:
-                pass
+        self._backends = launch.backend_processes(self.process)
 
     def _remove_shared_memory(self) -> None:
-        """Remove what a Triton that shared this machine's ``/dev/shm`` left there."""
-        for region in Path("/dev/shm").glob(f"{self._shm_prefix}*") if self._shm_prefix else ():
+        """Remove what a Triton that shared this machine's ``/dev/shm`` left there (its own names only)."""
+        for region in Path("/dev/shm").glob(f"{self._shm_prefix}*") if self._shm_prefix and not self.private_shm else ():
             region.unlink(missing_ok=True)
 
     def _wait_ready(self) -> None:
@@ -434,10 +281,8 @@ class TritonServer:
         http = self._inner_sockets()["http"]
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
-            if self.process.poll() is not None:
-                raise ServeError(f"the Triton server exited while starting (status {self.process.returncode}): "
-                                 f"{self._failure()}")
-            self._guard_shared_memory()
+            if (status := launch.exited(self.process)) is not None:
+                raise ServeError(f"the Triton server exited while starting (status {status}): {self._failure()}")
             connection = UnixHTTPConnection(http, timeout=2)
             try:
                 connection.request("GET", "/v2/health/ready")
@@ -471,11 +316,12 @@ class TritonServer:
 
     def alive(self) -> bool:
         """Whether the server process runs."""
-        return self.process is not None and self.process.poll() is None
+        return self.process is not None and launch.exited(self.process) is None
 
     def wait(self, interval_s: float = 0.5) -> None:
         """Supervise the server until a signal's handler raises (see :func:`stop_on_signals`): restart it
-        when it exits on its own or a model's backend process dies.
+        when it exits on its own or a model's backend process dies. Only a process that is gone counts as
+        dead: an error while looking (no file descriptor left, say) does not.
 
         Raises:
             ServeError: it stopped more than :data:`MAX_RESTARTS` times in :data:`RESTART_WINDOW_S`
@@ -483,15 +329,13 @@ class TritonServer:
         """
         while True:
             assert self.process is not None
-            try:
-                status = self.process.wait(timeout=interval_s)
-            except subprocess.TimeoutExpired:
-                dead = sorted(pid for pid in self._stub_pids if not _alive(pid))
-                if not dead:
-                    continue
+            time.sleep(interval_s)
+            if (status := launch.exited(self.process)) is not None:
+                why = f"the Triton server stopped on its own (status {status})"
+            elif dead := launch.dead(self._backends):
                 why = f"a model's backend process ({', '.join(map(str, dead))}) died"
             else:
-                why = f"the Triton server stopped on its own (status {status})"
+                continue
             now = time.monotonic()
             self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
             if len(self._restarts) > MAX_RESTARTS:
@@ -505,9 +349,9 @@ class TritonServer:
     def stop(self) -> None:
         """Stop the fronts, the server (SIGINT: Triton finishes requests in flight) and every process it
         started; then remove the workspace if it made one. Safe to call twice."""
-        fronts, self._fronts = self._fronts, []
-        for front in fronts:
-            front.stop()
+        fronts, self._fronts = self._fronts, None
+        if fronts is not None:
+            fronts.stop()
         self._stop_triton()
         if self._log is not None:
             self._log.close()
@@ -519,34 +363,24 @@ class TritonServer:
             shutil.rmtree(self.workspace, ignore_errors=True)
 
     def _stop_triton(self) -> None:
-        """Stop Triton and every process it started (see :meth:`stop`), and remove its shared memory."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        started = self._started | _descendants(process.pid) | {process.pid}
-        if process.poll() is None:
-            log.debug("stopping the Triton server (SIGINT)")
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=EXIT_TIMEOUT_S + 10)
-            except subprocess.TimeoutExpired:
-                log.warning("the Triton server did not stop in %d s; killing it", EXIT_TIMEOUT_S + 10)
-                process.kill()
-                process.wait()
-        log.debug("the Triton server exited (status %s)", process.returncode)
-        # Its stub processes exit when their models unload or their parent goes; wait a little, then make sure.
-        deadline = time.monotonic() + 5
-        while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        log.debug("processes left: %s", [pid for pid in started if _alive(pid)])
-        for pid in started:
-            if _alive(pid):
-                log.warning("killing process %d that the Triton server left", pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        """Stop Triton and every process it started (:func:`convnets.serve.launch.stop`); remove its shared memory."""
+        process, self.process, self._backends = self.process, None, []
+        if process is not None:
+            launch.stop(process, EXIT_TIMEOUT_S + 10)
         self._remove_shared_memory()
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (Triton inherits it); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open files limit from %d to %d: %s", soft, wanted, e)
+    return int(soft if soft != resource.RLIM_INFINITY else 1 << 20)
 
 
 class _Stop(Exception):

@@ -1,0 +1,137 @@
+"""The gRPC front: each KServe message parsed and sent to Triton as a new one (see :mod:`convnets.serve.front`).
+
+Every method of ``inference.GRPCInferenceService`` is served on ``grpc.aio``: a held
+``ModelStreamInfer`` stream costs no thread, so it cannot starve other calls. Each message the
+client sends is parsed as the protobuf its method takes (tritonclient's ``service_pb2``: the KServe
+v2 protos), its unknown fields dropped, and serialized anew for Triton; the client's metadata is not
+passed on; its deadline is. Triton's answers come back as they are. Refused, without Triton seeing
+them: a message over ``max_request_bytes`` (gRPC itself, ``RESOURCE_EXHAUSTED``, from its length
+prefix), one that does not parse (``INVALID_ARGUMENT``), calls over
+:attr:`~convnets.serve.front.Limits.max_rpcs` and messages over the bytes all requests may hold
+(``RESOURCE_EXHAUSTED``). Methods outside the service are ``UNIMPLEMENTED``. A connection without calls for
+:data:`~convnets.serve.front.IDLE_TIMEOUT_S` is closed (gRPC's ``max_connection_idle_ms``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from convnets.serve.front import IDLE_TIMEOUT_S, Limits
+
+__all__ = ["GrpcFront"]
+
+log = logging.getLogger(__name__)
+
+_SERVICE = "inference.GRPCInferenceService"
+# A remaining time longer than this (a year) means the client set no deadline.
+_NO_DEADLINE_S = 365 * 86400.0
+
+
+def _deadline(context: Any) -> float | None:
+    remaining: float | None = context.time_remaining()
+    return remaining if remaining is not None and remaining < _NO_DEADLINE_S else None
+
+
+class GrpcFront:
+    """The gRPC front on ``host:port``, passing rebuilt messages to Triton's gRPC server on the unix socket ``target``."""
+
+    def __init__(self, host: str, port: int, target: str, limits: Limits) -> None:
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.target, self.limits = target, limits
+        self._server: Any = None
+        self._channel: Any = None
+
+    async def start(self) -> None:
+        """Listen and serve (on the running event loop).
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        # Triton is started by fork and exec: gRPC's fork handlers are not needed (and would log each time).
+        os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        self._channel = grpc.aio.insecure_channel(f"unix:{self.target}", options=[
+            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+        service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+        handlers = {method.name: self._handler(method, getattr(service_pb2, method.input_type.name))
+                    for method in service.methods}
+        self._server = grpc.aio.server(
+            handlers=[grpc.method_handlers_generic_handler(_SERVICE, handlers)],
+            maximum_concurrent_rpcs=self.limits.max_rpcs,
+            options=[("grpc.max_receive_message_length", self.limits.max_request_bytes),
+                     ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0),
+                     ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000))])
+        try:
+            bound = self._server.add_insecure_port(self.address)
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {self.address}: {e}") from e
+        if not bound:
+            raise OSError(f"cannot listen on {self.address}")
+        await self._server.start()
+
+    async def stop(self) -> None:
+        """Stop serving (calls in flight get a second) and close the channel to Triton."""
+        if self._server is not None:
+            await self._server.stop(grace=1)
+            await self._channel.close()
+            self._server = None
+
+    def _handler(self, method: Any, message: Any) -> Any:
+        """The handler of ``method``: its client's messages parsed as ``message`` and rebuilt for Triton."""
+        import grpc
+
+        path = f"/{_SERVICE}/{method.name}"
+        limits = self.limits
+
+        async def parsed(data: bytes, context: Any) -> Any:
+            try:
+                request = message.FromString(data)
+            except Exception:  # noqa: BLE001 (protobuf's DecodeError, whatever the implementation)
+                limits.refuse("grpc", "malformed")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {message.__name__} message")
+                raise  # abort raised already
+            request.DiscardUnknownFields()
+            return request
+
+        async def held(size: int, context: Any) -> None:
+            if not limits.take(size):
+                limits.refuse("grpc", "busy")
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the server holds as many request bytes as "
+                                                                        "it may; try again shortly")
+
+        if method.client_streaming:
+            call_stream = self._channel.stream_stream(path, request_serializer=message.SerializeToString)
+
+            async def stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+                async def rebuilt() -> AsyncIterator[Any]:
+                    async for data in requests:
+                        await held(len(data), context)
+                        try:
+                            yield await parsed(data, context)
+                        finally:
+                            limits.give_back(len(data))
+                try:
+                    async for answer in call_stream(rebuilt(), timeout=_deadline(context)):
+                        yield answer
+                except grpc.aio.AioRpcError as e:
+                    await context.abort(e.code(), e.details() or "")
+            return grpc.stream_stream_rpc_method_handler(stream)
+
+        call_unary = self._channel.unary_unary(path, request_serializer=message.SerializeToString)
+
+        async def unary(data: bytes, context: Any) -> bytes:
+            await held(len(data), context)
+            try:
+                answer: bytes = await call_unary(await parsed(data, context), timeout=_deadline(context))
+                return answer
+            except grpc.aio.AioRpcError as e:
+                await context.abort(e.code(), e.details() or "")
+                raise
+            finally:
+                limits.give_back(len(data))
+        return grpc.unary_unary_rpc_method_handler(unary)
