@@ -78,7 +78,8 @@ SERVE_ENV = REPO / ".venv-serve"
 
 
 def _works(python: Path) -> bool:
-    check = "import numpy, pytriton, tritonclient.grpc; assert int(numpy.__version__.split('.')[0]) < 2"
+    check = ("import h11, psutil, numpy, pytriton, tritonclient.grpc; "  # the serve extra, as it is now
+             "assert int(numpy.__version__.split('.')[0]) < 2")
     return python.is_file() and subprocess.run([str(python), "-c", check], capture_output=True,
                                                timeout=120).returncode == 0
 

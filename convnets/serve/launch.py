@@ -64,11 +64,15 @@ def triton_distribution() -> _Distribution:
         MissingDependencyError: ``nvidia-pytriton`` is not installed, or has no stub for this Python.
     """
     try:
+        # The fronts' HTTP parser and process tracking come with the extra too: an environment made before
+        # they joined it lacks them.
+        import h11  # noqa: F401
+        import psutil  # noqa: F401
         import pytriton
     except ImportError as e:
-        raise MissingDependencyError(f"the Triton Inference Server comes with nvidia-pytriton, which cannot be "
-                                     f"imported ({e}); install the 'serve' extra (Linux) in an environment of its "
-                                     f"own, as it pins numpy<2: {install_hint('serve')}; then run "
+        raise MissingDependencyError(f"the serve extra (the Triton Inference Server of nvidia-pytriton, h11, psutil) "
+                                     f"cannot be imported ({e}); install the 'serve' extra (Linux) in an environment "
+                                     f"of its own, as it pins numpy<2: {install_hint('serve')}; then run "
                                      f"{serve_convnets()} serve") from e
     root = Path(pytriton.__file__).parent
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
