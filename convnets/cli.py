@@ -113,8 +113,19 @@ class Terminated(KeyboardInterrupt):
 #: 10 evaluate runs stopped as their decoding processes started). Appended and cleared by builtins, registered after
 #: logging's hooks (which this module imports first): no Python code of ours runs inside the window.
 _FORKING: list[None] = []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a decoding process) inherits the handlers, and a SIGTERM before its worker_init_fn sets its
+    own (from PyTorch, stopping a process that had just started with the run) raised :class:`Terminated` there,
+    with a traceback: it exits quietly instead, as :func:`convnets.runtime.init_worker` then makes it."""
+    _FORKING.clear()
+    if signal.getsignal(signal.SIGTERM) is _terminate:
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+
+
 os.register_at_fork(before=functools.partial(_FORKING.append, None), after_in_parent=_FORKING.clear,
-                    after_in_child=_FORKING.clear)
+                    after_in_child=_after_fork_in_child)
 
 
 def _send_after_fork(signum: int) -> None:

@@ -367,19 +367,17 @@ def render_serve(r: Mapping[str, Any]) -> str:
 
 
 def render_serve_front(r: Mapping[str, Any]) -> str:
-    def ms(pair: Sequence[float]) -> str:
-        return f"{pair[0]:.1f} / {pair[1]:.1f}"
-    rows = [[row["protocol"], row["clients"], f"{row['front_per_s']:.0f}", f"{row['socket_per_s']:.0f}",
-             *_ratio(row["ratio"], *row["ratio_min_max"]), ms(row["front_p50_p99_ms"]), ms(row["socket_p50_p99_ms"]),
-             f"{row['p99_ratio']:.2f}x", f"{100 * row['front_cpu_vs_triton']:.0f} %"] for row in r["rows"]]
+    rows = [[f"{row['protocol']}, {row['clients']}", f"{row['front_per_s']:.0f} / {row['socket_per_s']:.0f}",
+             *_ratio(row["ratio"], *row["ratio_min_max"]),
+             f"{row['front_p50_p99_ms'][1]:.1f} / {row['socket_p50_p99_ms'][1]:.1f} ({row['p99_ratio']:.2f}x)",
+             f"{100 * row['front_cpu_vs_triton']:.0f} %"] for row in r["rows"]]
     met = [row for row in r["rows"] if row["ratio"] >= r["target_ratio"] and row["p99_ratio"] <= 2 - r["target_ratio"]]
     ready = r["readiness_per_s"]
     load = ", ".join(f"{v:.1f}" for v in r["load_average"])
     return (f"{r['model']}, one {r['image']} per request, {r['requests']} requests per measurement; median of "
             f"{r['rounds']} interleaved rounds (load average before and after: {load}):\n\n"
-            + table(["protocol", "clients", "front req/s", "socket req/s", "front / socket", "rounds",
-                     "front p50 / p99 ms", "socket p50 / p99 ms", "p99 front / socket", "front CPU / Triton's"],
-                    rows, "lrrrrrrrrr")
+            + table(["protocol, clients", "req/s: front / socket", "ratio", "rounds", "p99 ms: front / socket",
+                     "CPU: front / Triton"], rows, "lrrrrr")
             + f"\n\nThe front's cost is within {100 * (1 - r['target_ratio']):.0f} % (throughput and p99) in "
               f"{len(met)} of {len(r['rows'])} rows. `GET /v2/health/ready` from {r['readiness_clients']} clients: "
               f"{ready['front']:.0f} req/s through the front, {ready['socket']:.0f} on Triton's socket.")

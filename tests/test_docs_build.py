@@ -294,8 +294,8 @@ SAMPLES: dict[str, tuple[dict[str, Any], list[str]]] = {
                   {"protocol": "gRPC", "clients": 64, "front_per_s": 800.0, "socket_per_s": 1000.0, "ratio": 0.8,
                    "ratio_min_max": [0.7, 0.85], "front_p50_p99_ms": [70.0, 90.0], "socket_p50_p99_ms": [60.0, 80.0],
                    "p99_ratio": 1.125, "front_cpu_vs_triton": 0.12}]},
-        ["| HTTP | 1 | 950 | 1000 | 0.95x | 0.90-0.99 | 1.0 / 2.0 | 0.9 / 1.9 | 1.04x | 4 % |",
-         "| gRPC | 64 | 800 | 1000 | 0.80x | 0.70-0.85 | 70.0 / 90.0 | 60.0 / 80.0 | 1.12x | 12 % |",
+        ["| HTTP, 1 | 950 / 1000 | 0.95x | 0.90-0.99 | 2.0 / 1.9 (1.04x) | 4 % |",
+         "| gRPC, 64 | 800 / 1000 | 0.80x | 0.70-0.85 | 90.0 / 80.0 (1.12x) | 12 % |",
          "within 5 % (throughput and p99) in 1 of 2 rows", "3100 req/s through the front, 39001 on Triton's socket"]),
     "bench_ray": (
         {"images": 2000, "model": "resnext101_32x4d", "batch_size": 16, "rounds": 1, "image_size": "500x375 JPEG",

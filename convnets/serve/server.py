@@ -55,7 +55,8 @@ from typing import IO, Any
 
 from convnets.errors import InvalidArgumentError, ServeError
 from convnets.serve import launch
-from convnets.serve.front import DEFAULT_MAX_CONNECTIONS, Fronts, Limits, UnixHTTPConnection
+from convnets.serve.front import DEFAULT_MAX_CONNECTIONS, Limits, UnixHTTPConnection
+from convnets.serve.fronts import Fronts
 from convnets.serve.launch import triton_distribution
 
 __all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "DEFAULT_MAX_REQUEST_BYTES",
