@@ -287,6 +287,8 @@ def _interruptible(argv: list[str]) -> int:
             return _main(argv)
         except KeyboardInterrupt as stop:
             terminated = isinstance(stop, Terminated)
+            line, status = ("terminated", EXIT_TERMINATED) if terminated else ("interrupted", EXIT_INTERRUPTED)
+            _end_by_force_after(STOP_TIMEOUT_S, f"convnets: {line}", status)
             # The signal stopped the run wherever it was, maybe half-way through building an object
             # (a DataLoader's iterator whose workers had just started): its finalizer fails when the
             # traceback goes, at the end of this block, and would print a traceback. Not worth one.
@@ -295,8 +297,32 @@ def _interruptible(argv: list[str]) -> int:
             gc.collect()  # what the stopped run left in reference cycles goes too, as quietly
         finally:
             sys.unraisablehook = previous
-        print(f"convnets: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        print(f"convnets: {line}", file=sys.stderr)
+        return status
+
+
+#: The longest a stopped run's clean-up may take (a DataLoader stopping its workers, the interpreter's exit).
+STOP_TIMEOUT_S = 20.0
+
+
+def _end_by_force_after(seconds: float, line: str, status: int) -> None:
+    """If the process still runs ``seconds`` from now, kill its child processes, print ``line`` and exit with
+    ``status``. The interruption landed wherever the run was, and once inside a lock that the clean-up then
+    waited for (multiprocessing's queue of a DataLoader, stopping its workers: the run hung, seen in 1 of
+    about 50 evaluate runs SIGTERMed as their workers started). Outputs and locks are released before this
+    clean-up, as the exception went up."""
+    def end() -> None:
+        processes = sys.modules.get("multiprocessing")  # not imported: no child of its to kill
+        for child in processes.active_children() if processes is not None else ():
+            with contextlib.suppress(Exception):
+                child.kill()
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"{line}\n")
+            sys.stderr.flush()
+        os._exit(status)
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
 
 
 def _ignore(unraisable: object) -> None:

@@ -316,3 +316,40 @@ def test_ctrl_c_while_the_program_exits_is_quiet(args: list[str], tmp_path: Path
     assert proc.wait(timeout=120) == 130  # the callback would sleep on for 300 s
     assert proc.stderr.read() == b""
     assert proc.stdout.read().strip()  # what the run printed (the version, the cache listing) is all there
+
+
+_STUCK_CLEANUP = """
+import os, signal, sys, threading
+import torch.utils.data.dataloader as dataloader
+import convnets.cli
+from convnets.cli import main
+
+convnets.cli.STOP_TIMEOUT_S = 3.0
+shutdown = dataloader._MultiProcessingDataLoaderIter._shutdown_workers
+
+def stuck(self):  # as when the signal landed inside the lock of a worker's queue that this needs
+    print("workers", *(w.pid for w in self._workers), file=sys.stderr, flush=True)
+    threading.Event().wait()
+
+def started(self, *args, **kwargs):
+    dataloader._MultiProcessingDataLoaderIter._shutdown_workers = stuck
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise AssertionError("SIGTERM was not handled")
+
+dataloader._MultiProcessingDataLoaderIter._reset = started
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stopped_run_whose_clean_up_hangs_still_ends(weights: list[str], names: list[str], tmp_path: Path) -> None:
+    """SIGTERM landed inside a lock that the DataLoader's clean-up then waits for (1 in about 50 evaluate runs hung):
+    after STOP_TIMEOUT_S (3 s here) the run's processes are killed and it ends with its status and line anyway."""
+    out = tmp_path / "r.jsonl"
+    done = run_cli("predict", *weights, *COMMON, "--workers", "2", "--output", str(out), *names[:20],
+                   code=_STUCK_CLEANUP, timeout=120)
+    lines = command_lines(done.stderr)
+    assert done.returncode == 143 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("workers ") and lines[1:] == ["convnets: terminated"], lines
+    workers = [int(pid) for pid in lines[0].split()[1:]]
+    assert len(workers) == 2 and not [pid for pid in workers if _running(pid)]
+    assert not (tmp_path / "r.jsonl.lock").exists() and not out.exists()
