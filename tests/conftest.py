@@ -37,7 +37,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
     One worker more than the CPUs this process may use, at most 4 (each holds PyTorch and its models): with one
     per CPU, the tests left 0.38 of the 2 cores here idle (waiting on the servers, clusters and command-line
-    processes they start), and three workers took the suite from 521 s to 474 s (2026-11-28). Each module runs
+    processes they start), and three workers took the suite from 521 s to 474 s (2026-11-28); from fresh clones on
+    an AMD EPYC (Zen 4), 410 s on three against 431 s on two (2026-11-29). Each module runs
     on one worker, in order (loadscope): its module-scoped fixtures (a trained model, a running server, a built
     wheel) are made once, and test_typing's second mypy run reuses the first one's cache. (Not loadgroup: with
     pytest 9.2, pytest-xdist 3.8 cannot tag a test with its group, and the groups are ignored.)
@@ -61,7 +62,8 @@ SLOW_MODULES = ("test_ray.py", "test_serve.py", "test_notebook.py", "test_docs.p
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the :data:`SLOW_MODULES` first; each module keeps its own order (some tests rely on it)."""
+    """Put the :data:`SLOW_MODULES` first; each module keeps its own order (its tests pass in any order too:
+    ``-p randomly`` shuffles them, and this then keeps its shuffled order within each module)."""
     rank = {name: i for i, name in enumerate(SLOW_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
