@@ -63,7 +63,7 @@ SLOW_MODULES = ("test_ray.py", "test_serve.py", "test_notebook.py", "test_docs.p
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put the :data:`SLOW_MODULES` first; each module keeps its own order (its tests pass in any order too:
-    ``-p randomly`` shuffles them, and this then keeps its shuffled order within each module)."""
+    ``-p randomly`` shuffles them)."""
     rank = {name: i for i, name in enumerate(SLOW_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
