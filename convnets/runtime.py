@@ -27,7 +27,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Literal
 
 from convnets.errors import InvalidArgumentError, UnsupportedPrecisionError
-from convnets.machine import cpu_bf16_speedup
+from convnets import machine
 
 if TYPE_CHECKING:
     import torch
@@ -114,11 +114,10 @@ def cpu_has_bf16() -> bool:
 def warn_if_bf16_is_slower() -> None:
     """Warn once when bf16 runs slower than fp32 on this CPU, as measured here
     (:func:`convnets.machine.cpu_bf16_speedup`): the advice holds on the machine that gives it."""
-    speedup = cpu_bf16_speedup()
-    if speedup < 1.0:
+    if machine.bf16_slower_than_fp32():
         # In words for every interface (precision='fp32' / --precision fp32): the callers do not know which.
         log.warning("bf16 runs slower than fp32 on this CPU (measured here: %.2fx fp32's speed); run fp32 for speed",
-                    speedup)
+                    machine.cpu_bf16_speedup())
 
 
 def _cpu_flags() -> set[str]:
@@ -252,7 +251,8 @@ def resolve_precision(device: torch.device, amp: bool | None = None, amp_dtype: 
         raise InvalidArgumentError(f"amp dtype must be one of {', '.join(AMP_DTYPES)}, got {amp_dtype!r}")
     layout = None if memory_format is None else parse_memory_format(memory_format)
     if amp is None:
-        amp = device.type == "cuda" or (device.type == "cpu" and cpu_bf16_speedup() >= 1.0) or amp_dtype is not None
+        amp = (device.type == "cuda" or (device.type == "cpu" and not machine.bf16_slower_than_fp32())
+               or amp_dtype is not None)
     dtype: torch.dtype | None = None
     if amp:
         name = amp_dtype or ("fp16" if device.type == "cuda" else "bf16")

@@ -86,7 +86,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[float], None
     """Set what this CPU measures for bf16 against fp32 (convnets.machine.cpu_bf16_speedup), in a process that has
     not warned yet."""
     def measure(speedup: float) -> None:
-        monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda: speedup)
+        monkeypatch.setattr("convnets.machine.cpu_bf16_speedup", lambda: speedup)
         runtime.warn_if_bf16_is_slower.cache_clear()  # as in a new process
     yield measure
     runtime.warn_if_bf16_is_slower.cache_clear()

@@ -199,10 +199,10 @@ def test_precision_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda_bf16 = resolve_precision(torch.device("cuda"), amp_dtype="bf16")
     assert (cuda_bf16.amp_dtype, cuda_bf16.use_scaler) == (torch.bfloat16, False)
     assert resolve_precision(torch.device("cuda"), amp=False).amp_dtype is None
-    monkeypatch.setattr("convnets.runtime.cpu_bf16_speedup", lambda: 2.9)  # measured faster: mixed precision
+    monkeypatch.setattr("convnets.machine.cpu_bf16_speedup", lambda: 2.9)  # measured faster: mixed precision
     cpu = resolve_precision(torch.device("cpu"))
     assert (cpu.amp_dtype, cpu.use_scaler, cpu.memory_format) == (torch.bfloat16, False, torch.channels_last)
-    monkeypatch.setattr("convnets.runtime.cpu_bf16_speedup", lambda: 0.6)  # measured slower: fp32
+    monkeypatch.setattr("convnets.machine.cpu_bf16_speedup", lambda: 0.6)  # measured slower: fp32
     cpu = resolve_precision(torch.device("cpu"))
     assert (cpu.amp_dtype, cpu.memory_format) == (None, torch.contiguous_format)
     assert resolve_precision(torch.device("cpu"), memory_format="nhwc").memory_format == torch.channels_last
