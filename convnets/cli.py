@@ -288,7 +288,7 @@ def _interruptible(argv: list[str]) -> int:
         except KeyboardInterrupt as stop:
             terminated = isinstance(stop, Terminated)
             line, status = ("terminated", EXIT_TERMINATED) if terminated else ("interrupted", EXIT_INTERRUPTED)
-            _end_by_force_after(STOP_TIMEOUT_S, f"convnets: {line}", status)
+            said = _end_by_force_after(STOP_TIMEOUT_S, f"convnets: {line}", status)
             # The signal stopped the run wherever it was, maybe half-way through building an object
             # (a DataLoader's iterator whose workers had just started): its finalizer fails when the
             # traceback goes, at the end of this block, and would print a traceback. Not worth one.
@@ -298,6 +298,7 @@ def _interruptible(argv: list[str]) -> int:
         finally:
             sys.unraisablehook = previous
         print(f"convnets: {line}", file=sys.stderr)
+        said.set()  # the clean-up may still hang later, in the interpreter's exit: the line is not said twice
         return status
 
 
@@ -305,24 +306,38 @@ def _interruptible(argv: list[str]) -> int:
 STOP_TIMEOUT_S = 20.0
 
 
-def _end_by_force_after(seconds: float, line: str, status: int) -> None:
+def _end_by_force_after(seconds: float, line: str, status: int) -> threading.Event:
     """If the process still runs ``seconds`` from now, kill its child processes, print ``line`` and exit with
     ``status``. The interruption landed wherever the run was, and once inside a lock that the clean-up then
     waited for (multiprocessing's queue of a DataLoader, stopping its workers: the run hung, seen in 1 of
     about 50 evaluate runs SIGTERMed as their workers started). Outputs and locks are released before this
-    clean-up, as the exception went up."""
+    clean-up, as the exception went up.
+
+    Returns:
+        An event to set once ``line`` has been printed, so that the timer does not print it again.
+    """
+    said = threading.Event()
+
     def end() -> None:
         processes = sys.modules.get("multiprocessing")  # not imported: no child of its to kill
-        for child in processes.active_children() if processes is not None else ():
+        children = processes.active_children() if processes is not None else []
+        for child in children:
             with contextlib.suppress(Exception):
                 child.kill()
-        with contextlib.suppress(Exception):
-            sys.stderr.write(f"{line}\n")
-            sys.stderr.flush()
+        # SIGKILL is delivered when the child is next scheduled: reap each, so that none outlives the run.
+        deadline = time.monotonic() + 5.0
+        for child in children:
+            with contextlib.suppress(Exception):
+                child.join(max(0.0, deadline - time.monotonic()))
+        if not said.is_set():
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"{line}\n")
+                sys.stderr.flush()
         os._exit(status)
     timer = threading.Timer(seconds, end)
     timer.daemon = True
     timer.start()
+    return said
 
 
 def _ignore(unraisable: object) -> None:
