@@ -35,6 +35,7 @@ ports are free.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -107,10 +108,13 @@ class Endpoints:
             InvalidArgumentError: a port that is taken, the same port twice, or a host that cannot be bound.
         """
         chosen: dict[str, int] = {}
-        for option, port in self.ports().items():
-            if port and port in chosen.values():
-                raise InvalidArgumentError(f"{option} {port}: the port is also another endpoint's; give each its own")
-            chosen[option] = _free_port(self.host, port, option)
+        # Each probe stays bound until all are chosen: a port picked and let go can be picked again at once.
+        with contextlib.ExitStack() as probes:
+            for option, port in self.ports().items():
+                if port and port in chosen.values():
+                    raise InvalidArgumentError(f"{option} {port}: the port is also another endpoint's; give each "
+                                               "its own")
+                chosen[option] = _free_port(self.host, port, option, probes)
         return replace(self, http_port=chosen["--http-port"], grpc_port=chosen["--grpc-port"],
                        metrics_port=chosen["--metrics-port"])
 
@@ -125,19 +129,20 @@ class Endpoints:
                 "metrics": f"http://{host}:{self.metrics_port}/metrics"}
 
 
-def _free_port(host: str, port: int, option: str) -> int:
+def _free_port(host: str, port: int, option: str, probes: contextlib.ExitStack) -> int:
+    """``port`` if ``host`` can bind it, or a free port for 0; the probing socket stays bound until ``probes`` closes."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # Triton binds with SO_REUSEADDR too: a port in TIME_WAIT after a previous server is usable.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            if port and e.errno in (98, 48):  # EADDRINUSE (Linux, macOS)
-                raise InvalidArgumentError(f"{option} {port}: {host}:{port} is already in use; choose another "
-                                           "port (0: any free port)") from e
-            raise InvalidArgumentError(f"--host {host}: cannot listen there ({e.strerror or e})") from e
-        return int(s.getsockname()[1])
+    s = probes.enter_context(socket.socket(family, socket.SOCK_STREAM))
+    # Triton binds with SO_REUSEADDR too: a port in TIME_WAIT after a previous server is usable.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        if port and e.errno in (98, 48):  # EADDRINUSE (Linux, macOS)
+            raise InvalidArgumentError(f"{option} {port}: {host}:{port} is already in use; choose another "
+                                       "port (0: any free port)") from e
+        raise InvalidArgumentError(f"--host {host}: cannot listen there ({e.strerror or e})") from e
+    return int(s.getsockname()[1])
 
 
 class TritonServer:
