@@ -67,10 +67,11 @@ setup(
         "plots": ["matplotlib>=3.7"],
         # `convnets serve`: PyTriton ships the Triton Inference Server binary and its Python backend (Linux
         # wheels only); it needs numpy < 2. tritonclient is the client of the docs' examples, and its KServe
-        # protobufs are what the gRPC front parses. h11 parses the HTTP front's requests (strict HTTP/1.1);
-        # psutil finds the server's backend processes without trusting a PID saved earlier.
-        "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50", "h11>=0.16",
-                  "psutil>=5.9"],
+        # protobufs are what the gRPC front parses. httptools (llhttp) parses the HTTP front's requests and
+        # Triton's answers, on uvloop's event loop (both as under uvicorn); psutil finds the server's backend
+        # processes without trusting a PID saved earlier.
+        "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50",
+                  "httptools>=0.6", "uvloop>=0.19; platform_system != 'Windows'", "psutil>=5.9"],
         # `convnets explain`, convnets.explain: Grad-CAM and its variants (pytorch-grad-cam; it brings OpenCV)
         "explain": ["grad-cam>=1.5"],
         # Jupyter, to open examples/quickstart.ipynb (which also needs the plots and explain extras).
@@ -105,6 +106,7 @@ setup(
             # (the server itself runs in an environment with the serve extra, which pins numpy < 2: see there)
             "tritonclient[http,grpc]>=2.50",
             "psutil>=5.9",  # tests/test_serve.py: every process a server started is gone after it stops
+            "httptools>=0.6",  # tests/test_serve.py reads the HTTP front's timeouts from its module
             "protobuf>=4",
             "tensorboard>=2.14",  # its EventAccumulator reads the training run's event files back
             "matplotlib>=3.7",

@@ -233,11 +233,9 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         1, "check_int8 without held-out images: optimize_for_inference always splits them first"),
     ("convnets/serve/grpc_front.py", "OSError"): (
         2, "the gRPC front cannot listen (server.py names --host and --grpc-port)"),
-    ("convnets/serve/http_front.py", "OSError"): (
-        1, "Triton's socket cannot be reached twice in a row (answered 502/503 to the client)"),
-    ("convnets/serve/http_front.py", "EOFError"): (
-        2, "Triton closed its connection mid-answer: the retry above, then a 502/503 to the client"),
-    ("convnets/serve/http_front.py", "AssertionError"): (1, "after the retry loop, which returns or raises"),
+    ("convnets/serve/upstream.py", "OSError"): (
+        1, "Triton's socket cannot be reached twice in a row (answered 503 to the client)"),
+    ("convnets/serve/upstream.py", "AssertionError"): (1, "after the retry loop, which returns or raises"),
     ("convnets/weights/safetensors_io.py", "ValueError"): (
         4, "caught in read_safetensors and re-raised as CheckpointError naming the file"),
     ("convnets/weights/load.py", "RuntimeError"): (

@@ -27,6 +27,7 @@ import queue
 import re
 import resource
 import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -78,7 +79,7 @@ SERVE_ENV = REPO / ".venv-serve"
 
 
 def _works(python: Path) -> bool:
-    check = ("import h11, psutil, numpy, pytriton, tritonclient.grpc; "  # the serve extra, as it is now
+    check = ("import httptools, uvloop, psutil, numpy, pytriton, tritonclient.grpc; "  # the serve extra, as it is now
              "assert int(numpy.__version__.split('.')[0]) < 2")
     return python.is_file() and subprocess.run([str(python), "-c", check], capture_output=True,
                                                timeout=120).returncode == 0
@@ -682,6 +683,99 @@ def test_a_header_sent_twice_is_refused_and_triton_goes_on(served: Server, photo
     assert served.http().infer("tiny", [images_input(httpclient, [photos[0].read_bytes()])])
     assert 'convnets_front_requests_refused_total{protocol="http",reason="repeated header"}' in \
         served.get("/metrics", served.metrics_port)[1]
+
+
+_READINESS = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize(("request_bytes", "answer"), [
+    # Sent ahead (pipelined): answered in order, the last one's Connection: close honoured.
+    (_READINESS + b"GET /v2/models/tiny/ready HTTP/1.1\r\nHost: x\r\n\r\nGET /v2 HTTP/1.1\r\nHost: x\r\nConnection: "
+     b"close\r\n\r\n", [b"200 OK", b"200 OK", b"200 OK"]),
+    (b"GET /v2/health/ready HTTP/1.0\r\n\r\n", [b"200 OK"]),  # HTTP/1.0: closed after its answer
+    (b"GET /v2 HTTP/1.1\r\nHost: x\r\nX: " + b"a" * (70 << 10) + b"\r\n\r\n", [b"431 "]),  # a head over 64 KiB
+    (b"GET /v2 HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n", [b"400 "]),  # a folded header
+    (b"GET /v2 HTTP/1.1\nHost: x\n\n", [b"400 "]),  # bare line feeds
+    (b"GET /v2 HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", [b"400 "]),
+    (b"GET /v2 HTTP/2.0\r\nHost: x\r\n\r\n", [b"505 "]),
+    (b"GET /v2 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", [b"400 "]),
+    (b"PUT /v2 HTTP/1.1\r\nHost: x\r\n\r\n", [b"405 "]),
+    (b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", [b"400 "]),
+], ids=["pipelined", "HTTP/1.0", "head over 64 KiB", "folded header", "bare LF", "chunked and a length",
+        "HTTP/2.0", "upgrade", "PUT", "not a path"])
+def test_the_http_front_answers_http_1_1_as_it_is_written(served: Server, request_bytes: bytes,
+                                                           answer: list[bytes]) -> None:
+    """Each case on a connection of its own, read until the front closes it: the answers' status lines in order,
+    and nothing after them (the front closed the connection where it should, and kept none open)."""
+    statuses = [line.split(b" ", 1)[1][:len(want)] for line, want in zip(
+        (line for line in _raw(served.http_port, request_bytes, timeout=30).split(b"\r\n") if line.startswith(b"HTTP/")),
+        answer)]
+    assert statuses == answer, statuses
+
+
+def test_a_client_that_closes_its_side_gets_its_answer(served: Server) -> None:
+    """A client that sends its request and shuts down its writing side (as ``nc -N`` does) is answered."""
+    with socket.create_connection(("127.0.0.1", served.http_port), timeout=30) as client:
+        client.sendall(_READINESS)
+        client.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := client.recv(1 << 16):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
+def test_curl_s_expect_100_continue_is_answered(served: Server, tmp_path: Path) -> None:
+    """curl announces a body over a MiB with ``Expect: 100-continue`` and waits for the 100 before sending it."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    body = tmp_path / "big.json"
+    body.write_bytes(b'{"inputs": []' + b" " * (2 << 20) + b"}")
+    done = subprocess.run(["curl", "-sS", "-v", "--max-time", "60", "--data-binary", f"@{body}", "-H",
+                           "Content-Type: application/json", f"http://127.0.0.1:{served.http_port}/v2/models/tiny/infer"],
+                          capture_output=True, text=True, timeout=120)
+    assert "Expect: 100-continue" in done.stderr and "< HTTP/1.1 100 Continue" in done.stderr, done.stderr[-2000:]
+    assert "< HTTP/1.1 400 " in done.stderr and "inputs" in done.stdout, (done.stdout, done.stderr[-2000:])
+
+
+def _depth(value: object) -> int:
+    """How deep ``value`` (parsed by the json module) nests lists and dicts."""
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+def _containers(value: object) -> int:
+    """How many lists and dicts ``value`` holds, itself included."""
+    inner = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else None
+    return 0 if inner is None else 1 + sum(map(_containers, inner))
+
+
+@pytest.mark.parametrize("size", ["small", "large"])  # a loop below 256 brackets, numpy above
+def test_json_depth_is_what_the_json_module_parses(size: str) -> None:
+    """json_too_deep against the depth of what ``json.loads`` builds, for random documents nested up to 40 levels
+    (with brackets and escaped quotes inside strings), and for the unbalanced ones it refuses."""
+    from convnets.serve.front import MAX_JSON_DEPTH, json_too_deep
+
+    rng = np.random.default_rng(0)
+
+    def document(depth: int) -> object:
+        """``depth`` levels: one child goes deeper, its siblings are leaves or shallow lists (many when large)."""
+        if depth == 0:
+            return [None, 7, "x\\", "]]}", 'a"[b'][int(rng.integers(5))]
+        siblings: list[object] = [[[]] if rng.random() < 0.5 else "[" for _ in range(int(rng.integers(
+            0, 3 if size == "small" else 30)))]
+        children = [*siblings, document(depth - 1)]
+        return children if rng.random() < 0.5 else {f"k{i}[": child for i, child in enumerate(children)}
+
+    for nesting in range(1, 41, 3):
+        text = json.dumps(document(nesting)).encode()
+        brackets = 2 * _containers(json.loads(text))  # outside strings: each path taken for its size
+        assert size == "small" and brackets < 256 or size == "large" and (nesting < 10 or brackets > 256), brackets
+        assert json_too_deep(text) == (_depth(json.loads(text)) > MAX_JSON_DEPTH), nesting
+    for unbalanced in (b"[[]", b"[]]", b"][", b'{"a": [1, 2]}}', b"[" * 33 + b"]" * 33):
+        assert json_too_deep(unbalanced if size == "small" else b" " * 1000 + unbalanced * 40)
 
 
 def test_79_mib_of_brackets_are_refused_while_others_are_answered(served: Server) -> None:

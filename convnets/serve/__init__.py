@@ -11,7 +11,8 @@
   started with a private ``/dev/shm`` (util-linux ``unshare``) and stopped by process group;
 * :mod:`~convnets.serve.front`, :mod:`~convnets.serve.http_front`, :mod:`~convnets.serve.grpc_front`:
   the HTTP, metrics and gRPC fronts clients reach, which parse and check each request and send
-  Triton one they build, within bounds on connections, bytes and time across all clients.
+  Triton one they build (:mod:`~convnets.serve.upstream`: over HTTP), within bounds on connections,
+  bytes and time across all clients; :mod:`~convnets.serve.fronts` runs them.
 
 Nothing here imports PyTorch or PyTriton until it is used.
 """

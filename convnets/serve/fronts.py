@@ -22,6 +22,16 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=1024, reuse_port=False)
 
 
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop (libuv, as uvicorn runs on), or asyncio's where uvloop is not installed: the fronts'
+    per-request cost is mostly the loop's, and uvloop's is about a third lower."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class Fronts:
     """The HTTP, gRPC and metrics fronts on ``host``'s ports, passing requests to Triton's unix sockets ``inner``
     (``http``, ``grpc``, ``metrics``), on an event loop in a thread of their own.
@@ -45,7 +55,7 @@ class Fronts:
             OSError: the gRPC address cannot be bound.
         """
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._loop = asyncio.new_event_loop()
+        self._loop = _new_event_loop()
         self._thread = threading.Thread(target=self._run, args=(started,), name="convnets-fronts", daemon=True)
         self._thread.start()
         started.result()

@@ -66,11 +66,11 @@ def triton_distribution() -> _Distribution:
     try:
         # The fronts' HTTP parser and process tracking come with the extra too: an environment made before
         # they joined it lacks them.
-        import h11  # noqa: F401
+        import httptools  # noqa: F401
         import psutil  # noqa: F401
         import pytriton
     except ImportError as e:
-        raise MissingDependencyError(f"the serve extra (the Triton Inference Server of nvidia-pytriton, h11, psutil) "
+        raise MissingDependencyError(f"the serve extra (the Triton Inference Server of nvidia-pytriton, httptools, psutil) "
                                      f"cannot be imported ({e}); install the 'serve' extra (Linux) in an environment "
                                      f"of its own, as it pins numpy<2: {install_hint('serve')}; then run "
                                      f"{serve_convnets()} serve") from e
