@@ -28,7 +28,7 @@ answer (it is restarting), clients get ``503``, readiness included.
 Each connection is an :class:`asyncio.Protocol` whose parser callbacks do the checks, and its
 requests are answered in turn by one task: about a tenth of a millisecond per request on this
 project's 2-core machine, where h11 on asyncio streams took three times that
-(``benchmarks/bench_serve.py --front``).
+(``benchmarks/bench_serve_front.py``).
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ class _Request:
     body: bytearray = field(default_factory=bytearray)
     held: bool = False  # its length is counted in Limits.bytes_in_flight
     refused: _Refused | None = None  # answered with this, after the requests before it
+    expects_continue: bool = False  # Expect: 100-continue (curl, for a body over a MiB)
 
 
 def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool,
@@ -240,7 +241,7 @@ class _Client(asyncio.Protocol):
         self.receiving, self.state = request, "body"
         if not self.pending:
             self._arm(BODY_TIMEOUT_S + request.length / (1 << 20), "slow body")
-        if dict(self.headers).get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
+        if request.expects_continue and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -299,7 +300,8 @@ class _Client(asyncio.Protocol):
             json_length = int(header)
             lines.append(b"inference-header-content-length: %d" % json_length)
         return _Request(method, self.target, b"\r\n".join(lines) + b"\r\n\r\n", length, json_length,
-                        self.parser.should_keep_alive())
+                        self.parser.should_keep_alive(),
+                        expects_continue=seen.get(b"expect", b"").lower() == b"100-continue")
 
     # --- answers ---
 

@@ -86,7 +86,7 @@ class Upstream:
                     _, self._answer = await loop.create_unix_connection(_Answer, self.path)
                 answer = self._answer
                 assert answer is not None and answer.transport is not None
-                answer.parser, answer.headers, answer.body = httptools.HttpResponseParser(answer), [], []
+                answer.headers, answer.body = [], []  # llhttp starts the next answer by itself
                 answer.waiter = waiter = loop.create_future()
                 answer.transport.writelines(data)
                 timeout = loop.call_later(UPSTREAM_TIMEOUT_S, self._late, waiter)
