@@ -3,7 +3,7 @@ own unix sockets, on one server.
 
 Usage (with the serve extra installed: ``pip install -c constraints.txt -e '.[serve]'``)::
 
-    python benchmarks/bench_serve_front.py                  # HTTP and gRPC, 1/8/64 clients, 3 rounds
+    python benchmarks/bench_serve_front.py                  # HTTP and gRPC, 1/8/64 clients, 8 rounds
     python benchmarks/bench_serve_front.py --rounds 1 --requests 100    # a quick check
 
 A tiny SE-ResNeXt (an eighth of the width, 5 classes, random weights) is served with ``--engine torch``, and
@@ -17,8 +17,9 @@ For each protocol and number of clients, rounds interleave the two routes in a r
   ``unix:DIR/grpc:2``;
 * ``readiness``: 8 threads on ``GET /v2/health/ready`` for ``--seconds``: requests per second.
 
-Reported: requests/s and latency p50 / p99 per route, and front / socket ratios (throughput: median of the
-rounds' ratios; p99: of all rounds' latencies), and the CPU time the front's process spent per request as a share
+Reported: requests/s and latency p50 / p99 per route (of all rounds' latencies), and front / socket ratios
+(throughput and p99: the median of the rounds' ratios, each round's two routes measured back to back, so that a
+burst of the machine's other load weighs on one round, not on one route), and the CPU time the front's process spent per request as a share
 of what Triton and its backend stub spent (on the front route; a figure that the machine's other load changes far
 less than the throughput). Target: the front costs at most 5 %, i.e. a throughput ratio
 of at least 0.95 and a p99 ratio of at most 1.05 at 1, 8 and 64 clients. The clients share the server's
@@ -199,8 +200,8 @@ def readiness(address: tuple[str, int] | str, seconds: float, clients: int = 8) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--requests", type=int, default=400, help="requests per measurement (default 400)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=256, help="requests per measurement (default 256)")
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per readiness measurement (default 3)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/convnets_bench_serve"))
     parser.add_argument("--serve-python", default=sys.executable,
@@ -230,7 +231,7 @@ def main() -> int:
         for route in routes.values():  # warm-up
             run_clients(*route, 8, 64)
         speed: dict[tuple[str, int, str], list[float]] = {}
-        latency: dict[tuple[str, int, str], list[float]] = {}
+        latency: dict[tuple[str, int, str], list[list[float]]] = {}
         ready: dict[str, list[float]] = {"front": [], "socket": []}
         for r in range(args.rounds):
             for protocol in ("HTTP", "gRPC"):
@@ -243,7 +244,7 @@ def main() -> int:
                             cpu.setdefault((protocol, clients), []).append(
                                 (cpu_seconds([front_process]) - before[0]) / (cpu_seconds(tritons) - before[1]))
                         speed.setdefault((protocol, clients, where), []).append(per_s)
-                        latency.setdefault((protocol, clients, where), []).extend(ms)
+                        latency.setdefault((protocol, clients, where), []).append(ms)
                     log.info("round %d %s %d clients: front %.0f/s, socket %.0f/s", r + 1, protocol, clients,
                              speed[(protocol, clients, "front")][-1], speed[(protocol, clients, "socket")][-1])
             for where in (["front", "socket"] if r % 2 == 0 else ["socket", "front"]):
@@ -257,11 +258,14 @@ def main() -> int:
         for clients in args.clients:
             front, sock = (speed[(protocol, clients, w)] for w in ("front", "socket"))
             ratios = [f / s for f, s in zip(front, sock)]
-            p = {w: np.percentile(latency[(protocol, clients, w)], [50, 99]).tolist() for w in ("front", "socket")}
+            p = {w: np.percentile(sum(latency[(protocol, clients, w)], []), [50, 99]).tolist()
+                 for w in ("front", "socket")}
+            p99_ratios = [np.percentile(f, 99) / np.percentile(s, 99)
+                          for f, s in zip(*(latency[(protocol, clients, w)] for w in ("front", "socket")))]
             rows.append({"protocol": protocol, "clients": clients, "front_per_s": statistics.median(front),
                          "socket_per_s": statistics.median(sock), "ratio": statistics.median(ratios),
                          "ratio_min_max": [min(ratios), max(ratios)], "front_p50_p99_ms": p["front"],
-                         "socket_p50_p99_ms": p["socket"], "p99_ratio": p["front"][1] / p["socket"][1],
+                         "socket_p50_p99_ms": p["socket"], "p99_ratio": float(statistics.median(p99_ratios)),
                          "front_cpu_vs_triton": statistics.median(cpu[(protocol, clients)])})
     readiness_row = {w: statistics.median(v) for w, v in ready.items()}
     results.save(args.json, environment("cpu"), {
