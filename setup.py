@@ -68,9 +68,10 @@ setup(
         # `convnets serve`: PyTriton ships the Triton Inference Server binary and its Python backend (Linux
         # wheels only); it needs numpy < 2. tritonclient is the client of the docs' examples, and its KServe
         # protobufs are what the gRPC front parses. h11 parses the HTTP front's requests (strict HTTP/1.1);
-        # psutil finds the server's backend processes without trusting a PID saved earlier.
+        # psutil finds the server's backend processes without trusting a PID saved earlier. grpcio 1.64 is the
+        # first to bound the gRPC front's connections (grpc.max_allowed_incoming_connections; 1.62 lacks it).
         "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50", "h11>=0.16",
-                  "psutil>=5.9"],
+                  "psutil>=5.9", "grpcio>=1.64"],
         # `convnets explain`, convnets.explain: Grad-CAM and its variants (pytorch-grad-cam; it brings OpenCV)
         "explain": ["grad-cam>=1.5"],
         # Jupyter, to open examples/quickstart.ipynb (which also needs the plots and explain extras).

@@ -833,6 +833,144 @@ def test_grpc_messages_are_parsed_before_triton_sees_them(served: Server) -> Non
     assert served.grpc().is_server_ready()
 
 
+@contextlib.contextmanager
+def _grpc_front(limits: object, folder: Path) -> Iterator[int]:
+    """A :class:`~convnets.serve.grpc_front.GrpcFront` on a free loopback port, on an event loop of its own, before
+    a stand-in for Triton's gRPC socket that answers ``ServerLive``; its port."""
+    import asyncio
+
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    from convnets.serve.grpc_front import GrpcFront
+
+    async def live(request: object, context: object) -> object:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def start() -> tuple[object, GrpcFront]:
+        triton = grpc.aio.server(handlers=[grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+            "ServerLive": grpc.unary_unary_rpc_method_handler(
+                live, request_deserializer=service_pb2.ServerLiveRequest.FromString,
+                response_serializer=service_pb2.ServerLiveResponse.SerializeToString)})])
+        triton.add_insecure_port(f"unix:{folder / 'grpc'}")
+        await triton.start()
+        front = GrpcFront("127.0.0.1", 0, str(folder / "grpc"), limits)  # type: ignore[arg-type]
+        await front.start()
+        return triton, front
+
+    async def stop() -> None:
+        await front.stop()
+        await triton.stop(0)  # type: ignore[attr-defined]
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    triton, front = asyncio.run_coroutine_threadsafe(start(), loop).result(60)
+    try:
+        yield front.port
+    finally:
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+def _closed_at_once(port: int) -> bool:
+    """Whether a new connection to ``port`` is closed before the server sends anything (else it sends HTTP/2's
+    SETTINGS frame first)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        try:
+            return client.recv(64) == b""
+        except ConnectionResetError:
+            return True
+
+
+def test_grpc_connections_over_the_bound_are_closed_as_they_come(tmp_path: Path) -> None:
+    """gRPC's own bound on the connections it accepts (``max_allowed_incoming_connections``), on real connections:
+    with 3 allowed, three idle ones get the front's HTTP/2 SETTINGS, a fourth and a fifth are closed unread, and a
+    client gets UNAVAILABLE while the three stay; once they close, it is answered."""
+    from convnets.serve.front import Limits
+
+    with _grpc_front(Limits(1 << 20, max_grpc_connections=3), tmp_path) as port:
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(3)]
+        try:
+            frames = [client.recv(64) for client in held]
+            assert all(len(frame) >= 9 and frame[3] == 4 for frame in frames), frames  # frame type 4: SETTINGS
+            assert _closed_at_once(port) and _closed_at_once(port)
+            with pytest.raises(grpcclient.InferenceServerException) as refused:
+                grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live(client_timeout=30)
+            assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value.message()
+        finally:
+            for client in held:
+                client.close()
+        deadline = time.monotonic() + 60  # the front notices the closed connections a little later
+        while True:
+            try:
+                assert grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live(client_timeout=30)
+                break
+            except grpcclient.InferenceServerException:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+
+
+def test_grpc_calls_at_once_bound_the_memory_their_messages_hold(served: Server) -> None:
+    """gRPC holds a message whole before the front can count it, so the calls at once bound what the gRPC front
+    holds: by default MIN_RPCS (64) of the largest messages, 16 times the bytes in flight the HTTP front may hold
+    (more calls only where those allow more). The 65th call at once is refused before its message (64 MiB here) is
+    read, and calls are answered again once the others end."""
+    from tritonclient.grpc import service_pb2
+
+    from convnets.serve.front import MIN_RPCS, Limits
+    from convnets.serve.server import DEFAULT_MAX_REQUEST_BYTES
+
+    limits = Limits(DEFAULT_MAX_REQUEST_BYTES)
+    assert limits.max_rpcs == MIN_RPCS == 64
+    assert limits.max_rpcs * limits.max_request_bytes <= 16 * limits.max_bytes_in_flight
+    assert Limits(1 << 20, max_bytes_in_flight=1 << 30).max_rpcs == 1024
+    release = threading.Event()
+
+    def held() -> Iterator[object]:
+        release.wait(120)
+        return
+        yield
+    channel = grpcclient.grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}",
+                                               options=[("grpc.max_send_message_length", -1)])
+    ready = channel.unary_unary("/inference.GRPCInferenceService/ServerReady",
+                                request_serializer=service_pb2.ServerReadyRequest.SerializeToString,
+                                response_deserializer=service_pb2.ServerReadyResponse.FromString)
+    streams = []
+    try:
+        for _ in range(MIN_RPCS):
+            streams.append(channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")(held(),
+                                                                                                    timeout=180))
+        deadline = time.monotonic() + 60  # the streams reach the front a little later
+        while True:
+            try:
+                ready(service_pb2.ServerReadyRequest(), timeout=60)
+            except grpcclient.grpc.RpcError as e:
+                assert e.code() == grpcclient.grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.raises(grpcclient.grpc.RpcError) as refused:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(bytes(64 << 20), timeout=60)
+        assert refused.value.code() == grpcclient.grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "Concurrent RPC limit" in refused.value.details()  # gRPC's refusal, not the bytes in flight's
+    finally:
+        release.set()
+        for stream in streams:
+            stream.cancel()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            assert ready(service_pb2.ServerReadyRequest(), timeout=60).ready
+            break
+        except grpcclient.grpc.RpcError as e:
+            assert e.code() == grpcclient.grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, e
+            time.sleep(0.2)
+    channel.close()
+
+
+
 def test_counters_never_go_down_over_rapid_scrapes(served: Server, photos: list[Path]) -> None:
     """Prometheus reads a counter that goes down as a reset: 300 scrapes while requests, good and bad, come in."""
     def load() -> None:
