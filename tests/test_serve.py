@@ -150,15 +150,18 @@ class Server:
         return status, time.monotonic() - start
 
 
-def start_server(python: str, *args: str, tmp: Path, timeout: float = 300, abort_first: bool = False) -> Server:
-    """``python -m convnets serve ARGS`` on free loopback ports, once it says it is ready; with ``abort_first``, its
-    first Triton is SIGABRTed as soon as it runs (long before its model is loaded)."""
+def start_server(python: str, *args: str, tmp: Path, timeout: float = 300, abort_first: bool = False,
+                 options: tuple[str, ...] = (), prefix: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> Server:
+    """``python -m convnets OPTIONS serve ARGS`` on free loopback ports, once it says it is ready; with ``abort_first``,
+    its first Triton is SIGABRTed as soon as it runs (long before its model is loaded). ``prefix`` runs before python
+    (and execs it: ``setpriv``); ``env`` is added to the environment."""
     stderr = tmp / f"serve-{time.monotonic_ns()}.err"
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     with stderr.open("w") as err:
-        process = subprocess.Popen([python, "-m", "convnets", "serve", *args, "--http-port", "0",
+        process = subprocess.Popen([*prefix, python, "-m", "convnets", *options, "serve", *args, "--http-port", "0",
                                     "--grpc-port", "0", "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=err,
-                                   text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                   text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
                                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard)))
 
     def abort_the_first_triton() -> None:
@@ -968,6 +971,52 @@ def test_grpc_calls_at_once_bound_the_memory_their_messages_hold(served: Server)
             assert e.code() == grpcclient.grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, e
             time.sleep(0.2)
     channel.close()
+
+
+def test_the_supervisor_survives_running_out_of_file_descriptors(serve_python: str, checkpoint: Path,
+                                                                photos: list[Path], expected: dict,
+                                                                tmp_path: Path) -> None:
+    """The supervisor reads /proc to see that a model's backend process runs, which takes a descriptor: with none
+    left (EMFILE) it cannot tell, and must not take that for a death. A server whose open-files limit is lowered to
+    what it holds plus 16 (soft and hard: it cannot raise it again) gets idle gRPC connections until none is left;
+    its checks meet EMFILE (it says so at -vv), it reports no death, restarts nothing, and serves once they close."""
+    server = start_server(serve_python, "--weights", str(checkpoint), "--engine", "torch", "--name", "tiny",
+                          tmp=tmp_path, options=("-vv",))
+    try:
+        process, triton = psutil.Process(server.process.pid), _tritons(server.process.pid)[0]
+        limit = process.num_fds() + 16
+        try:
+            process.rlimit(psutil.RLIMIT_NOFILE, (limit, limit))
+        except (psutil.AccessDenied, OSError) as e:
+            pytest.skip(f"cannot lower another process's open-files limit here: {e}")
+        met_emfile = re.compile(r"cannot tell whether process \d+ runs: .*Too many open files")
+        idle = []
+        try:
+            for _ in range(64):  # more than the 16 left, fewer than the gRPC front's bound
+                idle.append(socket.create_connection(("127.0.0.1", server.grpc_port), timeout=30))
+            deadline = time.monotonic() + 120
+            while len(met_emfile.findall(log := server.stderr.read_text())) < 3:  # three rounds of checks at least
+                assert time.monotonic() < deadline, (process.num_fds(), limit, log[-3000:])
+                time.sleep(0.2)
+        finally:
+            for client in idle:
+                client.close()
+        deadline = time.monotonic() + 60
+        while process.num_fds() > limit - 8:
+            assert time.monotonic() < deadline, process.num_fds()
+            time.sleep(0.2)
+        assert server.get("/v2/health/ready")[0] == 200
+        result = server.http().infer("tiny", [images_input(httpclient, [photos[1].read_bytes()])])
+        assert_answer(*(result.as_numpy(n)[0] for n in ("top_labels", "top_indices", "top_probabilities",
+                                                        "probabilities")), expected[str(photos[1])])
+        assert server.grpc().infer("tiny", [images_input(grpcclient, [photos[2].read_bytes()])]).as_numpy(
+            "top_labels").shape == (1, 5)
+        log = server.stderr.read_text()
+        assert "died" not in log and "restarting it" not in log and _tritons(server.process.pid) == [triton], \
+            log[-3000:]
+    finally:
+        status, _ = server.stop(signal.SIGINT)
+    assert status == 0
 
 
 
