@@ -26,10 +26,12 @@ import os
 import queue
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -1018,6 +1020,87 @@ def test_the_supervisor_survives_running_out_of_file_descriptors(serve_python: s
         status, _ = server.stop(signal.SIGINT)
     assert status == 0
 
+
+_NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+
+
+def _python_for_nobody(python: str, folder: Path) -> tuple[str, dict[str, str]]:
+    """``python`` and the environment it needs, as user nobody runs it: itself where nobody may, else its Python
+    installation linked (or copied) into ``folder`` (the standard library, ``python``/``python3`` for the backend's
+    stub, libpython) with ``python``'s own site-packages added: a home directory of mode 0700 hides the original."""
+    query = ("import json, site, sys, sysconfig; print(json.dumps([sys.base_prefix, sysconfig.get_python_version(), "
+             "site.getsitepackages(), sysconfig.get_config_var('LDLIBRARY')]))")
+    base, version, sites, libpython = json.loads(subprocess.run([python, "-c", query], capture_output=True, text=True,
+                                                                check=True).stdout)
+    # The same installation (where nobody cannot reach it, another python on PATH may answer instead).
+    probe = f"import sys, convnets.serve.launch, pytriton; assert sys.base_prefix == {base!r}, sys.base_prefix"
+    if subprocess.run([*_NOBODY, python, "-c", probe], capture_output=True, check=False, timeout=120,
+                      env={**os.environ, "PYTHONPATH": str(REPO)}).returncode == 0:
+        return python, {}
+    home = folder / "python"
+
+    def link(source: str, target: str) -> None:  # a link: no copy of 100 MB, and its mode stays the original's
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+    stdlib = f"lib/python{version}"
+    shutil.copytree(Path(base, stdlib), home / stdlib, copy_function=link,
+                    ignore=lambda folder, names: {"site-packages", "test"} & set(names))
+    (home / "bin").mkdir()
+    link(str(Path(base, "bin", f"python{version}")), str(home / "bin" / f"python{version}"))
+    for name in ("python", "python3"):
+        (home / "bin" / name).symlink_to(f"python{version}")
+    for shared in Path(base, "lib").glob(f"{libpython}*" if libpython else "libpython*"):
+        link(str(shared), str(home / "lib" / shared.name))
+    (home / stdlib / "site-packages").mkdir()
+    (home / stdlib / "site-packages" / "serve.pth").write_text(
+        "".join(f"import site; site.addsitedir({path!r})\n" for path in sites))
+    return str(home / "bin" / f"python{version}"), {"PYTHONHOME": str(home), "LD_LIBRARY_PATH": str(home / "lib")}
+
+
+def test_a_non_root_server_serves_with_its_shared_memory_private_or_says_it_is_not(
+        serve_python: str, checkpoint: Path, photos: list[Path], expected: dict) -> None:
+    """The whole ``convnets serve`` as another user (nobody): an inference is answered, and the Python backend's
+    shared memory, which holds the images sent, is in a /dev/shm of Triton's own (mode 0700), not the machine's; or,
+    where no private one could be made (user namespaces closed), the warning naming the risk was printed."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("switching to another user needs root and util-linux's setpriv")
+    # A folder of this test's own that nobody may enter (pytest's is under a folder of mode 0700).
+    folder = Path(tempfile.mkdtemp(prefix="convnets-nobody-"))
+    try:
+        folder.chmod(0o755)
+        home = folder / "home"
+        home.mkdir()
+        os.chown(home, 65534, 65534)
+        weights = folder / checkpoint.name
+        shutil.copyfile(checkpoint, weights)
+        weights.chmod(0o644)
+        python, env = _python_for_nobody(serve_python, folder)
+        server = start_server(python, "--weights", str(weights), "--engine", "torch", "--name", "tiny", tmp=home,
+                              prefix=_NOBODY, env={**env, "HOME": str(home), "TORCH_HOME": str(home / "torch"),
+                                                   "CONVNETS_CACHE_DIR": str(home / "cache")})
+        try:
+            triton = _tritons(server.process.pid)[0]
+            assert psutil.Process(server.process.pid).uids().real == 65534 and triton.uids().real == 65534
+            result = server.http().infer("tiny", [images_input(httpclient, [photos[3].read_bytes()])])
+            assert_answer(*(result.as_numpy(n)[0] for n in ("top_labels", "top_indices", "top_probabilities",
+                                                            "probabilities")), expected[str(photos[3])])
+            log = server.stderr.read_text()
+            ours = [p for p in Path("/dev/shm").iterdir() if p.name.startswith(f"convnets-{server.process.pid}-")]
+            if "no private /dev/shm could be made" in log:
+                assert "readable by other users" in log, log
+            else:
+                private = Path(f"/proc/{triton.pid}/root/dev/shm")
+                assert [p for p in private.iterdir() if p.name.startswith(f"convnets-{server.process.pid}-")]
+                assert private.stat().st_mode & 0o777 == 0o700
+                assert private.stat().st_dev != Path("/dev/shm").stat().st_dev
+                assert not ours, ours
+        finally:
+            status, _ = server.stop(signal.SIGINT)
+        assert status == 0, server.stderr.read_text()[-3000:]
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_counters_never_go_down_over_rapid_scrapes(served: Server, photos: list[Path]) -> None:
