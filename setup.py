@@ -69,9 +69,10 @@ setup(
         # wheels only); it needs numpy < 2. tritonclient is the client of the docs' examples, and its KServe
         # protobufs are what the gRPC front parses. httptools (llhttp) parses the HTTP front's requests and
         # Triton's answers, on uvloop's event loop (both as under uvicorn); psutil finds the server's backend
-        # processes without trusting a PID saved earlier.
+        # processes without trusting a PID saved earlier. grpcio 1.64 is the first to bound the gRPC front's
+        # connections (grpc.max_allowed_incoming_connections; 1.62 lacks it).
         "serve": ["nvidia-pytriton>=0.7; platform_system == 'Linux'", "tritonclient[http,grpc]>=2.50",
-                  "httptools>=0.6", "uvloop>=0.19; platform_system != 'Windows'", "psutil>=5.9"],
+                  "httptools>=0.6", "uvloop>=0.19; platform_system != 'Windows'", "psutil>=5.9", "grpcio>=1.64"],
         # `convnets explain`, convnets.explain: Grad-CAM and its variants (pytorch-grad-cam; it brings OpenCV)
         "explain": ["grad-cam>=1.5"],
         # Jupyter, to open examples/quickstart.ipynb (which also needs the plots and explain extras).

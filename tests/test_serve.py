@@ -26,11 +26,13 @@ import os
 import queue
 import re
 import resource
+import shutil
 import signal
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -151,15 +153,18 @@ class Server:
         return status, time.monotonic() - start
 
 
-def start_server(python: str, *args: str, tmp: Path, timeout: float = 300, abort_first: bool = False) -> Server:
-    """``python -m convnets serve ARGS`` on free loopback ports, once it says it is ready; with ``abort_first``, its
-    first Triton is SIGABRTed as soon as it runs (long before its model is loaded)."""
+def start_server(python: str, *args: str, tmp: Path, timeout: float = 300, abort_first: bool = False,
+                 options: tuple[str, ...] = (), prefix: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> Server:
+    """``python -m convnets OPTIONS serve ARGS`` on free loopback ports, once it says it is ready; with ``abort_first``,
+    its first Triton is SIGABRTed as soon as it runs (long before its model is loaded). ``prefix`` runs before python
+    (and execs it: ``setpriv``); ``env`` is added to the environment."""
     stderr = tmp / f"serve-{time.monotonic_ns()}.err"
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     with stderr.open("w") as err:
-        process = subprocess.Popen([python, "-m", "convnets", "serve", *args, "--http-port", "0",
+        process = subprocess.Popen([*prefix, python, "-m", "convnets", *options, "serve", *args, "--http-port", "0",
                                     "--grpc-port", "0", "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=err,
-                                   text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                   text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
                                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard)))
 
     def abort_the_first_triton() -> None:
@@ -925,6 +930,280 @@ def test_grpc_messages_are_parsed_before_triton_sees_them(served: Server) -> Non
     finally:
         channel.close()
     assert served.grpc().is_server_ready()
+
+
+@contextlib.contextmanager
+def _grpc_front(limits: object, folder: Path) -> Iterator[int]:
+    """A :class:`~convnets.serve.grpc_front.GrpcFront` on a free loopback port, on an event loop of its own, before
+    a stand-in for Triton's gRPC socket that answers ``ServerLive``; its port."""
+    import asyncio
+
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    from convnets.serve.grpc_front import GrpcFront
+
+    async def live(request: object, context: object) -> object:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def start() -> tuple[object, GrpcFront]:
+        triton = grpc.aio.server(handlers=[grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+            "ServerLive": grpc.unary_unary_rpc_method_handler(
+                live, request_deserializer=service_pb2.ServerLiveRequest.FromString,
+                response_serializer=service_pb2.ServerLiveResponse.SerializeToString)})])
+        triton.add_insecure_port(f"unix:{folder / 'grpc'}")
+        await triton.start()
+        front = GrpcFront("127.0.0.1", 0, str(folder / "grpc"), limits)  # type: ignore[arg-type]
+        await front.start()
+        return triton, front
+
+    async def stop() -> None:
+        await front.stop()
+        await triton.stop(0)  # type: ignore[attr-defined]
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    triton, front = asyncio.run_coroutine_threadsafe(start(), loop).result(60)
+    try:
+        yield front.port
+    finally:
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+def _closed_at_once(port: int) -> bool:
+    """Whether a new connection to ``port`` is closed before the server sends anything (else it sends HTTP/2's
+    SETTINGS frame first)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        try:
+            return client.recv(64) == b""
+        except ConnectionResetError:
+            return True
+
+
+def test_grpc_connections_over_the_bound_are_closed_as_they_come(tmp_path: Path) -> None:
+    """gRPC's own bound on the connections it accepts (``max_allowed_incoming_connections``), on real connections:
+    with 3 allowed, three idle ones get the front's HTTP/2 SETTINGS, a fourth and a fifth are closed unread, and a
+    client gets UNAVAILABLE while the three stay; once they close, it is answered."""
+    from convnets.serve.front import Limits
+
+    with _grpc_front(Limits(1 << 20, max_grpc_connections=3), tmp_path) as port:
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(3)]
+        try:
+            frames = [client.recv(64) for client in held]
+            assert all(len(frame) >= 9 and frame[3] == 4 for frame in frames), frames  # frame type 4: SETTINGS
+            assert _closed_at_once(port) and _closed_at_once(port)
+            with pytest.raises(grpcclient.InferenceServerException) as refused:
+                grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live(client_timeout=30)
+            assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value.message()
+        finally:
+            for client in held:
+                client.close()
+        deadline = time.monotonic() + 60  # the front notices the closed connections a little later
+        while True:
+            try:
+                assert grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live(client_timeout=30)
+                break
+            except grpcclient.InferenceServerException:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+
+
+def test_grpc_calls_at_once_bound_the_memory_their_messages_hold(served: Server) -> None:
+    """gRPC holds a message whole before the front can count it, so the calls at once bound what the gRPC front
+    holds: by default MIN_RPCS (64) of the largest messages, 16 times the bytes in flight the HTTP front may hold
+    (more calls only where those allow more). The 65th call at once is refused before its message (64 MiB here) is
+    read, and calls are answered again once the others end."""
+    from tritonclient.grpc import service_pb2
+
+    from convnets.serve.front import MIN_RPCS, Limits
+    from convnets.serve.server import DEFAULT_MAX_REQUEST_BYTES
+
+    limits = Limits(DEFAULT_MAX_REQUEST_BYTES)
+    assert limits.max_rpcs == MIN_RPCS == 64
+    assert limits.max_rpcs * limits.max_request_bytes <= 16 * limits.max_bytes_in_flight
+    assert Limits(1 << 20, max_bytes_in_flight=1 << 30).max_rpcs == 1024
+    release = threading.Event()
+
+    def held() -> Iterator[object]:
+        release.wait(120)
+        return
+        yield
+    channel = grpcclient.grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}",
+                                               options=[("grpc.max_send_message_length", -1)])
+    ready = channel.unary_unary("/inference.GRPCInferenceService/ServerReady",
+                                request_serializer=service_pb2.ServerReadyRequest.SerializeToString,
+                                response_deserializer=service_pb2.ServerReadyResponse.FromString)
+    streams = []
+    try:
+        for _ in range(MIN_RPCS):
+            streams.append(channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")(held(),
+                                                                                                    timeout=180))
+        deadline = time.monotonic() + 60  # the streams reach the front a little later
+        while True:
+            try:
+                ready(service_pb2.ServerReadyRequest(), timeout=60)
+            except grpcclient.grpc.RpcError as e:
+                assert e.code() == grpcclient.grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.raises(grpcclient.grpc.RpcError) as refused:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(bytes(64 << 20), timeout=60)
+        assert refused.value.code() == grpcclient.grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "Concurrent RPC limit" in refused.value.details()  # gRPC's refusal, not the bytes in flight's
+    finally:
+        release.set()
+        for stream in streams:
+            stream.cancel()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            assert ready(service_pb2.ServerReadyRequest(), timeout=60).ready
+            break
+        except grpcclient.grpc.RpcError as e:
+            assert e.code() == grpcclient.grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, e
+            time.sleep(0.2)
+    channel.close()
+
+
+def test_the_supervisor_survives_running_out_of_file_descriptors(serve_python: str, checkpoint: Path,
+                                                                photos: list[Path], expected: dict,
+                                                                tmp_path: Path) -> None:
+    """The supervisor reads /proc to see that a model's backend process runs, which takes a descriptor: with none
+    left (EMFILE) it cannot tell, and must not take that for a death. A server whose open-files limit is lowered to
+    what it holds plus 16 (soft and hard: it cannot raise it again) gets idle gRPC connections until none is left;
+    its checks meet EMFILE (it says so at -vv), it reports no death, restarts nothing, and serves once they close."""
+    server = start_server(serve_python, "--weights", str(checkpoint), "--engine", "torch", "--name", "tiny",
+                          tmp=tmp_path, options=("-vv",))
+    try:
+        process, triton = psutil.Process(server.process.pid), _tritons(server.process.pid)[0]
+        limit = process.num_fds() + 16
+        try:
+            process.rlimit(psutil.RLIMIT_NOFILE, (limit, limit))
+        except (psutil.AccessDenied, OSError) as e:
+            pytest.skip(f"cannot lower another process's open-files limit here: {e}")
+        met_emfile = re.compile(r"cannot tell whether process \d+ runs: .*Too many open files")
+        idle = []
+        try:
+            for _ in range(64):  # more than the 16 left, fewer than the gRPC front's bound
+                idle.append(socket.create_connection(("127.0.0.1", server.grpc_port), timeout=30))
+            deadline = time.monotonic() + 120
+            while len(met_emfile.findall(log := server.stderr.read_text())) < 3:  # three rounds of checks at least
+                assert time.monotonic() < deadline, (process.num_fds(), limit, log[-3000:])
+                time.sleep(0.2)
+        finally:
+            for client in idle:
+                client.close()
+        deadline = time.monotonic() + 60
+        while process.num_fds() > limit - 8:
+            assert time.monotonic() < deadline, process.num_fds()
+            time.sleep(0.2)
+        assert server.get("/v2/health/ready")[0] == 200
+        result = server.http().infer("tiny", [images_input(httpclient, [photos[1].read_bytes()])])
+        assert_answer(*(result.as_numpy(n)[0] for n in ("top_labels", "top_indices", "top_probabilities",
+                                                        "probabilities")), expected[str(photos[1])])
+        assert server.grpc().infer("tiny", [images_input(grpcclient, [photos[2].read_bytes()])]).as_numpy(
+            "top_labels").shape == (1, 5)
+        log = server.stderr.read_text()
+        assert "died" not in log and "restarting it" not in log and _tritons(server.process.pid) == [triton], \
+            log[-3000:]
+    finally:
+        status, _ = server.stop(signal.SIGINT)
+    assert status == 0
+
+
+_NOBODY = (shutil.which("setpriv") or "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+
+
+def _python_for_nobody(python: str, folder: Path) -> tuple[str, dict[str, str]]:
+    """``python`` and the environment it needs, as user nobody runs it: itself where nobody may, else its Python
+    installation linked (or copied) into ``folder`` (the standard library, ``python``/``python3`` for the backend's
+    stub, libpython) with ``python``'s own site-packages added: a home directory of mode 0700 hides the original."""
+    query = ("import json, site, sys, sysconfig; print(json.dumps([sys.base_prefix, sysconfig.get_python_version(), "
+             "site.getsitepackages(), sysconfig.get_config_var('LDLIBRARY')]))")
+    base, version, sites, libpython = json.loads(subprocess.run([python, "-c", query], capture_output=True, text=True,
+                                                                check=True).stdout)
+    # The same installation (where nobody cannot reach it, another python on PATH may answer instead).
+    probe = f"import sys, convnets.serve.launch, pytriton; assert sys.base_prefix == {base!r}, sys.base_prefix"
+    if subprocess.run([*_NOBODY, python, "-c", probe], capture_output=True, check=False, timeout=120,
+                      env={**os.environ, "PYTHONPATH": str(REPO)}).returncode == 0:
+        return python, {}
+    home = folder / "python"
+
+    def link(source: str, target: str) -> None:  # a link: no copy of 100 MB, and its mode stays the original's
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+    stdlib = f"lib/python{version}"
+    shutil.copytree(Path(base, stdlib), home / stdlib, copy_function=link,
+                    ignore=lambda folder, names: {"site-packages", "test"} & set(names))
+    (home / "bin").mkdir()
+    link(str(Path(base, "bin", f"python{version}")), str(home / "bin" / f"python{version}"))
+    for name in ("python", "python3"):
+        (home / "bin" / name).symlink_to(f"python{version}")
+    for shared in Path(base, "lib").glob(f"{libpython}*" if libpython else "libpython*"):
+        link(str(shared), str(home / "lib" / shared.name))
+    (home / stdlib / "site-packages").mkdir()
+    (home / stdlib / "site-packages" / "serve.pth").write_text(
+        "".join(f"import site; site.addsitedir({path!r})\n" for path in sites))
+    return str(home / "bin" / f"python{version}"), {"PYTHONHOME": str(home), "LD_LIBRARY_PATH": str(home / "lib")}
+
+
+@pytest.mark.parametrize("unshare", ["on PATH", "missing"])
+def test_a_non_root_server_serves_with_its_shared_memory_private_or_says_it_is_not(
+        serve_python: str, checkpoint: Path, photos: list[Path], expected: dict, unshare: str) -> None:
+    """The whole ``convnets serve`` as another user (nobody): an inference is answered, and the Python backend's
+    shared memory, which holds the images sent, is in a /dev/shm of Triton's own (mode 0700), not the machine's; or,
+    where no private one could be made (user namespaces closed; here also without util-linux's unshare on PATH), the
+    warning naming the risk was printed, and the region is in the machine's /dev/shm, as it says."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("switching to another user needs root and util-linux's setpriv")
+    # A folder of this test's own that nobody may enter (pytest's is under a folder of mode 0700).
+    folder = Path(tempfile.mkdtemp(prefix="convnets-nobody-"))
+    try:
+        folder.chmod(0o755)
+        home = folder / "home"
+        home.mkdir()
+        os.chown(home, 65534, 65534)
+        weights = folder / checkpoint.name
+        shutil.copyfile(checkpoint, weights)
+        weights.chmod(0o644)
+        python, env = _python_for_nobody(serve_python, folder)
+        if unshare == "missing":  # a PATH with the shells only (Triton runs the backend's stub through bash)
+            (folder / "shells").mkdir()
+            for shell in ("bash", "sh"):
+                (folder / "shells" / shell).symlink_to(shutil.which(shell) or f"/bin/{shell}")
+            env["PATH"] = str(folder / "shells")
+        server = start_server(python, "--weights", str(weights), "--engine", "torch", "--name", "tiny", tmp=home,
+                              prefix=_NOBODY, env={**env, "HOME": str(home), "TORCH_HOME": str(home / "torch"),
+                                                   "CONVNETS_CACHE_DIR": str(home / "cache")})
+        try:
+            triton = _tritons(server.process.pid)[0]
+            assert psutil.Process(server.process.pid).uids().real == 65534 and triton.uids().real == 65534
+            result = server.http().infer("tiny", [images_input(httpclient, [photos[3].read_bytes()])])
+            assert_answer(*(result.as_numpy(n)[0] for n in ("top_labels", "top_indices", "top_probabilities",
+                                                            "probabilities")), expected[str(photos[3])])
+            log = server.stderr.read_text()
+            ours = [p for p in Path("/dev/shm").iterdir() if p.name.startswith(f"convnets-{server.process.pid}-")]
+            warned = "no private /dev/shm could be made" in log
+            assert warned or unshare != "missing", log
+            if warned:
+                assert "readable by other users" in log and ours, log
+            else:
+                private = Path(f"/proc/{triton.pid}/root/dev/shm")
+                assert [p for p in private.iterdir() if p.name.startswith(f"convnets-{server.process.pid}-")]
+                assert private.stat().st_mode & 0o777 == 0o700
+                assert private.stat().st_dev != Path("/dev/shm").stat().st_dev
+                assert not ours, ours
+        finally:
+            status, _ = server.stop(signal.SIGINT)
+        assert status == 0, server.stderr.read_text()[-3000:]
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_counters_never_go_down_over_rapid_scrapes(served: Server, photos: list[Path]) -> None:

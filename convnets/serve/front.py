@@ -29,17 +29,20 @@ import socket
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "IDLE_TIMEOUT_S", "MAX_JSON_DEPTH", "REFUSED_METRIC", "Limits",
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "IDLE_TIMEOUT_S", "MAX_JSON_DEPTH", "MIN_RPCS", "REFUSED_METRIC", "Limits",
            "UnixHTTPConnection", "json_too_deep"]
 
 log = logging.getLogger(__name__)
 
 #: The deepest JSON nesting passed on (a KServe v2 request needs about 4 + the tensor's rank).
 MAX_JSON_DEPTH = 32
-#: Connections open at once on the HTTP and metrics fronts together (more are closed as they come).
+#: Connections open at once on the HTTP and metrics fronts together, and on the gRPC front (more are closed as they
+#: come).
 DEFAULT_MAX_CONNECTIONS = 4096
-#: gRPC calls (unary calls and streams) served at once; more are refused with ``RESOURCE_EXHAUSTED``.
-DEFAULT_MAX_RPCS = 4096
+#: The fewest gRPC calls (unary calls and streams) served at once by default; more are refused with
+#: ``RESOURCE_EXHAUSTED``. gRPC reads a call's message whole before the front sees it, so the calls bound what the
+#: gRPC front holds: ``max_rpcs * max_request_bytes`` (see :class:`Limits`).
+MIN_RPCS = 64
 #: Seconds a connection (HTTP, metrics or gRPC) may stay idle before the front closes it.
 IDLE_TIMEOUT_S = 120.0
 #: The counter of requests the fronts refused before Triton saw them, by protocol and reason.
@@ -88,19 +91,24 @@ class Limits:
         max_request_bytes: the largest HTTP body or gRPC message.
         max_bytes_in_flight: request bytes held at once by all requests together (default: 4 of the largest).
         max_connections: HTTP and metrics connections open at once.
-        max_rpcs: gRPC calls at once.
+        max_grpc_connections: gRPC connections open at once (gRPC closes more as it accepts them).
+        max_rpcs: gRPC calls at once (default: :data:`MIN_RPCS`, or more where ``max_bytes_in_flight`` holds more
+            of the largest messages); they bound the gRPC front's memory, as gRPC holds a message whole before
+            the front can count it: ``max_rpcs * max_request_bytes`` at most.
     """
 
     max_request_bytes: int
     max_bytes_in_flight: int = 0
     max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_rpcs: int = DEFAULT_MAX_RPCS
+    max_grpc_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_rpcs: int = 0
     bytes_in_flight: int = 0
     connections: int = 0
     refused: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.max_bytes_in_flight = self.max_bytes_in_flight or 4 * self.max_request_bytes
+        self.max_rpcs = self.max_rpcs or max(MIN_RPCS, self.max_bytes_in_flight // self.max_request_bytes)
 
     def take(self, size: int) -> bool:
         """Hold ``size`` request bytes if the total stays within :attr:`max_bytes_in_flight`."""

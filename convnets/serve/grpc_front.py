@@ -9,7 +9,16 @@ them: a message over ``max_request_bytes`` (gRPC itself, ``RESOURCE_EXHAUSTED``,
 prefix), one that does not parse (``INVALID_ARGUMENT``), calls over
 :attr:`~convnets.serve.front.Limits.max_rpcs` and messages over the bytes all requests may hold
 (``RESOURCE_EXHAUSTED``). Methods outside the service are ``UNIMPLEMENTED``. A connection without calls for
-:data:`~convnets.serve.front.IDLE_TIMEOUT_S` is closed (gRPC's ``max_connection_idle_ms``).
+:data:`~convnets.serve.front.IDLE_TIMEOUT_S` is closed (gRPC's ``max_connection_idle_ms``); connections over
+:attr:`~convnets.serve.front.Limits.max_grpc_connections` are closed as gRPC accepts them, before a byte is read
+(gRPC's ``max_allowed_incoming_connections``, grpcio 1.64 and later; these refusals are not counted: gRPC does not
+tell Python of them).
+
+Memory: gRPC reads a message whole before its handler runs, and Python cannot reach gRPC's resource quota (a
+pointer argument; grpcio exports no C API to make one), so a message is counted in the bytes in flight only once
+held. What bounds the front's memory is the calls: each holds at most one message (a stream reads its next one
+after the last was passed on), so ``max_rpcs * max_request_bytes`` at most, and the copies made to parse and
+pass them on; calls over ``max_rpcs`` are refused before their message is read.
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ class GrpcFront:
     def __init__(self, host: str, port: int, target: str, limits: Limits) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.target, self.limits = target, limits
+        #: The port listened on (the one asked for, or the one picked for 0), once started.
+        self.port = port
         self._server: Any = None
         self._channel: Any = None
 
@@ -65,13 +76,15 @@ class GrpcFront:
             maximum_concurrent_rpcs=self.limits.max_rpcs,
             options=[("grpc.max_receive_message_length", self.limits.max_request_bytes),
                      ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0),
-                     ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000))])
+                     ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000)),
+                     ("grpc.max_allowed_incoming_connections", self.limits.max_grpc_connections)])
         try:
             bound = self._server.add_insecure_port(self.address)
         except RuntimeError as e:
             raise OSError(f"cannot listen on {self.address}: {e}") from e
         if not bound:
             raise OSError(f"cannot listen on {self.address}")
+        self.port = bound
         await self._server.start()
 
     async def stop(self) -> None:

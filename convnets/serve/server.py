@@ -204,10 +204,12 @@ class TritonServer:
         distribution = triton_distribution()
         self.endpoints = self.endpoints.resolved()
         open_files = raise_open_files_limit()
-        # Each HTTP connection holds two descriptors (the client's, Triton's); some are kept for the rest.
-        connections = max(64, min(DEFAULT_MAX_CONNECTIONS, (open_files - 256) // 2))
+        # Each HTTP connection holds two descriptors (the client's, Triton's), each gRPC one (one channel to Triton
+        # serves them all), as many of each kind; some are kept for the rest.
+        connections = max(64, min(DEFAULT_MAX_CONNECTIONS, (open_files - 256) // 3))
         if connections < DEFAULT_MAX_CONNECTIONS:
-            log.info("the fronts hold %d connections at most (open files limit %d)", connections, open_files)
+            log.info("the fronts hold %d HTTP and %d gRPC connections at most (open files limit %d)", connections,
+                     connections, open_files)
         # Triton's own endpoints: unix sockets in a directory of its own (mkdtemp: 0700), which only the
         # fronts use; short, for the 107-byte limit of a socket's path.
         self._sockets = Path(tempfile.mkdtemp(prefix="convnets-triton-"))
@@ -220,7 +222,8 @@ class TritonServer:
         e = self.endpoints
         try:
             self._fronts = Fronts(e.host, {"http": e.http_port, "grpc": e.grpc_port, "metrics": e.metrics_port},
-                                  self._inner_sockets(), Limits(self.max_request_bytes, max_connections=connections))
+                                  self._inner_sockets(), Limits(self.max_request_bytes, max_connections=connections,
+                                                                max_grpc_connections=connections))
         except OSError as error:
             raise InvalidArgumentError(f"--host {e.host}: cannot listen there ({error})") from error
         self._launch()
