@@ -823,6 +823,19 @@ def test_a_slow_client_is_dropped_and_others_are_served(served: Server) -> None:
         assert closed and HEAD_TIMEOUT_S <= time.monotonic() - start < HEAD_TIMEOUT_S + 60
 
 
+def test_a_silent_grpc_connection_is_closed_after_the_head_timeout(served: Server) -> None:
+    """A TCP connection to the gRPC port that never starts HTTP/2 holds one of the bounded gRPC connections: it is
+    closed HEAD_TIMEOUT_S (10 s) after it opened, not after gRPC's default 120 s. Time is the behaviour here."""
+    from convnets.serve.front import HEAD_TIMEOUT_S
+
+    with socket.create_connection(("127.0.0.1", served.grpc_port), timeout=HEAD_TIMEOUT_S + 60) as silent:
+        start = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):
+            while silent.recv(1 << 16):  # gRPC may send its own settings first; then it closes
+                pass
+        assert HEAD_TIMEOUT_S - 1 <= time.monotonic() - start < HEAD_TIMEOUT_S + 20
+
+
 def test_a_body_that_stops_coming_is_cut_off(served: Server) -> None:
     """A body must arrive within BODY_TIMEOUT_S (30 s) plus a second per MiB: one that stops after a byte is cut off
     then, and counted. Time is the behaviour here: the bound is generous."""

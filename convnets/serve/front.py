@@ -29,7 +29,7 @@ import socket
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "IDLE_TIMEOUT_S", "MAX_JSON_DEPTH", "MIN_RPCS", "REFUSED_METRIC", "Limits",
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "HEAD_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_JSON_DEPTH", "MIN_RPCS", "REFUSED_METRIC", "Limits",
            "UnixHTTPConnection", "json_too_deep"]
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ DEFAULT_MAX_CONNECTIONS = 4096
 #: ``RESOURCE_EXHAUSTED``. gRPC reads a call's message whole before the front sees it, so the calls bound what the
 #: gRPC front holds: ``max_rpcs * max_request_bytes`` (see :class:`Limits`).
 MIN_RPCS = 64
+#: Seconds a client may take to send a request's head from its first byte (HTTP), or to open its connection (gRPC's
+#: handshake: the HTTP/2 preface and settings).
+HEAD_TIMEOUT_S = 10.0
 #: Seconds a connection (HTTP, metrics or gRPC) may stay idle before the front closes it.
 IDLE_TIMEOUT_S = 120.0
 #: The counter of requests the fronts refused before Triton saw them, by protocol and reason.

@@ -9,7 +9,9 @@ them: a message over ``max_request_bytes`` (gRPC itself, ``RESOURCE_EXHAUSTED``,
 prefix), one that does not parse (``INVALID_ARGUMENT``), calls over
 :attr:`~convnets.serve.front.Limits.max_rpcs` and messages over the bytes all requests may hold
 (``RESOURCE_EXHAUSTED``). Methods outside the service are ``UNIMPLEMENTED``. A connection without calls for
-:data:`~convnets.serve.front.IDLE_TIMEOUT_S` is closed (gRPC's ``max_connection_idle_ms``); connections over
+:data:`~convnets.serve.front.IDLE_TIMEOUT_S` is closed (gRPC's ``max_connection_idle_ms``), and one that has not
+sent HTTP/2's preface and settings within :data:`~convnets.serve.front.HEAD_TIMEOUT_S` of opening (gRPC's
+``server_handshake_timeout_ms``; its default held a silent connection's room 120 s); connections over
 :attr:`~convnets.serve.front.Limits.max_grpc_connections` are closed as gRPC accepts them, before a byte is read
 (gRPC's ``max_allowed_incoming_connections``, grpcio 1.64 and later; these refusals are not counted: gRPC does not
 tell Python of them).
@@ -28,7 +30,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from convnets.serve.front import IDLE_TIMEOUT_S, Limits
+from convnets.serve.front import HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, Limits
 
 __all__ = ["GrpcFront"]
 
@@ -77,6 +79,7 @@ class GrpcFront:
             options=[("grpc.max_receive_message_length", self.limits.max_request_bytes),
                      ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0),
                      ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000)),
+                     ("grpc.server_handshake_timeout_ms", int(HEAD_TIMEOUT_S * 1000)),
                      ("grpc.max_allowed_incoming_connections", self.limits.max_grpc_connections)])
         try:
             bound = self._server.add_insecure_port(self.address)

@@ -44,15 +44,13 @@ from typing import cast
 
 import httptools
 
-from convnets.serve.front import IDLE_TIMEOUT_S, MAX_JSON_DEPTH, Limits, json_too_deep
+from convnets.serve.front import HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_JSON_DEPTH, Limits, json_too_deep
 from convnets.serve.upstream import Upstream
 
 __all__ = ["BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "HttpFront"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds a client may take to send a request's head, from its first byte.
-HEAD_TIMEOUT_S = 10.0
 #: Seconds a client may take to send a body, plus one per MiB of it.
 BODY_TIMEOUT_S = 30.0
 _MAX_HEAD_BYTES = 64 << 10
