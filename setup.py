@@ -108,6 +108,7 @@ setup(
             "tritonclient[http,grpc]>=2.50",
             "psutil>=5.9",  # tests/test_serve.py: every process a server started is gone after it stops
             "httptools>=0.6",  # tests/test_serve.py reads the HTTP front's timeouts from its module
+            "uvloop>=0.19; platform_system != 'Windows'",  # mypy checks the serve fronts' use of it
             "protobuf>=4",
             "tensorboard>=2.14",  # its EventAccumulator reads the training run's event files back
             "matplotlib>=3.7",
