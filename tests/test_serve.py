@@ -877,6 +877,37 @@ def test_bytes_in_flight_are_bounded_across_requests(served: Server) -> None:
     assert b"inputs" in answer  # Triton's own answer to a body without them
 
 
+def test_twenty_bodies_near_the_limit_hold_bounded_memory_and_give_it_back(served: Server) -> None:
+    """20 clients each sent a 79 MiB JSON body at once: the old front took 3.8 GiB and kept 6.6 GiB afterwards. Now
+    the requests over the bytes in flight (4 x 80 MiB) are refused before their bodies are read; the server's memory
+    (front and Triton) grows by less than three times those bytes while it works, and is given back."""
+    body = b'{"inputs": []' + b" " * ((79 << 20) - 15) + b"}"
+    head = (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    triton, restarts, before = _triton(served), _restarts(served), _rss_mib(served)
+    peak, sending = [before], threading.Event()
+
+    def sample() -> None:
+        while sending.is_set():
+            peak.append(_rss_mib(served))
+            time.sleep(0.02)
+    sending.set()
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda _: _raw(served.http_port, head + body, timeout=120), range(20)))
+    sending.clear()
+    sampler.join()
+    statuses = sorted(int(answer.split(b" ", 2)[1]) for answer in answers)
+    assert set(statuses) == {400, 503} and statuses.count(503) >= 10, statuses  # 400: Triton's, for no inputs
+    assert max(peak) - before < 3 * 320, (before, max(peak))
+    deadline = time.monotonic() + 30
+    while _rss_mib(served) - before >= 128:
+        assert time.monotonic() < deadline, (before, _rss_mib(served))
+        time.sleep(0.5)
+    assert _triton(served).pid == triton.pid and _restarts(served) == restarts
+
+
 def test_1100_idle_connections_under_a_1024_file_limit(served: Server, photos: list[Path]) -> None:
     """The server starts under a soft limit of 1,024 open files (start_server) and raises it: 1,100 idle
     connections neither stop it nor keep others out, and its supervisor reports no death."""

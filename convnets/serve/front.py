@@ -59,7 +59,7 @@ _CHUNK = 1 << 20
 _SMALL = 256
 
 
-def json_too_deep(text: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+def json_too_deep(text: bytes | bytearray | memoryview, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether JSON ``text`` nests arrays and objects more than ``limit`` levels (or closes more than it opens,
     or leaves one open).
 

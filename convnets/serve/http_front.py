@@ -81,7 +81,8 @@ class _Request:
     length: int
     json_length: int
     keep_alive: bool
-    body: bytearray = field(default_factory=bytearray)
+    body: bytearray = field(default_factory=bytearray)  # Content-Length bytes, made at once (one mmap for a large one)
+    received: int = 0
     held: bool = False  # its length is counted in Limits.bytes_in_flight
     refused: _Refused | None = None  # answered with this, after the requests before it
     expects_continue: bool = False  # Expect: 100-continue (curl, for a body over a MiB)
@@ -235,7 +236,7 @@ class _Client(asyncio.Protocol):
         request = self._checked(self.parser.get_method(), self.headers)
         if not self.limits.take(request.length):
             raise _Refused(503, "busy", "the server holds as many request bytes as it may; try again shortly")
-        request.held = True
+        request.held, request.body = True, bytearray(request.length)
         self.receiving, self.state = request, "body"
         if not self.pending:
             self._arm(BODY_TIMEOUT_S + request.length / (1 << 20), "slow body")
@@ -243,8 +244,10 @@ class _Client(asyncio.Protocol):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
-        assert self.receiving is not None
-        self.receiving.body += body
+        request = self.receiving
+        assert request is not None
+        request.body[request.received:request.received + len(body)] = body  # llhttp keeps to the Content-Length
+        request.received += len(body)
 
     def on_message_complete(self) -> None:
         request, self.receiving, self.state = self.receiving, None, "idle"
@@ -339,7 +342,7 @@ class _Client(asyncio.Protocol):
         if request.refused is not None:
             self._write_refusal(request.refused, close=True)
             return False
-        json_part = bytes(memoryview(request.body)[:request.json_length])
+        json_part = memoryview(request.body)[:request.json_length]  # not copied: nothing writes the body meanwhile
         # Bodies over a MiB are checked on another thread: the numpy sums release the GIL, the loop goes on.
         deep = bool(json_part) and (json_too_deep(json_part) if len(json_part) < _CHECK_INLINE_BYTES
                                     else await asyncio.to_thread(json_too_deep, json_part, MAX_JSON_DEPTH))
@@ -372,7 +375,7 @@ class _Client(asyncio.Protocol):
         """Answer ``refused`` while a request is being received (after the answers to the requests before it), read
         and drop a little of its body (so that the client reads the answer), and close."""
         if self.receiving is not None:
-            left = self.receiving.length - len(self.receiving.body)
+            left = self.receiving.length - self.receiving.received
             self._release(self.receiving)
             self.receiving = None
         else:  # refused from its head, or not parsed: what it announced, if llhttp read that
