@@ -288,7 +288,7 @@ def _interruptible(argv: list[str]) -> int:
         except KeyboardInterrupt as stop:
             terminated = isinstance(stop, Terminated)
             line, status = ("terminated", EXIT_TERMINATED) if terminated else ("interrupted", EXIT_INTERRUPTED)
-            said = _end_by_force_after(STOP_TIMEOUT_S, f"convnets: {line}", status)
+            say = _end_by_force_after(STOP_TIMEOUT_S, f"convnets: {line}", status)
             # The signal stopped the run wherever it was, maybe half-way through building an object
             # (a DataLoader's iterator whose workers had just started): its finalizer fails when the
             # traceback goes, at the end of this block, and would print a traceback. Not worth one.
@@ -297,8 +297,7 @@ def _interruptible(argv: list[str]) -> int:
             gc.collect()  # what the stopped run left in reference cycles goes too, as quietly
         finally:
             sys.unraisablehook = previous
-        print(f"convnets: {line}", file=sys.stderr)
-        said.set()  # the clean-up may still hang later, in the interpreter's exit: the line is not said twice
+        say()  # the clean-up may still hang later, in the interpreter's exit: the timer does not say it again
         return status
 
 
@@ -306,7 +305,7 @@ def _interruptible(argv: list[str]) -> int:
 STOP_TIMEOUT_S = 20.0
 
 
-def _end_by_force_after(seconds: float, line: str, status: int) -> threading.Event:
+def _end_by_force_after(seconds: float, line: str, status: int) -> Callable[[], None]:
     """If the process still runs ``seconds`` from now, kill its child processes, print ``line`` and exit with
     ``status``. The interruption landed wherever the run was, and once inside a lock that the clean-up then
     waited for (multiprocessing's queue of a DataLoader, stopping its workers: the run hung, seen in 1 of
@@ -314,9 +313,16 @@ def _end_by_force_after(seconds: float, line: str, status: int) -> threading.Eve
     clean-up, as the exception went up.
 
     Returns:
-        An event to set once ``line`` has been printed, so that the timer does not print it again.
+        The function that prints ``line`` on stderr: once, by the caller or by the timer, whichever comes first.
     """
-    said = threading.Event()
+    saying, said = threading.Lock(), threading.Event()
+
+    def say() -> None:
+        if saying.acquire(blocking=False):
+            try:
+                print(line, file=sys.stderr, flush=True)
+            finally:
+                said.set()
 
     def end() -> None:
         processes = sys.modules.get("multiprocessing")  # not imported: no child of its to kill
@@ -329,15 +335,14 @@ def _end_by_force_after(seconds: float, line: str, status: int) -> threading.Eve
         for child in children:
             with contextlib.suppress(Exception):
                 child.join(max(0.0, deadline - time.monotonic()))
-        if not said.is_set():
-            with contextlib.suppress(Exception):
-                sys.stderr.write(f"{line}\n")
-                sys.stderr.flush()
+        with contextlib.suppress(Exception):
+            say()
+        said.wait(1.0)  # the main thread may be printing it right now
         os._exit(status)
     timer = threading.Timer(seconds, end)
     timer.daemon = True
     timer.start()
-    return said
+    return say
 
 
 def _ignore(unraisable: object) -> None:
