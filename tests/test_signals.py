@@ -321,10 +321,10 @@ def test_ctrl_c_while_the_program_exits_is_quiet(args: list[str], tmp_path: Path
 _STUCK_CLEANUP = """
 import os, signal, sys, threading
 import torch.utils.data.dataloader as dataloader
-import convnets.cli
+import convnets.stopping
 from convnets.cli import main
 
-convnets.cli.STOP_TIMEOUT_S = 3.0
+convnets.stopping.STOP_TIMEOUT_S = 3.0
 shutdown = dataloader._MultiProcessingDataLoaderIter._shutdown_workers
 
 def stuck(self):  # as when the signal landed inside the lock of a worker's queue that this needs
