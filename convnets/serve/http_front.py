@@ -133,7 +133,7 @@ class _Client(asyncio.Protocol):
             return
         self.limits.connections += 1
         self.front.clients.add(self)
-        self._arm(IDLE_TIMEOUT_S, None)
+        self._arm_for_state()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state == "refused":
@@ -200,6 +200,16 @@ class _Client(asyncio.Protocol):
         self._disarm()
         self.timer = self.loop.call_later(seconds, self._expired, refusal)
 
+    def _arm_for_state(self) -> None:
+        """The timer of the state the connection is in: idle, a request's head or its body."""
+        if self.state == "idle":
+            self._arm(IDLE_TIMEOUT_S, None)
+        elif self.state == "head":
+            self._arm(HEAD_TIMEOUT_S, "slow head")
+        elif self.state == "body":
+            assert self.receiving is not None
+            self._arm(BODY_TIMEOUT_S + self.receiving.length / (1 << 20), "slow body")
+
     def _disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
@@ -216,7 +226,7 @@ class _Client(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.state, self.head_bytes, self.head_parsed, self.target, self.headers = "head", 0, 0, b"", []
         if not self.pending:  # else the timer is armed when the requests before it are answered
-            self._arm(HEAD_TIMEOUT_S, "slow head")
+            self._arm_for_state()
 
     def on_url(self, url: bytes) -> None:
         self.target += url
@@ -239,7 +249,7 @@ class _Client(asyncio.Protocol):
         request.held, request.body = True, bytearray(request.length)
         self.receiving, self.state = request, "body"
         if not self.pending:
-            self._arm(BODY_TIMEOUT_S + request.length / (1 << 20), "slow body")
+            self._arm_for_state()
         if request.expects_continue and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -327,13 +337,7 @@ class _Client(asyncio.Protocol):
         if self.state == "closing":
             self.close()
         elif self.state in ("idle", "head", "body"):
-            if self.state == "idle":
-                self._arm(IDLE_TIMEOUT_S, None)
-            elif self.state == "head":
-                self._arm(HEAD_TIMEOUT_S, "slow head")
-            else:
-                assert self.receiving is not None
-                self._arm(BODY_TIMEOUT_S + self.receiving.length / (1 << 20), "slow body")
+            self._arm_for_state()
             assert self.transport is not None
             self.transport.resume_reading()
 
