@@ -45,7 +45,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TINY, randomize_bn
+from conftest import REPO, TINY, command_lines, randomize_bn
 from PIL import Image, ImageOps
 from processing_support import png_declaring_size
 from strict_skips import require_module
@@ -1482,3 +1482,16 @@ def test_a_port_in_use_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and err == [f"convnets serve: error: --grpc-port {port}: 127.0.0.1:{port} is already in use; "
                                    "choose another port (0: any free port)"]
+
+
+def test_serve_without_the_extra_is_one_line_naming_it(checkpoint: Path) -> None:
+    """An installation without the serve extra (no httptools, no PyTriton): the command line says which extra to
+    install, in one line, and exits 1; it does not fail importing the fronts' parser first."""
+    program = ("import sys; sys.modules['httptools'] = sys.modules['pytriton'] = None; from convnets.cli import main; "
+               f"sys.exit(main(['serve', '--weights', {str(checkpoint)!r}, '--http-port', '0', '--grpc-port', '0', "
+               "'--metrics-port', '0']))")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = command_lines(done.stderr)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(lines) == 1 and "install the 'serve' extra" in lines[0], lines

@@ -52,13 +52,15 @@ from dataclasses import dataclass, replace
 from http.client import HTTPException
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from convnets.errors import InvalidArgumentError, ServeError
 from convnets.serve import launch
 from convnets.serve.front import DEFAULT_MAX_CONNECTIONS, Limits, UnixHTTPConnection
-from convnets.serve.fronts import Fronts
 from convnets.serve.launch import triton_distribution
+
+if TYPE_CHECKING:
+    from convnets.serve.fronts import Fronts
 
 __all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_GRPC_PORT", "DEFAULT_METRICS_PORT", "DEFAULT_MAX_REQUEST_BYTES",
            "EXIT_TIMEOUT_S", "MAX_RESTARTS", "RESTART_WINDOW_S", "Endpoints", "TritonServer",
@@ -202,6 +204,8 @@ class TritonServer:
             MissingDependencyError: the ``serve`` extra is not installed.
         """
         distribution = triton_distribution()
+        # The fronts' parser (httptools) comes with the serve extra, which triton_distribution has just checked.
+        from convnets.serve.fronts import Fronts
         self.endpoints = self.endpoints.resolved()
         open_files = raise_open_files_limit()
         # Each HTTP connection holds two descriptors (the client's, Triton's), each gRPC one (one channel to Triton
