@@ -28,7 +28,6 @@ import re
 import resource
 import shutil
 import signal
-import shutil
 import socket
 import subprocess
 import sys
@@ -977,6 +976,103 @@ def test_grpc_messages_are_parsed_before_triton_sees_them(served: Server) -> Non
     assert served.grpc().is_server_ready()
 
 
+def _infer_request(model: str = "tiny", version: str = "", inputs: tuple = (("image", "BYTES", [1, 1]),),
+                   raw: list[bytes] | None = None, typed: dict[str, list] | None = None, outputs: tuple[str, ...] = (),
+                   parameters: dict[str, object] | None = None, unset: str = "", request_id: str = "") -> object:
+    """A ``ModelInferRequest`` as a client other than tritonclient may write it."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    for name, datatype, shape in inputs:
+        request.inputs.add(name=name, datatype=datatype, shape=shape)
+    request.raw_input_contents.extend(raw or [])
+    for field, values in (typed or {}).items():
+        getattr(request.inputs[0].contents, field).extend(values)
+    for name in outputs:
+        request.outputs.add(name=name)
+    for name, value in (parameters or {}).items():
+        kind = {bool: "bool_param", int: "int64_param", float: "double_param", str: "string_param"}[type(value)]
+        setattr(request.parameters[name], kind, value)
+    if unset:
+        request.parameters[unset].Clear()
+    return request
+
+
+def test_grpc_inferences_are_answered_as_tritons_own_grpc_server_answers(served: Server, photos: list[Path]) -> None:
+    """The gRPC front asks Triton's HTTP server for each ``ModelInfer`` it can write as an HTTP request
+    (:mod:`convnets.serve.kserve`), and passes the others on as gRPC messages: either way the client gets what
+    Triton's own gRPC server (on its unix socket) answers, the response or the error's code and message."""
+    from tritonclient.grpc import service_pb2
+
+    from convnets.serve import kserve
+
+    options = dict(arg[2:].split("=", 1) for arg in _triton(served).cmdline() if arg.startswith("--") and "=" in arg)
+    image = photos[0].read_bytes()
+    framed = len(image).to_bytes(4, "little") + image
+    over_http = {
+        "raw, as tritonclient sends": _infer_request(raw=[framed]),
+        "typed contents": _infer_request(typed={"bytes_contents": [image]}),
+        "two images": _infer_request(inputs=(("image", "BYTES", [2, 1]),), raw=[framed * 2]),
+        "an id, an output, parameters": _infer_request(raw=[framed], request_id="a\u00e9", outputs=("top_indices",),
+                                                       parameters={"n": 3, "s": "\u00e9", "b": True, "priority": 1}),
+        "version 1": _infer_request(raw=[framed], version="1"),
+        "version 7": _infer_request(raw=[framed], version="7"),
+        "not an image": _infer_request(raw=[b"\x03\x00\x00\x00abc"]),
+        "a cut image": _infer_request(raw=[framed[:-9]]),
+        "another model": _infer_request(model="other", raw=[framed]),
+        "another input": _infer_request(inputs=(("img", "BYTES", [1, 1]),), raw=[framed]),
+        "another data type": _infer_request(inputs=(("image", "FP32", [1, 1]),), raw=[b"\x00" * 4]),
+        "no such data type": _infer_request(inputs=(("image", "TEXT", [1, 1]),), raw=[framed]),
+        "a shape the data do not fill": _infer_request(inputs=(("image", "BYTES", [1, 2]),), raw=[framed]),
+        "no such output": _infer_request(raw=[framed], outputs=("nope",)),
+        "no input": _infer_request(inputs=()),
+    }
+    as_grpc = {
+        "a model name a URL escapes": _infer_request(model="ti ny", raw=[framed]),
+        "a version not a number": _infer_request(version="v1", raw=[framed]),
+        "typed contents of another type": _infer_request(typed={"fp32_contents": [1.0]}),
+        "typed contents short of the shape": _infer_request(inputs=(("image", "BYTES", [2, 1]),),
+                                                            typed={"bytes_contents": [image]}),
+        "raw and typed contents": _infer_request(raw=[framed], typed={"bytes_contents": [image]}),
+        "two raw contents for one input": _infer_request(raw=[framed, framed]),
+        "a parameter without a value": _infer_request(raw=[framed], unset="x"),
+    }
+    channels = [grpcclient.grpc.insecure_channel(target) for target in (
+        f"127.0.0.1:{served.grpc_port}", f"{options['grpc-address']}:{options['grpc-port']}")]
+    try:
+        calls = [channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                     request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                                     response_deserializer=service_pb2.ModelInferResponse.FromString)
+                 for channel in channels]
+        for name, request in {**over_http, **as_grpc}.items():
+            assert (kserve.http_request(request) is not None) == (name in over_http), name
+            answers = []
+            for call in calls:
+                try:
+                    answers.append(call(request, timeout=60))
+                except grpcclient.grpc.RpcError as error:
+                    answers.append((error.code(), error.details()))
+            assert answers[0] == answers[1], name
+        assert calls[0](over_http["two images"], timeout=60).raw_output_contents  # answers, not only errors
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_grpc_calls_past_their_deadline_leave_no_connection_or_answer_behind(served: Server, photos: list[Path]) -> None:
+    """A call whose deadline passes while Triton works on it ends ``DEADLINE_EXCEEDED``; the connection to Triton it
+    was using is closed (Triton's late answer is read by no later call), not kept open."""
+    front = psutil.Process(served.process.pid)
+    before = len(front.net_connections(kind="unix"))
+    client = served.grpc()
+    image = photos[0].read_bytes()
+    for _ in range(12):
+        with pytest.raises(grpcclient.InferenceServerException, match="(?i)deadline"):
+            client.infer("tiny", [images_input(grpcclient, [image] * 8)], client_timeout=0.01)
+        assert client.infer("tiny", [images_input(grpcclient, [image])]).as_numpy("top_labels").shape == (1, 5)
+    assert len(front.net_connections(kind="unix")) <= before + 2
+
+
 @contextlib.contextmanager
 def _grpc_front(limits: object, folder: Path) -> Iterator[int]:
     """A :class:`~convnets.serve.grpc_front.GrpcFront` on a free loopback port, on an event loop of its own, before
@@ -998,7 +1094,7 @@ def _grpc_front(limits: object, folder: Path) -> Iterator[int]:
                 response_serializer=service_pb2.ServerLiveResponse.SerializeToString)})])
         triton.add_insecure_port(f"unix:{folder / 'grpc'}")
         await triton.start()
-        front = GrpcFront("127.0.0.1", 0, str(folder / "grpc"), limits)  # type: ignore[arg-type]
+        front = GrpcFront("127.0.0.1", 0, str(folder / "grpc"), str(folder / "http"), limits)  # type: ignore[arg-type]
         await front.start()
         return triton, front
 

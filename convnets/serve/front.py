@@ -11,7 +11,8 @@ front parses the request with a strict parser, checks it, and sends Triton a req
   gets a new request with the front's own headers only;
 * gRPC (:mod:`convnets.serve.grpc_front`): each message is parsed as the KServe protobuf its method
   takes (tritonclient's ``service_pb2``), unknown fields dropped, and sent to Triton as a new
-  message, without the client's metadata.
+  message, without the client's metadata (a ``ModelInfer`` as the HTTP request that asks the same:
+  :mod:`convnets.serve.kserve`).
 
 Everything is bounded, across all clients (:class:`Limits`): open connections, request bytes held
 at once, the time a client may take to send a request's head and body; requests over a bound are

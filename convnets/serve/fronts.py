@@ -76,7 +76,7 @@ class Fronts:
             loop.close()
 
     async def _start(self) -> None:
-        grpc = GrpcFront(self._host, self._grpc_port, self._inner["grpc"], self.limits)
+        grpc = GrpcFront(self._host, self._grpc_port, self._inner["grpc"], self._inner["http"], self.limits)
         self._servers = [HttpFront(self._sockets["http"], self._inner["http"], self.limits),
                          HttpFront(self._sockets["metrics"], self._inner["metrics"], self.limits, metrics=True), grpc]
         for server in self._servers:

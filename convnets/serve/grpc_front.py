@@ -4,7 +4,9 @@ Every method of ``inference.GRPCInferenceService`` is served on ``grpc.aio``: a 
 ``ModelStreamInfer`` stream costs no thread, so it cannot starve other calls. Each message the
 client sends is parsed as the protobuf its method takes (tritonclient's ``service_pb2``: the KServe
 v2 protos), its unknown fields dropped, and serialized anew for Triton; the client's metadata is not
-passed on; its deadline is. Triton's answers come back as they are. Refused, without Triton seeing
+passed on; its deadline is. Triton's answers come back as they are. ``ModelInfer`` is asked of Triton's HTTP server
+where :mod:`convnets.serve.kserve` can write it as an HTTP request (its docstring says why and when), on kept unix
+connections, one per call in flight. Refused, without Triton seeing
 them: a message over ``max_request_bytes`` (gRPC itself, ``RESOURCE_EXHAUSTED``, from its length
 prefix), one that does not parse (``INVALID_ARGUMENT``), calls over
 :attr:`~convnets.serve.front.Limits.max_rpcs` and messages over the bytes all requests may hold
@@ -25,12 +27,15 @@ pass them on; calls over ``max_rpcs`` are refused before their message is read.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from convnets.serve import kserve
 from convnets.serve.front import HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, Limits
+from convnets.serve.upstream import Upstream
 
 __all__ = ["GrpcFront"]
 
@@ -49,13 +54,14 @@ def _deadline(context: Any) -> float | None:
 class GrpcFront:
     """The gRPC front on ``host:port``, passing rebuilt messages to Triton's gRPC server on the unix socket ``target``."""
 
-    def __init__(self, host: str, port: int, target: str, limits: Limits) -> None:
+    def __init__(self, host: str, port: int, target: str, http_target: str, limits: Limits) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.target, self.limits = target, limits
+        self.target, self.http_target, self.limits = target, http_target, limits
         #: The port listened on (the one asked for, or the one picked for 0), once started.
         self.port = port
         self._server: Any = None
         self._channel: Any = None
+        self._upstreams: list[Upstream] = []  # kept connections to Triton's HTTP socket, none in use
 
     async def start(self) -> None:
         """Listen and serve (on the running event loop).
@@ -71,7 +77,8 @@ class GrpcFront:
         self._channel = grpc.aio.insecure_channel(f"unix:{self.target}", options=[
             ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-        handlers = {method.name: self._handler(method, getattr(service_pb2, method.input_type.name))
+        handlers = {method.name: self._handler(method, getattr(service_pb2, method.input_type.name),
+                                               getattr(service_pb2, method.output_type.name))
                     for method in service.methods}
         self._server = grpc.aio.server(
             handlers=[grpc.method_handlers_generic_handler(_SERVICE, handlers)],
@@ -96,9 +103,12 @@ class GrpcFront:
             await self._server.stop(grace=1)
             await self._channel.close()
             self._server = None
+            for upstream in self._upstreams:
+                upstream.close()
 
-    def _handler(self, method: Any, message: Any) -> Any:
-        """The handler of ``method``: its client's messages parsed as ``message`` and rebuilt for Triton."""
+    def _handler(self, method: Any, message: Any, response_type: Any) -> Any:
+        """The handler of ``method``: its client's messages parsed as ``message`` and rebuilt for Triton (``ModelInfer``
+        over HTTP where it can be, answered as ``response_type``)."""
         import grpc
 
         path = f"/{_SERVICE}/{method.name}"
@@ -143,7 +153,13 @@ class GrpcFront:
         async def unary(data: bytes, context: Any) -> bytes:
             await held(len(data), context)
             try:
-                answer: bytes = await call_unary(await parsed(data, context), timeout=_deadline(context))
+                request = await parsed(data, context)
+                if method.name == "ModelInfer" and (http := kserve.http_request(request)) is not None:
+                    code, response = await self._infer_over_http(http, _deadline(context), response_type)
+                    if code != "OK":
+                        await context.abort(grpc.StatusCode[code], response)
+                    return response.SerializeToString()
+                answer: bytes = await call_unary(request, timeout=_deadline(context))
                 return answer
             except grpc.aio.AioRpcError as e:
                 await context.abort(e.code(), e.details() or "")
@@ -151,3 +167,20 @@ class GrpcFront:
             finally:
                 limits.give_back(len(data))
         return grpc.unary_unary_rpc_method_handler(unary)
+
+    async def _infer_over_http(self, request: list[bytes], deadline: float | None, response_type: Any) -> tuple[str, Any]:
+        """Ask Triton's HTTP server (:mod:`convnets.serve.kserve`) on a kept connection: the gRPC status name, and the
+        response or the error message."""
+        upstream = self._upstreams.pop() if self._upstreams else Upstream(self.http_target)
+        try:
+            status, headers, body = await asyncio.wait_for(upstream.exchange(request), deadline)
+        except asyncio.TimeoutError:
+            return "DEADLINE_EXCEEDED", "Deadline Exceeded"
+        except OSError:
+            return "UNAVAILABLE", "the model server is not answering (it is restarting); try again in a few seconds"
+        self._upstreams.append(upstream)
+        try:
+            return kserve.grpc_answer(status, headers, body, response_type)
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("Triton's answer to an inference could not be read: %s", e)
+            return "INTERNAL", "the model server's answer could not be read"

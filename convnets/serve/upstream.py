@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any, cast
 
 import httptools
@@ -71,7 +72,7 @@ class Upstream:
             self._answer.close()
             self._answer = None
 
-    async def exchange(self, data: list[bytes | bytearray]) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def exchange(self, data: Sequence[bytes | bytearray]) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Send the request ``data``; Triton's status, headers and body. Once more on a new connection if the kept one
         was closed meanwhile (Triton restarted).
 
@@ -97,10 +98,16 @@ class Upstream:
                 if not keep_alive:
                     self.close()
                 return status, headers, body
+            except TimeoutError:  # Triton took the request: not sent again
+                self.close()
+                raise
             except (OSError, EOFError) as error:
                 self.close()
                 if attempt or fresh:
                     raise OSError(str(error)) from error
+            except BaseException:  # cancelled: the answer still to come must not be read as the next request's
+                self.close()
+                raise
         raise AssertionError("unreachable")
 
     @staticmethod
