@@ -237,7 +237,7 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         1, "Triton's socket cannot be reached twice in a row (answered 503 to the client)"),
     ("convnets/serve/upstream.py", "AssertionError"): (1, "after the retry loop, which returns or raises"),
     ("convnets/serve/kserve.py", "ValueError"): (
-        1, "Triton's answer lacks an output's data: the gRPC front answers INTERNAL and logs it"),
+        2, "Triton's answer is not a JSON object or lacks an output's data: the gRPC front answers INTERNAL, logs it"),
     ("convnets/weights/safetensors_io.py", "ValueError"): (
         4, "caught in read_safetensors and re-raised as CheckpointError naming the file"),
     ("convnets/weights/load.py", "RuntimeError"): (

@@ -908,6 +908,39 @@ def test_twenty_bodies_near_the_limit_hold_bounded_memory_and_give_it_back(serve
     assert _triton(served).pid == triton.pid and _restarts(served) == restarts
 
 
+def test_twenty_grpc_messages_near_the_limit_give_their_memory_back(served: Server) -> None:
+    """20 gRPC clients each sent a 79 MiB message at once: the front kept 3.1 GiB more afterwards (2.2 GiB of it in
+    reference cycles left by the calls that ended in an error, the rest free but not returned). Now each call is
+    answered (refused over the bytes in flight, or Triton's error for an image over the limit), Triton is not
+    restarted, and the front's process gives back all but what the requests in flight may hold (4 x 80 MiB)."""
+    from tritonclient.grpc import service_pb2
+
+    junk = b"\xff\xd8" + b"x" * ((79 << 20) - 200)
+    message = _infer_request(raw=[len(junk).to_bytes(4, "little") + junk]).SerializeToString()  # type: ignore[attr-defined]
+    front, triton, restarts = psutil.Process(served.process.pid), _triton(served), _restarts(served)
+    before = front.memory_info().rss >> 20
+
+    def send(_: int) -> str:
+        channel = grpcclient.grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}",
+                                                   options=[("grpc.max_send_message_length", -1)])
+        try:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                response_deserializer=service_pb2.ModelInferResponse.FromString)(message, timeout=120)
+            return "OK"
+        except grpcclient.grpc.RpcError as error:
+            return error.code().name
+        finally:
+            channel.close()
+    with ThreadPoolExecutor(20) as pool:
+        codes = list(pool.map(send, range(20)))
+    assert set(codes) <= {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"} and codes.count("RESOURCE_EXHAUSTED") >= 10, codes
+    deadline = time.monotonic() + 30
+    while (front.memory_info().rss >> 20) - before >= 4 * 80 + 128:
+        assert time.monotonic() < deadline, (before, front.memory_info().rss >> 20)
+        time.sleep(0.5)
+    assert _triton(served).pid == triton.pid and _restarts(served) == restarts
+
+
 def test_1100_idle_connections_under_a_1024_file_limit(served: Server, photos: list[Path]) -> None:
     """The server starts under a soft limit of 1,024 open files (start_server) and raises it: 1,100 idle
     connections neither stop it nor keep others out, and its supervisor reports no death."""
@@ -1030,6 +1063,8 @@ def test_grpc_inferences_are_answered_as_tritons_own_grpc_server_answers(served:
     as_grpc = {
         "a model name a URL escapes": _infer_request(model="ti ny", raw=[framed]),
         "a version not a number": _infer_request(version="v1", raw=[framed]),
+        "a version of other digits": _infer_request(version="\u0661", raw=[framed]),
+        "a model name of dots": _infer_request(model="..", raw=[framed]),
         "typed contents of another type": _infer_request(typed={"fp32_contents": [1.0]}),
         "typed contents short of the shape": _infer_request(inputs=(("image", "BYTES", [2, 1]),),
                                                             typed={"bytes_contents": [image]}),

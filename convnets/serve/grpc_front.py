@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from convnets.serve import kserve
-from convnets.serve.front import HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, Limits
+from convnets.serve.front import HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, Limits, return_freed_memory
 from convnets.serve.upstream import Upstream
 
 __all__ = ["GrpcFront"]
@@ -42,6 +42,9 @@ __all__ = ["GrpcFront"]
 log = logging.getLogger(__name__)
 
 _SERVICE = "inference.GRPCInferenceService"
+# After a message at least this large is dropped, the freed memory is returned to the system (once for a burst).
+_TRIM_BYTES = 8 << 20
+_TRIM_AFTER_S = 0.5
 # A remaining time longer than this (a year) means the client set no deadline.
 _NO_DEADLINE_S = 365 * 86400.0
 
@@ -62,6 +65,7 @@ class GrpcFront:
         self._server: Any = None
         self._channel: Any = None
         self._upstreams: list[Upstream] = []  # kept connections to Triton's HTTP socket, none in use
+        self._trim: Any = None  # the timer that returns freed memory, while one is set
 
     async def start(self) -> None:
         """Listen and serve (on the running event loop).
@@ -125,6 +129,8 @@ class GrpcFront:
             return request
 
         async def held(size: int, context: Any) -> None:
+            if size >= _TRIM_BYTES:
+                self._return_memory_soon()
             if not limits.take(size):
                 limits.refuse("grpc", "busy")
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the server holds as many request bytes as "
@@ -168,6 +174,19 @@ class GrpcFront:
                 limits.give_back(len(data))
         return grpc.unary_unary_rpc_method_handler(unary)
 
+    def _return_memory_soon(self) -> None:
+        """Return the memory freed once the large messages of a burst are dropped (see
+        :func:`~convnets.serve.front.return_freed_memory`)."""
+        if self._trim is None:
+            def trim() -> None:
+                self._trim = None
+                if limits.bytes_in_flight >= _TRIM_BYTES:  # large messages still held: again once they are dropped
+                    self._return_memory_soon()
+                else:
+                    return_freed_memory()
+            limits = self.limits
+            self._trim = asyncio.get_running_loop().call_later(_TRIM_AFTER_S, trim)
+
     async def _infer_over_http(self, request: list[bytes], deadline: float | None, response_type: Any) -> tuple[str, Any]:
         """Ask Triton's HTTP server (:mod:`convnets.serve.kserve`) on a kept connection: the gRPC status name, and the
         response or the error message."""
@@ -177,6 +196,7 @@ class GrpcFront:
         except asyncio.TimeoutError:
             return "DEADLINE_EXCEEDED", "Deadline Exceeded"
         except OSError:
+            self.limits.refuse("grpc", "triton unavailable")
             return "UNAVAILABLE", "the model server is not answering (it is restarting); try again in a few seconds"
         self._upstreams.append(upstream)
         try:

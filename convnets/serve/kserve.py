@@ -20,7 +20,8 @@ import numpy as np
 
 __all__ = ["grpc_answer", "http_request"]
 
-_URL_SAFE = re.compile(r"[A-Za-z0-9_.\-]+")
+_URL_SAFE = re.compile(r"[A-Za-z0-9_.\-]*[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")  # not only dots: no "." or ".." segment
+_DIGITS = re.compile(r"[0-9]*")
 # The typed contents field and the little-endian numpy type of each data type that has one (FP16 and BF16 are raw only).
 _CONTENTS = {"BOOL": ("bool_contents", "?"), "INT8": ("int_contents", "<i1"), "INT16": ("int_contents", "<i2"),
              "INT32": ("int_contents", "<i4"), "INT64": ("int64_contents", "<i8"), "UINT8": ("uint_contents", "<u1"),
@@ -34,8 +35,7 @@ _CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 500: "INTERNAL", 501: "UNIM
 def http_request(request: Any) -> list[bytes] | None:
     """The HTTP request (head, JSON part, each tensor's bytes) asking Triton what the ``ModelInferRequest`` ``request``
     asks, or ``None`` where Triton's HTTP server might read it otherwise than its gRPC server."""
-    if not _URL_SAFE.fullmatch(request.model_name) or not (request.model_version.isdigit() or not
-                                                           request.model_version):
+    if not _URL_SAFE.fullmatch(request.model_name) or not _DIGITS.fullmatch(request.model_version):
         return None
     raw = list(request.raw_input_contents)
     if raw and (len(raw) != len(request.inputs) or any(t.contents.ListFields() for t in request.inputs)):
@@ -80,6 +80,8 @@ def grpc_answer(status: int, headers: list[tuple[bytes, bytes]], body: bytes, re
     """
     length = int(dict(headers).get(b"inference-header-content-length", len(body)))
     document = json.loads(body[:length])
+    if not isinstance(document, dict):
+        raise ValueError("Triton's answer is not a JSON object")
     if status != 200:
         return _CODES.get(status, "UNKNOWN"), str(document.get("error", ""))
     response = response_type(model_name=document["model_name"], model_version=document.get("model_version", ""),
