@@ -21,8 +21,12 @@ loads from the engine cache):
 
 Rounds interleave the variants in a rotated order. The clients run on the same cores as the server:
 on a small machine their share of the CPU is part of what is measured, as is any other load on it.
-Target: at least 0.8x in-process throughput at 8 clients or more. What the server's front costs is measured
-by ``benchmarks/bench_serve_front.py``.
+Target: at least 0.8x in-process throughput at 8 clients or more.
+
+Then what the server's front costs (``benchmarks/serve_front.py`` says how): a tiny model served, the same
+requests through the front's ports and straight to Triton's own unix sockets, HTTP and gRPC at
+``--front-clients`` clients, and the readiness endpoint's requests per second. Target: at most 5 % in
+throughput and in p99 latency.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from convnets.registry import choose_model, load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
+import serve_front  # noqa: E402
 
 log = logging.getLogger("bench_serve")
 
@@ -92,7 +97,7 @@ def make_checkpoint(folder: Path, model: str) -> Path:
 
 
 def start_server(python: str, checkpoint: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[str], int, int]:
-    """``convnets serve`` on ``checkpoint`` as ``args`` say (also for bench_serve_front.py); its HTTP and gRPC ports."""
+    """``convnets serve`` on ``checkpoint`` as ``args`` say; its HTTP and gRPC ports."""
     command = [python, "-m", "convnets", "serve", "--weights", str(checkpoint), "--name", "bench", "--engine",
                args.engine, "--precision", args.precision, "--max-batch-size", str(args.max_batch_size),
                "--max-queue-delay-ms", str(args.max_queue_delay_ms), "--http-port", "0", "--grpc-port", "0",
@@ -155,6 +160,20 @@ def served_run(port: int, images: list[bytes], clients: int) -> tuple[float, lis
     return len(images) / seconds, latencies, (after[0] - before[0]) / max(1, after[1] - before[1])
 
 
+def measure_front(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`serve_front.measure` on a tiny model served as the module doc says, with the load average around it."""
+    options = argparse.Namespace(engine="torch", precision="fp32", max_batch_size=16, max_queue_delay_ms=0.0)
+    load_before = os.getloadavg()[0]
+    server, http_port, grpc_port = start_server(args.serve_python, serve_front.tiny_checkpoint(args.folder), options)
+    try:
+        front = serve_front.measure(server.pid, http_port, grpc_port, args.front_clients, args.front_requests,
+                                    args.front_rounds, args.readiness_seconds)
+    finally:
+        server.send_signal(2)
+        server.wait(timeout=120)
+    return {**front, "load_average": [load_before, os.getloadavg()[0]]}
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q))
 
@@ -173,6 +192,11 @@ def main() -> int:
                         help="where the JPEGs and the random-weights checkpoint are kept")
     parser.add_argument("--serve-python", default=sys.executable,
                         help="the interpreter that runs `convnets serve` (one with the serve extra; default: this one)")
+    parser.add_argument("--front-clients", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--front-requests", type=int, default=256, help="front: requests per measurement (default 256)")
+    parser.add_argument("--front-rounds", type=int, default=8, help="front: interleaved rounds (default 8)")
+    parser.add_argument("--readiness-seconds", type=float, default=3.0,
+                        help="front: seconds per readiness measurement (default 3)")
     results.add_output_option(parser, "bench_serve")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -219,6 +243,7 @@ def main() -> int:
         server.send_signal(2)
         server.wait(timeout=120)
     load_after = os.getloadavg()[0]
+    front = measure_front(args)
     base = speed["in process"]
     rows = []
     for variant in variants:
@@ -235,9 +260,10 @@ def main() -> int:
         "image": "500x375 JPEG", "max_batch_size": args.max_batch_size, "queue_delay_ms": args.max_queue_delay_ms,
         "rounds": args.rounds, "target_ratio": TARGET_RATIO,
         "worst_ratio_from_8_clients": min((row["vs_in_process"] for row in concurrent), default=None),
-        "load_average": [load_before, load_after], "rows": rows})
-    for row in rows:
+        "load_average": [load_before, load_after], "rows": rows, "front": front})
+    for row in [*rows, *front["rows"]]:
         print(row)
+    print("readiness req/s", front["readiness_per_s"])
     return 0
 
 

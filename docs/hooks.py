@@ -363,10 +363,10 @@ def render_serve(r: Mapping[str, Any]) -> str:
             f"measurement, --max-batch-size {r['max_batch_size']}, --max-queue-delay-ms {r['queue_delay_ms']:g}; "
             f"median of {r['rounds']} interleaved rounds (load average before and after: {load}):\n\n"
             + table(["variant", "img/s", "vs in process", "rounds", "p50 / p99 ms", "mean batch"], rows,
-                    "lrrrrr") + verdict)
+                    "lrrrrr") + verdict + "\n\nWhat the front costs: " + _render_serve_front(r["front"]))
 
 
-def render_serve_front(r: Mapping[str, Any]) -> str:
+def _render_serve_front(r: Mapping[str, Any]) -> str:
     rows = [[f"{row['protocol']}, {row['clients']}", f"{row['front_per_s']:.0f} / {row['socket_per_s']:.0f}",
              *_ratio(row["ratio"], *row["ratio_min_max"]),
              f"{row['front_p50_p99_ms'][1]:.1f} / {row['socket_p50_p99_ms'][1]:.1f} ({row['p99_ratio']:.2f}x)",
@@ -374,8 +374,9 @@ def render_serve_front(r: Mapping[str, Any]) -> str:
     met = [row for row in r["rows"] if row["ratio"] >= r["target_ratio"] and row["p99_ratio"] <= 2 - r["target_ratio"]]
     ready = r["readiness_per_s"]
     load = ", ".join(f"{v:.1f}" for v in r["load_average"])
-    return (f"{r['model']}, one {r['image']} per request, {r['requests']} requests per measurement; median of "
-            f"{r['rounds']} interleaved rounds (load average before and after: {load}):\n\n"
+    return (f"{r['model']}, one {r['image']} per request, {r['requests']} requests per route and measurement "
+            f"(at one client the routes alternate request by request); median of {r['rounds']} interleaved rounds, "
+            f"p99 over all rounds (load average before and after: {load}):\n\n"
             + table(["protocol, clients", "req/s: front / socket", "ratio", "rounds", "p99 ms: front / socket",
                      "CPU: front / Triton"], rows, "lrrrrr")
             + f"\n\nThe front's cost is within {100 * (1 - r['target_ratio']):.0f} % (throughput and p99) in "
@@ -416,7 +417,6 @@ RENDERERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], str]] = {
     "bench_predict_pipeline": (render_predict_pipeline, "python benchmarks/bench_predict_pipeline.py"),
     "bench_preprocess": (render_preprocess, "python benchmarks/bench_preprocess.py"),
     "bench_serve": (render_serve, "python benchmarks/bench_serve.py"),
-    "bench_serve_front": (render_serve_front, "python benchmarks/bench_serve_front.py"),
     "bench_ray": (render_ray, "python benchmarks/bench_ray.py"),
     "bench_train": (render_train, "python benchmarks/bench_train.py"),
     "bench_train_cuda": (render_train, "python benchmarks/bench_train.py --device cuda"),

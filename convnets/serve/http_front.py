@@ -28,7 +28,7 @@ answer (it is restarting), clients get ``503``, readiness included.
 Each connection is an :class:`asyncio.Protocol` whose parser callbacks do the checks, and its
 requests are answered in turn by one task. On this project's 2-core machine the front answers
 readiness at three times the rate that h11 on asyncio streams did (18,346 against 6,049 requests
-per second, ``benchmarks/bench_serve_front.py``, 2026-11-29).
+per second, ``benchmarks/bench_serve.py``, 2026-11-29).
 """
 
 from __future__ import annotations
