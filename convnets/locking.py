@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import socket
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+
+from convnets.stopping import keep_signals_out_of_fork_hooks
 
 __all__ = ["LockHeldError", "exclusive_lock", "pid_alive"]
 
@@ -64,6 +68,16 @@ def _busy(path: Path, waited: float) -> LockHeldError:
     return LockHeldError(message, path=path, holder=holder)
 
 
+@functools.cache
+def _filelock() -> ModuleType:
+    """filelock, imported on first use; its at-fork hooks, run in Python, kept out of signals' reach (see
+    :func:`convnets.stopping.keep_signals_out_of_fork_hooks`)."""
+    import filelock
+
+    keep_signals_out_of_fork_hooks()
+    return filelock
+
+
 @contextlib.contextmanager
 def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float = 0.05) -> Iterator[None]:
     """Hold an inter-process lock on ``path`` (created if needed) and delete that file on release.
@@ -87,8 +101,7 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, poll_s: float =
         OSError: the file system cannot lock files (its ``errno`` says why), or ``path`` is a symbolic
             link or not a regular file, or cannot be created.
     """
-    import filelock
-
+    filelock = _filelock()
     path = Path(path)
     existed = os.path.lexists(path)
     with contextlib.suppress(FileNotFoundError):  # clearer than open()'s ELOOP, and no FIFO is ever opened

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "STOP_TIMEOUT_S", "Terminated", "end_by_force_after",
-           "interrupt_ends_the_exit", "signals_as_interrupts"]
+           "interrupt_ends_the_exit", "keep_signals_out_of_fork_hooks", "signals_as_interrupts"]
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a process that SIGINT ended
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
@@ -32,8 +32,10 @@ class Terminated(KeyboardInterrupt):
 #: Non-empty while os.fork() runs its hooks (os.register_at_fork), from before logging's to after them: logging holds
 #: its module lock in between. An exception that a signal raises in a hook is printed as "Exception ignored in
 #: _releaseLock" and lost: the run went on as if SIGTERM had not come, or hung on the lock left held (seen in 1 of
-#: 10 evaluate runs stopped as their decoding processes started). Appended and cleared by builtins, registered after
-#: logging's hooks (which this module imports first): no Python code of ours runs inside the window.
+#: 10 evaluate runs stopped as their decoding processes started). Appended and popped by builtins, registered after
+#: logging's hooks (which this module imports first): no Python code of ours runs inside the window. Hooks
+#: registered later are outside it: :func:`keep_signals_out_of_fork_hooks` opens it again around them (windows nest:
+#: one entry each).
 _FORKING: list[None] = []
 
 
@@ -46,8 +48,17 @@ def _after_fork_in_child() -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
 
 
-os.register_at_fork(before=functools.partial(_FORKING.append, None), after_in_parent=_FORKING.clear,
-                    after_in_child=_after_fork_in_child)
+_WINDOW: dict[str, Callable[[], object]] = {"before": functools.partial(_FORKING.append, None),
+                                            "after_in_parent": _FORKING.pop, "after_in_child": _after_fork_in_child}
+os.register_at_fork(**_WINDOW)
+
+
+def keep_signals_out_of_fork_hooks() -> None:
+    """Open :data:`_FORKING`'s window again, around every at-fork hook registered so far. Call it once after
+    importing a module that registers hooks in Python on its import, as filelock 4 does
+    (:mod:`convnets.locking`): its ``_resume_parent_after_fork`` ran after the window had closed, and a SIGTERM
+    handled there was lost as in logging's (a run stopped as its decoding processes started went on to the end)."""
+    os.register_at_fork(**_WINDOW)
 
 
 def _send_after_fork(signum: int) -> None:
