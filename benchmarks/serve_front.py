@@ -221,6 +221,11 @@ def measure(server_pid: int, http_port: int, grpc_port: int, clients: list[int],
               ("gRPC", "socket"): grpc_route(grpc_socket, image)}
     for route in routes.values():  # warm-up
         run_clients(*route, 8, 64)
+
+    def used(since: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+        """CPU seconds of the front's process, and of Triton with its stub, since ``since``."""
+        return cpu_seconds([front_process]) - since[0], cpu_seconds(tritons) - since[1]
+
     speed: dict[tuple[str, int, str], list[float]] = {}
     latency: dict[tuple[str, int, str], list[list[float]]] = {}
     cpu: dict[tuple[str, int], list[float]] = {}
@@ -229,20 +234,20 @@ def measure(server_pid: int, http_port: int, grpc_port: int, clients: list[int],
         for protocol in ("HTTP", "gRPC"):
             for n in clients:
                 pair = {where: routes[(protocol, where)] for where in ("front", "socket")}
-                before = cpu_seconds([front_process]), cpu_seconds(tritons)
                 if n == 1:
+                    start = used()
                     ms = alternate(pair, requests)
                     per_s = {where: 1000 * len(values) / sum(values) for where, values in ms.items()}
-                    spent, triton_requests = (cpu_seconds([front_process]) - before[0], cpu_seconds(tritons) - before[1]), 2
+                    front_cpu, triton_cpu = used(start)
+                    triton_cpu /= 2  # Triton answered both routes' requests
                 else:
                     per_s, ms = {}, {}
                     for where in ["front", "socket"] if (r + n) % 2 == 0 else ["socket", "front"]:
-                        before = cpu_seconds([front_process]), cpu_seconds(tritons)
+                        start = used()
                         per_s[where], ms[where] = run_clients(*pair[where], n, requests)
                         if where == "front":  # Triton's CPU on the front's requests only
-                            spent = (cpu_seconds([front_process]) - before[0], cpu_seconds(tritons) - before[1])
-                    triton_requests = 1
-                cpu.setdefault((protocol, n), []).append(spent[0] / (spent[1] / triton_requests))
+                            front_cpu, triton_cpu = used(start)
+                cpu.setdefault((protocol, n), []).append(front_cpu / triton_cpu)
                 for where in ("front", "socket"):
                     speed.setdefault((protocol, n, where), []).append(per_s[where])
                     latency.setdefault((protocol, n, where), []).append(ms[where])

@@ -31,8 +31,9 @@ import socket
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "HEAD_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_JSON_DEPTH", "MIN_RPCS", "REFUSED_METRIC", "Limits",
-           "UnixHTTPConnection", "json_too_deep"]
+__all__ = ["BUSY_MESSAGE", "DEFAULT_MAX_CONNECTIONS", "HEAD_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_JSON_DEPTH",
+           "MIN_RPCS", "REFUSED_METRIC", "Limits", "UNAVAILABLE_MESSAGE", "UnixHTTPConnection", "json_too_deep",
+           "return_freed_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ MIN_RPCS = 64
 HEAD_TIMEOUT_S = 10.0
 #: Seconds a connection (HTTP, metrics or gRPC) may stay idle before the front closes it.
 IDLE_TIMEOUT_S = 120.0
+#: What a client is told when the request bytes held for all clients are at their bound (HTTP 503, gRPC
+#: RESOURCE_EXHAUSTED), and when Triton does not answer (HTTP 503, gRPC UNAVAILABLE).
+BUSY_MESSAGE = "the server holds as many request bytes as it may; try again shortly"
+UNAVAILABLE_MESSAGE = "the model server is not answering (it is restarting); try again in a few seconds"
 #: The counter of requests the fronts refused before Triton saw them, by protocol and reason.
 REFUSED_METRIC = "convnets_front_requests_refused_total"
 

@@ -34,7 +34,8 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from convnets.serve import kserve
-from convnets.serve.front import HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, Limits, return_freed_memory
+from convnets.serve.front import (BUSY_MESSAGE, HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, UNAVAILABLE_MESSAGE, Limits,
+                                  return_freed_memory)
 from convnets.serve.upstream import Upstream
 
 __all__ = ["GrpcFront"]
@@ -45,7 +46,6 @@ _SERVICE = "inference.GRPCInferenceService"
 # After a message at least this large is dropped, the freed memory is returned to the system (once for a burst).
 _TRIM_BYTES = 8 << 20
 _TRIM_AFTER_S = 0.5
-_BUSY = "the server holds as many request bytes as it may; try again shortly"
 # A remaining time longer than this (a year) means the client set no deadline.
 _NO_DEADLINE_S = 365 * 86400.0
 
@@ -147,7 +147,7 @@ class GrpcFront:
                 async def rebuilt() -> AsyncIterator[Any]:
                     async for data in requests:
                         if not take(len(data)):
-                            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _BUSY)
+                            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, BUSY_MESSAGE)
                         try:
                             if (request := parse(data)) is None:
                                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, malformed)
@@ -168,8 +168,8 @@ class GrpcFront:
             if (request := parse(data)) is None:
                 return grpc.StatusCode.INVALID_ARGUMENT, malformed
             if method.name == "ModelInfer" and (http := kserve.http_request(request)) is not None:
-                code, response = await self._infer_over_http(http, deadline, response_type)
-                return grpc.StatusCode[code], response.SerializeToString() if code == "OK" else response
+                code, value = await self._infer_over_http(http, deadline, response_type)
+                return grpc.StatusCode[code], value
             try:
                 return grpc.StatusCode.OK, await call_unary(request, timeout=deadline)
             except grpc.aio.AioRpcError as e:
@@ -180,7 +180,7 @@ class GrpcFront:
             # that only the garbage collector frees, and gRPC kept some such errors after their calls: 20 calls
             # of 79 MiB each ending in an error left 2.5 GiB held.
             size = len(data)
-            code, value = grpc.StatusCode.RESOURCE_EXHAUSTED, cast(Any, _BUSY)
+            code, value = grpc.StatusCode.RESOURCE_EXHAUSTED, cast(Any, BUSY_MESSAGE)
             if take(size):
                 try:
                     code, value = await answer(data, _deadline(context))
@@ -196,18 +196,18 @@ class GrpcFront:
         """Return the memory freed once the large messages of a burst are dropped (see
         :func:`~convnets.serve.front.return_freed_memory`)."""
         if self._trim is None:
-            def trim() -> None:
-                self._trim = None
-                if limits.bytes_in_flight >= _TRIM_BYTES:  # large messages still held: again once they are dropped
-                    self._return_memory_soon()
-                else:
-                    return_freed_memory()
-            limits = self.limits
-            self._trim = asyncio.get_running_loop().call_later(_TRIM_AFTER_S, trim)
+            self._trim = asyncio.get_running_loop().call_later(_TRIM_AFTER_S, self._trim_when_dropped)
+
+    def _trim_when_dropped(self) -> None:
+        self._trim = None
+        if self.limits.bytes_in_flight >= _TRIM_BYTES:  # large messages still held: again once they are dropped
+            self._return_memory_soon()
+        else:
+            return_freed_memory()
 
     async def _infer_over_http(self, request: list[bytes], deadline: float | None, response_type: Any) -> tuple[str, Any]:
         """Ask Triton's HTTP server (:mod:`convnets.serve.kserve`) on a kept connection: the gRPC status name, and the
-        response or the error message."""
+        response's bytes or the error message."""
         upstream = self._upstreams.pop() if self._upstreams else Upstream(self.http_target)
         try:
             status, headers, body = await asyncio.wait_for(upstream.exchange(request), deadline)
@@ -215,10 +215,11 @@ class GrpcFront:
             return "DEADLINE_EXCEEDED", "Deadline Exceeded"
         except OSError:
             self.limits.refuse("grpc", "triton unavailable")
-            return "UNAVAILABLE", "the model server is not answering (it is restarting); try again in a few seconds"
+            return "UNAVAILABLE", UNAVAILABLE_MESSAGE
         self._upstreams.append(upstream)
         try:
-            return kserve.grpc_answer(status, headers, body, response_type)
+            code, answer = kserve.grpc_answer(status, headers, body, response_type)
         except (ValueError, KeyError, TypeError) as e:
             log.warning("Triton's answer to an inference could not be read: %s", e)
             return "INTERNAL", "the model server's answer could not be read"
+        return code, answer.SerializeToString() if code == "OK" else answer

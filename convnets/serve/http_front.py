@@ -44,8 +44,9 @@ from typing import cast
 
 import httptools
 
-from convnets.serve.front import HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_JSON_DEPTH, Limits, json_too_deep
-from convnets.serve.upstream import Upstream
+from convnets.serve.front import (BUSY_MESSAGE, HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_JSON_DEPTH, UNAVAILABLE_MESSAGE,
+                                  Limits, json_too_deep)
+from convnets.serve.upstream import Upstream, request_head
 
 __all__ = ["BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "HttpFront"]
 
@@ -245,7 +246,7 @@ class _Client(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request = self._checked(self.parser.get_method(), self.headers)
         if not self.limits.take(request.length):
-            raise _Refused(503, "busy", "the server holds as many request bytes as it may; try again shortly")
+            raise _Refused(503, "busy", BUSY_MESSAGE)
         request.held, request.body = True, bytearray(request.length)
         self.receiving, self.state = request, "body"
         if not self.pending:
@@ -298,19 +299,15 @@ class _Client(asyncio.Protocol):
             raise _Refused(415, "content type", f"Content-Type {content_type.decode(errors='replace')!r} is not "
                                                 "accepted: send application/json (with binary tensor data after the "
                                                 "JSON header, as tritonclient does), or no type")
-        json_length = length
-        lines = [b"%s %s HTTP/1.1" % (b"GET" if method == b"HEAD" else method, self.target), b"host: triton",
-                 b"content-length: %d" % length]
-        if (canonical := _CONTENT_TYPES[content_type]) is not None:
-            lines.append(b"content-type: " + canonical)
-        header = seen.get(b"inference-header-content-length")
-        if header is not None:
+        json_length = None
+        if (header := seen.get(b"inference-header-content-length")) is not None:
             if not header.strip().isdigit() or int(header) > length:
                 raise _Refused(400, "header length", f"Inference-Header-Content-Length {header.decode()!r} is not a "
                                                      "length within the body")
             json_length = int(header)
-            lines.append(b"inference-header-content-length: %d" % json_length)
-        return _Request(method, self.target, b"\r\n".join(lines) + b"\r\n\r\n", length, json_length,
+        head = request_head(b"GET" if method == b"HEAD" else method, self.target, length, _CONTENT_TYPES[content_type],
+                            json_length)
+        return _Request(method, self.target, head, length, length if json_length is None else json_length,
                         self.parser.should_keep_alive(),
                         expects_continue=seen.get(b"expect", b"").lower() == b"100-continue")
 
@@ -357,8 +354,7 @@ class _Client(asyncio.Protocol):
         try:
             status, headers, answer = await self.upstream.exchange([request.head, request.body])
         except OSError:
-            self._write_refusal(_Refused(503, "triton unavailable", "the model server is not answering (it is "
-                                         "restarting); try again in a few seconds"), close=not request.keep_alive)
+            self._write_refusal(_Refused(503, "triton unavailable", UNAVAILABLE_MESSAGE), close=not request.keep_alive)
             return request.keep_alive
         request.body = bytearray()
         if self.front.metrics and status == 200 and request.target.split(b"?")[0] == b"/metrics":

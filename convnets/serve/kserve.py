@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from convnets.serve.upstream import request_head
+
 __all__ = ["grpc_answer", "http_request"]
 
 _URL_SAFE = re.compile(r"[A-Za-z0-9_.\-]*[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")  # not only dots: no "." or ".." segment
@@ -65,9 +67,8 @@ def http_request(request: Any) -> list[bytes] | None:
     body = json.dumps(header, separators=(",", ":")).encode()
     target = f"/v2/models/{request.model_name}" + (f"/versions/{request.model_version}" if request.model_version
                                                     else "") + "/infer"
-    head = (f"POST {target} HTTP/1.1\r\nHost: triton\r\nContent-Type: application/octet-stream\r\n"
-            f"Inference-Header-Content-Length: {len(body)}\r\n"
-            f"Content-Length: {len(body) + sum(map(len, tensors))}\r\n\r\n").encode()
+    head = request_head(b"POST", target.encode(), len(body) + sum(map(len, tensors)), b"application/octet-stream",
+                        len(body))
     return [head, body, *tensors]
 
 

@@ -209,7 +209,8 @@ class TritonServer:
         self.endpoints = self.endpoints.resolved()
         open_files = raise_open_files_limit()
         # Each HTTP connection holds two descriptors (the client's, Triton's), each gRPC one (one channel to Triton
-        # serves them all), as many of each kind; some are kept for the rest.
+        # serves them all, and a unix connection per inference in flight, at most Limits.max_rpcs: 64 by default),
+        # as many connections of each kind; 256 descriptors are kept for the rest.
         connections = max(64, min(DEFAULT_MAX_CONNECTIONS, (open_files - 256) // 3))
         if connections < DEFAULT_MAX_CONNECTIONS:
             log.info("the fronts hold %d HTTP and %d gRPC connections at most (open files limit %d)", connections,

@@ -9,10 +9,22 @@ from typing import Any, cast
 
 import httptools
 
-__all__ = ["UPSTREAM_TIMEOUT_S", "Upstream"]
+__all__ = ["UPSTREAM_TIMEOUT_S", "Upstream", "request_head"]
 
 #: Seconds Triton may take to answer a request.
 UPSTREAM_TIMEOUT_S = 600.0
+
+
+def request_head(method: bytes, target: bytes, length: int, content_type: bytes | None = None,
+                 json_length: int | None = None) -> bytes:
+    """The head of a request the front writes for Triton: its request line, and only the front's own headers (``Host``,
+    ``Content-Length``, and ``Content-Type`` and ``Inference-Header-Content-Length`` where given)."""
+    lines = [b"%s %s HTTP/1.1" % (method, target), b"host: triton", b"content-length: %d" % length]
+    if content_type is not None:
+        lines.append(b"content-type: " + content_type)
+    if json_length is not None:
+        lines.append(b"inference-header-content-length: %d" % json_length)
+    return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
 class _Answer(asyncio.Protocol):
