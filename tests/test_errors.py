@@ -233,9 +233,6 @@ PLAIN_RAISES: dict[tuple[str, str], tuple[int, str]] = {
         1, "check_int8 without held-out images: optimize_for_inference always splits them first"),
     ("convnets/serve/grpc_front.py", "OSError"): (
         2, "the gRPC front cannot listen (server.py names --host and --grpc-port)"),
-    ("convnets/serve/upstream.py", "OSError"): (
-        1, "Triton's socket cannot be reached twice in a row (answered 503 to the client)"),
-    ("convnets/serve/upstream.py", "AssertionError"): (1, "after the retry loop, which returns or raises"),
     ("convnets/serve/kserve.py", "ValueError"): (
         2, "Triton's answer is not a JSON object or lacks an output's data: the gRPC front answers INTERNAL, logs it"),
     ("convnets/weights/safetensors_io.py", "ValueError"): (

@@ -728,6 +728,39 @@ def test_a_client_that_closes_its_side_gets_its_answer(served: Server) -> None:
     assert answer.startswith(b"HTTP/1.1 200 "), answer
 
 
+def test_a_client_that_reads_slowly_gets_every_answer_in_order(served: Server) -> None:
+    """A client that sends 2,000 requests ahead and reads nothing for two seconds: the front stops answering once its
+    answers fill the connection (3.5 MiB of Triton's metrics against a 4 KiB receive buffer) and goes on as the client
+    reads. Every answer comes, once, in order (``/metrics`` 200 and JSON too deep 400, in turn)."""
+    deep = b"[" * 40 + b"]" * 40
+    requests = [b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(deep), deep)] * 1000
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.settimeout(60)
+        client.connect(("127.0.0.1", served.metrics_port))
+        sender = threading.Thread(target=client.sendall, args=(b"".join(requests),), daemon=True)
+        sender.start()
+        time.sleep(2)
+        buffer, statuses, sizes = b"", [], []
+        while len(statuses) < len(requests):
+            while b"\r\n\r\n" not in buffer:
+                buffer += client.recv(4096)
+            head, _, buffer = buffer.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+            while len(buffer) < length:
+                buffer += client.recv(4096)
+            statuses.append(head.split(b" ")[1])
+            sizes.append(length)
+            buffer = buffer[length:]
+        sender.join(10)
+        client.settimeout(1)
+        with contextlib.suppress(TimeoutError):
+            buffer += client.recv(4096)
+    assert statuses == [b"200", b"400"] * 1000 and buffer == b""
+    assert sum(sizes) > 1 << 20, sizes  # far more than the buffers hold: the front waited for the client
+
+
 def test_curl_s_expect_100_continue_is_answered(served: Server, tmp_path: Path) -> None:
     """curl announces a body over a MiB with ``Expect: 100-continue`` and waits for the 100 before sending it."""
     if shutil.which("curl") is None:

@@ -25,10 +25,10 @@ started it, longer than :data:`BODY_TIMEOUT_S` plus a second per MiB for its bod
 :data:`~convnets.serve.front.IDLE_TIMEOUT_S` between requests, is disconnected. While Triton does not
 answer (it is restarting), clients get ``503``, readiness included.
 
-Each connection is an :class:`asyncio.Protocol` whose parser callbacks do the checks, and its
-requests are answered in turn by one task. On this project's 2-core machine the front answers
-readiness at three times the rate that h11 on asyncio streams did (18,346 against 6,049 requests
-per second, ``benchmarks/bench_serve.py``, 2026-11-29).
+Each connection is an :class:`asyncio.Protocol` whose parser callbacks do the checks; its requests are
+answered in turn through callbacks, with no task or future per request (the front's cost at one client is the
+Python it runs per request: 0.1 ms of the 0.5 ms it added went with the task, 2026-11-29). The front answers
+readiness at three times the rate that h11 on asyncio streams did (``benchmarks/bench_serve.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import httptools
 
 from convnets.serve.front import (BUSY_MESSAGE, HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_JSON_DEPTH, UNAVAILABLE_MESSAGE,
                                   Limits, json_too_deep)
-from convnets.serve.upstream import Upstream, request_head
+from convnets.serve.upstream import Outcome, Upstream, request_head
 
 __all__ = ["BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "HttpFront"]
 
@@ -89,19 +89,19 @@ class _Request:
     expects_continue: bool = False  # Expect: 100-continue (curl, for a body over a MiB)
 
 
+_PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
+
+
 def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool,
               head_only: bool = False) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase.encode()
-    except ValueError:
-        phrase = b""
-    lines = [b"HTTP/1.1 %d %s" % (status, phrase), *(b"%s: %s" % header for header in headers),
+    lines = [b"HTTP/1.1 %d %s" % (status, _PHRASES.get(status, b"")), *(b"%s: %s" % header for header in headers),
              b"content-length: %d" % len(body)] + ([b"connection: close"] if close else [])
     return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head_only else body)
 
 
 class _Client(asyncio.Protocol):
-    """One client connection: llhttp's callbacks check each request as it arrives; a task answers them in turn.
+    """One client connection: llhttp's callbacks check each request as it arrives; each is sent to Triton once the
+    one before it is answered and written.
 
     States: ``idle`` (between requests), ``head`` and ``body`` (receiving one), ``drain`` (a refused body is read
     and dropped before closing). One timer at a time bounds the state: idle, head, body or drain."""
@@ -118,10 +118,11 @@ class _Client(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.receiving: _Request | None = None
         self.pending: collections.deque[_Request] = collections.deque()
-        self.worker: asyncio.Task[None] | None = None
+        self.answering = False  # requests are being answered (the first of pending, in turn)
+        self.in_flight = False  # the first is with Triton, or its JSON being checked on a thread
+        self.paused = False  # the client reads slower than it gets answers: the next waits
         self.timer: asyncio.TimerHandle | None = None
         self.drain_left = 0
-        self.writable: asyncio.Future[None] | None = None
 
     # --- the connection ---
 
@@ -145,25 +146,21 @@ class _Client(asyncio.Protocol):
         self._disarm()
         for request in (*self.pending, *([self.receiving] if self.receiving else [])):
             self._release(request)
-        if self.worker is not None:
-            self.worker.cancel()
-        self.upstream.close()
-        if self.writable is not None and not self.writable.done():
-            self.writable.set_result(None)
+        self.upstream.close()  # an answer still to come is dropped
 
     def eof_received(self) -> bool:
         """The client closed its side: answer what it sent, then close (or close now, with nothing to answer)."""
         self.state = "closing"
         self._disarm()
-        return self.worker is not None
+        return self.answering
 
     def pause_writing(self) -> None:
-        self.writable = self.loop.create_future()
+        self.paused = True
 
     def resume_writing(self) -> None:
-        if self.writable is not None and not self.writable.done():
-            self.writable.set_result(None)
-        self.writable = None
+        self.paused = False
+        if self.answering and not self.in_flight:
+            self._answer_pending()
 
     def data_received(self, data: bytes) -> None:
         if self.state == "drain":
@@ -179,14 +176,15 @@ class _Client(asyncio.Protocol):
             if not isinstance(error.__context__, _Refused):
                 raise
             self._refuse(error.__context__)
-            return
         except httptools.HttpParserError as error:
             self._refuse(_Refused(400, "malformed", f"not a valid HTTP/1.1 request: {error}"))
-            return
-        if self.state == "head":
-            self.head_bytes += len(data)
-            if self.head_bytes > _MAX_HEAD_BYTES:
-                self._refuse(_Refused(431, "malformed", f"the request head is over {_MAX_HEAD_BYTES >> 10} KiB"))
+        else:
+            if self.state == "head":
+                self.head_bytes += len(data)
+                if self.head_bytes > _MAX_HEAD_BYTES:
+                    self._refuse(_Refused(431, "malformed", f"the request head is over {_MAX_HEAD_BYTES >> 10} KiB"))
+        if self.pending and not self.answering:  # once llhttp is done with the data: answering may close
+            self._answer_pending()
 
     def close(self) -> None:
         self.state = "closing"
@@ -267,8 +265,6 @@ class _Client(asyncio.Protocol):
         self._disarm()
         if len(self.pending) > 1 and self.transport is not None:
             self.transport.pause_reading()  # a client sending ahead: the rest is read once these are answered
-        if self.worker is None:
-            self.worker = self.loop.create_task(self._answer_pending())
 
     def _checked(self, method: bytes, received: list[tuple[bytes, bytes]]) -> _Request:
         """The request Triton gets; :class:`_Refused` says why not."""
@@ -313,24 +309,18 @@ class _Client(asyncio.Protocol):
 
     # --- answers ---
 
-    async def _answer_pending(self) -> None:
-        """Answer the requests received, in turn; then read on, or close (a request asked to, the client closed its
-        side, or a request was refused unread)."""
-        try:
-            while self.pending:
-                request = self.pending[0]
-                try:
-                    keep_open = await self._answer(request)
-                finally:
-                    self._release(request)
-                    self.pending.popleft()
-                if self.writable is not None:
-                    await self.writable  # the client reads its answers before it gets more
-                if not keep_open or self.transport is None:
-                    self.close()
-                    return
-        finally:
-            self.worker = None
+    def _answer_pending(self) -> None:
+        """Answer the requests received, in turn (Triton's answers come to :meth:`_answered`); then read on, or close
+        (a request asked to, the client closed its side, or a request was refused unread)."""
+        self.answering = True
+        while self.pending and not self.in_flight and not self.paused:
+            request = self.pending[0]
+            keep_open = self._answer(request)
+            if keep_open is None or not self._done(request, keep_open):
+                return
+        if self.pending or self.in_flight or self.paused:  # resume_writing goes on
+            return
+        self.answering = False
         if self.state == "closing":
             self.close()
         elif self.state in ("idle", "head", "body"):
@@ -338,32 +328,64 @@ class _Client(asyncio.Protocol):
             assert self.transport is not None
             self.transport.resume_reading()
 
-    async def _answer(self, request: _Request) -> bool:
-        """Check ``request``'s JSON, pass it to Triton, write the answer; whether the connection stays open."""
+    def _done(self, request: _Request, keep_open: bool) -> bool:
+        """``request`` is answered: whether the next may be (else the connection is closed)."""
+        self._release(request)
+        self.pending.popleft()
+        if keep_open and self.transport is not None:
+            return True
+        self.answering = False
+        self.close()
+        return False
+
+    def _answer(self, request: _Request) -> bool | None:
+        """Answer ``request`` now (whether the connection stays open), or check its JSON on another thread and pass it
+        to Triton (``None``: :meth:`_answered` goes on)."""
         if request.refused is not None:
             self._write_refusal(request.refused, close=True)
             return False
         json_part = memoryview(request.body)[:request.json_length]  # not copied: nothing writes the body meanwhile
+        if len(json_part) < _CHECK_INLINE_BYTES:
+            return self._pass_on(request, bool(json_part) and json_too_deep(json_part))
         # Bodies over a MiB are checked on another thread: the numpy sums release the GIL, the loop goes on.
-        deep = bool(json_part) and (json_too_deep(json_part) if len(json_part) < _CHECK_INLINE_BYTES
-                                    else await asyncio.to_thread(json_too_deep, json_part, MAX_JSON_DEPTH))
+        self.in_flight = True
+        checked = self.loop.run_in_executor(None, json_too_deep, json_part, MAX_JSON_DEPTH)
+        checked.add_done_callback(lambda deep: self._json_checked(request, deep.result()))
+        return None
+
+    def _json_checked(self, request: _Request, deep: bool) -> None:
+        self.in_flight = False
+        if self.transport is not None and (keep_open := self._pass_on(request, deep)) is not None:
+            if self._done(request, keep_open):
+                self._answer_pending()
+
+    def _pass_on(self, request: _Request, deep: bool) -> bool | None:
+        """Refuse ``request`` for a JSON part too deep (whether the connection stays open), or send it to Triton."""
         if deep:
             self._write_refusal(_Refused(400, "json depth", f"the JSON is nested more than {MAX_JSON_DEPTH} levels "
                                                             "deep, or not closed"), close=not request.keep_alive)
             return request.keep_alive
-        try:
-            status, headers, answer = await self.upstream.exchange([request.head, request.body])
-        except OSError:
-            self._write_refusal(_Refused(503, "triton unavailable", UNAVAILABLE_MESSAGE), close=not request.keep_alive)
-            return request.keep_alive
+        self.in_flight = True
+        self.upstream.send([request.head, request.body], lambda outcome: self._answered(request, outcome))
+        return None
+
+    def _answered(self, request: _Request, outcome: Outcome) -> None:
+        """Write Triton's answer to ``request`` (a 503 if it gave none); then answer the next."""
+        self.in_flight = False
+        if self.transport is None:  # the client left: its requests are released
+            return
         request.body = bytearray()
-        if self.front.metrics and status == 200 and request.target.split(b"?")[0] == b"/metrics":
-            answer += self.limits.metrics()
-        kept = [(name, value) for name, value in headers if name in _ANSWER_HEADERS]
-        if self.transport is not None:
+        if isinstance(outcome, OSError):
+            self._write_refusal(_Refused(503, "triton unavailable", UNAVAILABLE_MESSAGE), close=not request.keep_alive)
+        else:
+            status, headers, answer = outcome
+            if self.front.metrics and status == 200 and request.target.split(b"?")[0] == b"/metrics":
+                answer += self.limits.metrics()
+            kept = [(name, value) for name, value in headers if name in _ANSWER_HEADERS]
             self.transport.write(_response(status, kept, answer, close=not request.keep_alive,
                                            head_only=request.method == b"HEAD"))
-        return request.keep_alive
+        if self._done(request, request.keep_alive):
+            self._answer_pending()
 
     def _write_refusal(self, refused: _Refused, *, close: bool) -> None:
         self.limits.refuse("http", refused.reason)
@@ -394,7 +416,7 @@ class _Client(asyncio.Protocol):
     def _drained(self) -> None:
         """A refused request's body is read as far as it is going to be: close, once the answers are written."""
         self._disarm()
-        if self.pending:  # the task answering them closes
+        if self.pending:  # closed once they are answered
             if self.transport is not None:
                 self.transport.pause_reading()
             self.state = "closing"
