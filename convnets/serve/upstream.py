@@ -51,8 +51,8 @@ class _Answer(asyncio.Protocol):
         """Write the request ``data``; ``done`` gets the answer (and whether the connection stays open) or an error."""
         assert self.transport is not None
         self.headers, self.body, self.done = [], [], done  # llhttp starts the next answer by itself
+        self.transport.writelines(data)  # first: the timer is not on the request's way
         self.timer = self.loop.call_later(UPSTREAM_TIMEOUT_S, self._late)
-        self.transport.writelines(data)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
