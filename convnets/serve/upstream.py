@@ -83,16 +83,20 @@ class _Answer(asyncio.Protocol):
 
     def _finish(self, outcome: _Read) -> None:
         """Hand ``outcome`` to the request waiting for it, if one is."""
+        if (done := self._forget()) is not None:
+            done(outcome)
+
+    def _forget(self) -> Callable[[_Read], None] | None:
+        """The waiting request's callback, no longer waited for (its timer cancelled)."""
         done, self.done = self.done, None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if done is not None:
-            done(outcome)
+        return done
 
     def close(self) -> None:
         """Close the connection; the request waiting for an answer, if any, gets none."""
-        self.done = None
+        self._forget()
         if self.transport is not None:
             self.transport.close()
             self.transport = None
