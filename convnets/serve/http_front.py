@@ -28,8 +28,8 @@ answer (it is restarting), clients get ``503``, readiness included.
 Each connection is an :class:`asyncio.Protocol` whose parser callbacks do the checks; its requests are
 answered in turn through callbacks, with no task or future per request (the front's cost at one client is the
 Python it runs per request: the task took 0.17 ms of the 0.56 ms it added, in random order against Triton's socket,
-2026-11-29). The front answers
-readiness at three times the rate that h11 on asyncio streams did (``benchmarks/bench_serve.py``).
+2026-11-29). The front answers readiness at three times the rate that h11 on asyncio streams did
+(``benchmarks/bench_serve.py``).
 """
 
 from __future__ import annotations
