@@ -115,6 +115,7 @@ class _Client(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.state = "idle"
         self.head_bytes = self.head_parsed = 0
+        self.head_began = False  # a request's head began in the data being parsed
         self.target = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.receiving: _Request | None = None
@@ -171,6 +172,7 @@ class _Client(asyncio.Protocol):
             return
         if self.state in ("closing", "closed"):
             return
+        self.head_began = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as error:
@@ -180,7 +182,10 @@ class _Client(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._refuse(_Refused(400, "malformed", f"not a valid HTTP/1.1 request: {error}"))
         else:
-            if self.state == "head":
+            # A head begun in earlier data: all of this data is its (httptools holds an unfinished header line, which
+            # no callback counts). One begun in this data is counted from the next on, and by its parts as they
+            # complete: the requests sent ahead of it in this data are not its.
+            if self.state == "head" and not self.head_began:
                 self.head_bytes += len(data)
                 if self.head_bytes > _MAX_HEAD_BYTES:
                     self._refuse(_Refused(431, "malformed", f"the request head is over {_MAX_HEAD_BYTES >> 10} KiB"))
@@ -225,6 +230,7 @@ class _Client(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.state, self.head_bytes, self.head_parsed, self.target, self.headers = "head", 0, 0, b"", []
+        self.head_began = True
         if not self.pending:  # else the timer is armed when the requests before it are answered
             self._arm_for_state()
 
