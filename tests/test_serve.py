@@ -727,6 +727,9 @@ class _Transport:
     def write(self, data: bytes) -> None:
         self.written.append(data)
 
+    def writelines(self, data: list[bytes]) -> None:
+        self.written.append(b"".join(data))
+
     def close(self) -> None:
         self.closed = True
 
@@ -765,6 +768,30 @@ def test_requests_sent_ahead_do_not_count_toward_the_next_head(ahead_kib: int) -
     assert not transport.written and not transport.closed
     # Every request read, none refused (a 431 was queued after them), all waiting for Triton.
     assert [request.refused for request in client.pending] == [None] * (len(ahead) // len(_READINESS))
+
+
+def test_an_error_in_the_front_s_answering_is_not_reported_as_triton_s() -> None:
+    """An exception in the front's own code while it answers (a bug) comes out of the upstream connection's
+    ``data_received`` for the event loop to log, rather than as "Triton's answer did not parse" to a request that
+    already had its answer."""
+    import asyncio
+
+    import httptools
+
+    from convnets.serve.upstream import _Answer
+
+    def answering(outcome: object) -> None:
+        raise RuntimeError("a bug in the front")
+
+    async def feed() -> None:
+        answer = _Answer()
+        answer.connection_made(_Transport())  # type: ignore[arg-type]
+        answer.ask([b"GET / HTTP/1.1\r\n\r\n"], answering)
+        answer.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    with pytest.raises(httptools.HttpParserCallbackError) as raised:
+        asyncio.run(feed())
+    assert isinstance(raised.value.__context__, RuntimeError)
 
 
 def test_a_client_that_closes_its_side_gets_its_answer(served: Server) -> None:

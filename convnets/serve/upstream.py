@@ -64,6 +64,8 @@ class _Answer(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:  # the front's own code failed answering: the event loop logs it
+            raise
         except httptools.HttpParserError as error:
             self._finish(OSError(f"Triton's answer did not parse: {error}"))
             self.close()
