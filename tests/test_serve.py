@@ -794,6 +794,34 @@ def test_an_error_in_the_front_s_answering_is_not_reported_as_triton_s() -> None
     assert isinstance(raised.value.__context__, RuntimeError)
 
 
+def test_an_error_in_the_front_s_answering_closes_the_client_s_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception in the front's own code while it writes an answer (a bug) closes that client's connection, which
+    would otherwise wait for its answer for as long as the client does, and goes on to the event loop's log."""
+    import asyncio
+
+    from convnets.serve import http_front
+    from convnets.serve.front import Limits
+
+    def broken(*args: object, **kwargs: object) -> bytes:
+        raise RuntimeError("a bug in the front")
+
+    monkeypatch.setattr(http_front, "_response", broken)
+
+    async def feed() -> _Transport:
+        with socket.socket() as unused:
+            client = http_front._Client(http_front.HttpFront(unused, "/nonexistent/triton.sock",
+                                                             Limits(max_request_bytes=1 << 20)))
+            transport = _Transport()
+            client.connection_made(transport)  # type: ignore[arg-type]
+            client.data_received(_READINESS)  # on its way to Triton
+            with pytest.raises(RuntimeError, match="a bug in the front"):
+                client._answered(client.pending[0], (200, [], b""))
+            client.connection_lost(None)
+            return transport
+
+    assert asyncio.run(feed()).closed
+
+
 def test_a_client_that_closes_its_side_gets_its_answer(served: Server) -> None:
     """A client that sends its request and shuts down its writing side (as ``nc -N`` does) is answered."""
     with socket.create_connection(("127.0.0.1", served.http_port), timeout=30) as client:

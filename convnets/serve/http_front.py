@@ -382,17 +382,22 @@ class _Client(asyncio.Protocol):
         if self.transport is None:  # the client left: its requests are released
             return
         request.body = bytearray()
-        if isinstance(outcome, OSError):
-            self._write_refusal(_Refused(503, "triton unavailable", UNAVAILABLE_MESSAGE), close=not request.keep_alive)
-        else:
-            status, headers, answer = outcome
-            if self.front.metrics and status == 200 and request.target.split(b"?")[0] == b"/metrics":
-                answer += self.limits.metrics()
-            kept = [(name, value) for name, value in headers if name in _ANSWER_HEADERS]
-            self.transport.write(_response(status, kept, answer, close=not request.keep_alive,
-                                           head_only=request.method == b"HEAD"))
-        if self._done(request, request.keep_alive):
-            self._answer_pending()
+        try:
+            if isinstance(outcome, OSError):
+                self._write_refusal(_Refused(503, "triton unavailable", UNAVAILABLE_MESSAGE),
+                                    close=not request.keep_alive)
+            else:
+                status, headers, answer = outcome
+                if self.front.metrics and status == 200 and request.target.split(b"?")[0] == b"/metrics":
+                    answer += self.limits.metrics()
+                kept = [(name, value) for name, value in headers if name in _ANSWER_HEADERS]
+                self.transport.write(_response(status, kept, answer, close=not request.keep_alive,
+                                               head_only=request.method == b"HEAD"))
+            if self._done(request, request.keep_alive):
+                self._answer_pending()
+        except BaseException:  # an error of the front's own: the client is not left waiting (the event loop logs it)
+            self.close()
+            raise
 
     def _write_refusal(self, refused: _Refused, *, close: bool) -> None:
         self.limits.refuse("http", refused.reason)
