@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -742,6 +743,18 @@ class _Transport:
         pass
 
 
+def _connected() -> tuple[Any, _Transport]:
+    """The HTTP front's connection code on a stand-in transport, with no Triton behind it (in a running event loop)."""
+    from convnets.serve.front import Limits
+    from convnets.serve.http_front import HttpFront, _Client
+
+    with socket.socket() as unused:  # the front only keeps it
+        client = _Client(HttpFront(unused, "/nonexistent/triton.sock", Limits(max_request_bytes=1 << 20)))
+    transport = _Transport()
+    client.connection_made(transport)  # type: ignore[arg-type]
+    return client, transport
+
+
 @pytest.mark.parametrize("ahead_kib", [1, 100])
 def test_requests_sent_ahead_do_not_count_toward_the_next_head(ahead_kib: int) -> None:
     """Requests sent ahead that arrive in one piece of data ending inside the next request's head: none of it counts
@@ -750,19 +763,13 @@ def test_requests_sent_ahead_do_not_count_toward_the_next_head(ahead_kib: int) -
     as the event loop would, so that where it ends is not left to the kernel."""
     import asyncio
 
-    from convnets.serve.front import Limits
-    from convnets.serve.http_front import HttpFront, _Client
-
     ahead = _READINESS * (ahead_kib * 1024 // len(_READINESS) + 1)
 
-    async def feed() -> tuple[_Client, _Transport]:
-        with socket.socket() as unused:
-            client = _Client(HttpFront(unused, "/nonexistent/triton.sock", Limits(max_request_bytes=1 << 20)))
-            transport = _Transport()
-            client.connection_made(transport)  # type: ignore[arg-type]
-            client.data_received(ahead + _READINESS[:20])
-            client.connection_lost(None)
-            return client, transport
+    async def feed() -> tuple[Any, _Transport]:
+        client, transport = _connected()
+        client.data_received(ahead + _READINESS[:20])
+        client.connection_lost(None)
+        return client, transport
 
     client, transport = asyncio.run(feed())
     assert not transport.written and not transport.closed
@@ -800,7 +807,6 @@ def test_an_error_in_the_front_s_answering_closes_the_client_s_connection(monkey
     import asyncio
 
     from convnets.serve import http_front
-    from convnets.serve.front import Limits
 
     def broken(*args: object, **kwargs: object) -> bytes:
         raise RuntimeError("a bug in the front")
@@ -808,16 +814,12 @@ def test_an_error_in_the_front_s_answering_closes_the_client_s_connection(monkey
     monkeypatch.setattr(http_front, "_response", broken)
 
     async def feed() -> _Transport:
-        with socket.socket() as unused:
-            client = http_front._Client(http_front.HttpFront(unused, "/nonexistent/triton.sock",
-                                                             Limits(max_request_bytes=1 << 20)))
-            transport = _Transport()
-            client.connection_made(transport)  # type: ignore[arg-type]
-            client.data_received(_READINESS)  # on its way to Triton
-            with pytest.raises(RuntimeError, match="a bug in the front"):
-                client._answered(client.pending[0], (200, [], b""))
-            client.connection_lost(None)
-            return transport
+        client, transport = _connected()
+        client.data_received(_READINESS)  # on its way to Triton
+        with pytest.raises(RuntimeError, match="a bug in the front"):
+            client._answered(client.pending[0], (200, [], b""))
+        client.connection_lost(None)
+        return transport
 
     assert asyncio.run(feed()).closed
 
