@@ -801,27 +801,65 @@ def test_an_error_in_the_front_s_answering_is_not_reported_as_triton_s() -> None
     assert isinstance(raised.value.__context__, RuntimeError)
 
 
-def test_an_error_in_the_front_s_answering_closes_the_client_s_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An exception in the front's own code while it writes an answer (a bug) closes that client's connection, which
-    would otherwise wait for its answer for as long as the client does, and goes on to the event loop's log."""
+@pytest.mark.parametrize("where", ["Triton's answer", "writing resumed", "JSON checked on a thread"])
+def test_an_error_in_the_front_s_answering_closes_the_client_s_connection(where: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception in the front's own code (a bug) in a step of answering that the event loop starts from a callback
+    closes that client's connection, which would otherwise wait for its answer for as long as the client does, and goes
+    on to the event loop's log: as Triton's answer is written, as writing resumes for a client that reads slowly, and
+    as the JSON part of a large body comes back checked from its thread."""
     import asyncio
 
     from convnets.serve import http_front
 
-    def broken(*args: object, **kwargs: object) -> bytes:
+    def broken(*args: object, **kwargs: object) -> Any:
         raise RuntimeError("a bug in the front")
 
-    monkeypatch.setattr(http_front, "_response", broken)
+    class Triton:
+        """Takes the requests passed on; answers none."""
+
+        def __init__(self) -> None:
+            self.asked: list[Any] = []
+
+        def send(self, data: list[bytes], done: Any) -> None:
+            self.asked.append(done)
+
+        def close(self) -> None:
+            pass
 
     async def feed() -> _Transport:
         client, transport = _connected()
-        client.data_received(_READINESS)  # on its way to Triton
-        with pytest.raises(RuntimeError, match="a bug in the front"):
-            client._answered(client.pending[0], (200, [], b""))
+        client.upstream = triton = Triton()
+        if where == "Triton's answer":
+            client.data_received(_READINESS)
+            monkeypatch.setattr(http_front, "_response", broken)
+            with pytest.raises(RuntimeError, match="a bug in the front"):
+                triton.asked[0]((200, [], b""))
+        elif where == "writing resumed":
+            client.data_received(_READINESS * 2)
+            client.pause_writing()
+            triton.asked[0]((200, [], b""))  # written; the next waits for the client to read
+            monkeypatch.setattr(http_front._Client, "_answer", broken)
+            with pytest.raises(RuntimeError, match="a bug in the front"):
+                client.resume_writing()
+        else:
+            monkeypatch.setattr(http_front, "_CHECK_INLINE_BYTES", 0)
+            monkeypatch.setattr(http_front, "json_too_deep", broken)
+            errors: list[BaseException] = []
+            asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context["exception"]))
+            body = b'{"inputs": []}'
+            client.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            for _ in range(500):
+                if errors:
+                    break
+                await asyncio.sleep(0.01)
+            assert [str(error) for error in errors] == ["a bug in the front"]
+        assert transport.closed
         client.connection_lost(None)
         return transport
 
-    assert asyncio.run(feed()).closed
+    asyncio.run(feed())
 
 
 def test_a_client_that_closes_its_side_gets_its_answer(served: Server) -> None:

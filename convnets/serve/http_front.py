@@ -39,6 +39,7 @@ import collections
 import json
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import cast
@@ -162,7 +163,7 @@ class _Client(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         if self.answering and not self.in_flight:
-            self._answer_pending()
+            self._guarded(self._answer_pending)
 
     def data_received(self, data: bytes) -> None:
         if self.state == "drain":
@@ -357,12 +358,12 @@ class _Client(asyncio.Protocol):
         # Bodies over a MiB are checked on another thread: the numpy sums release the GIL, the loop goes on.
         self.in_flight = True
         checked = self.loop.run_in_executor(None, json_too_deep, json_part, MAX_JSON_DEPTH)
-        checked.add_done_callback(lambda deep: self._json_checked(request, deep.result()))
+        checked.add_done_callback(lambda deep: self._guarded(self._json_checked, request, deep))
         return None
 
-    def _json_checked(self, request: _Request, deep: bool) -> None:
+    def _json_checked(self, request: _Request, checked: asyncio.Future[bool]) -> None:
         self.in_flight = False
-        if self.transport is not None and (keep_open := self._pass_on(request, deep)) is not None:
+        if self.transport is not None and (keep_open := self._pass_on(request, checked.result())) is not None:
             if self._done(request, keep_open):
                 self._answer_pending()
 
@@ -373,7 +374,8 @@ class _Client(asyncio.Protocol):
                                                             "deep, or not closed"), close=not request.keep_alive)
             return request.keep_alive
         self.in_flight = True
-        self.upstream.send([request.head, request.body], lambda outcome: self._answered(request, outcome))
+        self.upstream.send([request.head, request.body],
+                           lambda outcome: self._guarded(self._answered, request, outcome))
         return None
 
     def _answered(self, request: _Request, outcome: Outcome) -> None:
@@ -382,20 +384,26 @@ class _Client(asyncio.Protocol):
         if self.transport is None:  # the client left: its requests are released
             return
         request.body = bytearray()
+        if isinstance(outcome, OSError):
+            self._write_refusal(_Refused(503, "triton unavailable", UNAVAILABLE_MESSAGE), close=not request.keep_alive)
+        else:
+            status, headers, answer = outcome
+            if self.front.metrics and status == 200 and request.target.split(b"?")[0] == b"/metrics":
+                answer += self.limits.metrics()
+            kept = [(name, value) for name, value in headers if name in _ANSWER_HEADERS]
+            self.transport.write(_response(status, kept, answer, close=not request.keep_alive,
+                                           head_only=request.method == b"HEAD"))
+        if self._done(request, request.keep_alive):
+            self._answer_pending()
+
+    def _guarded(self, step: Callable[..., None], *args: object) -> None:
+        """``step(*args)``, a step of answering that a callback of the event loop's starts (Triton's answer, the JSON
+        checked on a thread, writing resumed): an error of the front's own in it (a bug) closes the connection, which
+        would otherwise wait for an answer for as long as the client does, and goes on to the event loop's log. (An
+        error in ``data_received`` closes it already: the event loop does.)"""
         try:
-            if isinstance(outcome, OSError):
-                self._write_refusal(_Refused(503, "triton unavailable", UNAVAILABLE_MESSAGE),
-                                    close=not request.keep_alive)
-            else:
-                status, headers, answer = outcome
-                if self.front.metrics and status == 200 and request.target.split(b"?")[0] == b"/metrics":
-                    answer += self.limits.metrics()
-                kept = [(name, value) for name, value in headers if name in _ANSWER_HEADERS]
-                self.transport.write(_response(status, kept, answer, close=not request.keep_alive,
-                                               head_only=request.method == b"HEAD"))
-            if self._done(request, request.keep_alive):
-                self._answer_pending()
-        except BaseException:  # an error of the front's own: the client is not left waiting (the event loop logs it)
+            step(*args)
+        except BaseException:
             self.close()
             raise
 
