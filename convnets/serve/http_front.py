@@ -362,6 +362,7 @@ class _Client(asyncio.Protocol):
         return None
 
     def _json_checked(self, request: _Request, checked: asyncio.Future[bool]) -> None:
+        """``request``'s JSON part is checked on its thread: pass it on (or refuse it), then answer the next."""
         self.in_flight = False
         if self.transport is not None and (keep_open := self._pass_on(request, checked.result())) is not None:
             if self._done(request, keep_open):

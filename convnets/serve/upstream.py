@@ -167,8 +167,12 @@ class Upstream:
         waiter: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] = asyncio.get_running_loop().create_future()
 
         def done(outcome: Outcome) -> None:
-            if not waiter.done():
-                waiter.set_exception(outcome) if isinstance(outcome, OSError) else waiter.set_result(outcome)
+            if waiter.done():  # cancelled
+                return
+            if isinstance(outcome, OSError):
+                waiter.set_exception(outcome)
+            else:
+                waiter.set_result(outcome)
         self.send(data, done)
         try:
             return await waiter
